@@ -1,0 +1,188 @@
+"""Typed daemon configuration: one YAML file, every field defaulted, so an empty file works.
+
+Precedence: command-line argument > environment (``SITS_LISTEN``, ``SITS_STATE_DIR``,
+``SITS_LOG_LEVEL``, ``SITS_API_TOKEN``; ``SITS_CONFIG`` names the file) > file > default.
+:func:`load` raises :class:`ConfigError` listing every problem as ``path: message, got value``.
+Each subsystem owns its section model; this module only assembles and validates them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+
+from .errors import ConfigError
+from .histogram import snap_edges
+
+__all__ = [
+    "DEFAULT_LISTEN",
+    "DEFAULT_STATE_DIR",
+    "DEFAULT_BUCKETS",
+    "Config",
+    "load",
+    "parse",
+    "format_errors",
+]
+
+DEFAULT_LISTEN = "127.0.0.1:9477"
+DEFAULT_STATE_DIR = "/var/lib/sits-observe"
+# Prometheus `le` edges (seconds) before snapping to kernel bucket edges; SLO thresholds must be one of these.
+DEFAULT_BUCKETS = (
+    0.000004, 0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)
+
+
+class Section(BaseModel):
+    """Base of every config section: unknown keys are errors (a typo must not pass silently)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class StoreConfig(Section):
+    history: int = Field(3600, ge=60, le=86400, description="ticks kept in the ring (1 h at 1 s)")
+    max_series: int = Field(1024, ge=16, le=65536, description="cap on (stage, workload) histogram series")
+    stale_after: float = Field(600.0, gt=0, description="seconds without data before a series is not exported")
+    buckets: list[float] = Field(default_factory=lambda: list(DEFAULT_BUCKETS))
+
+    @field_validator("buckets")
+    @classmethod
+    def _ascending(cls, v: list[float]) -> list[float]:
+        if len(v) < 2 or any(b <= a for a, b in zip(v, v[1:])):
+            raise ValueError("must be at least two ascending edges in seconds")
+        return v
+
+    def snapped(self) -> tuple[float, ...]:
+        """The exported edges, snapped to kernel bucket edges."""
+        return snap_edges(self.buckets)
+
+
+class WorkloadConfig(Section):
+    """A process group; the label `workload` is its name, never a raw pid."""
+
+    name: str = Field(pattern=r"^[a-zA-Z_][a-zA-Z0-9_.-]{0,62}$")
+    comm: str | None = Field(None, description="regex on /proc/PID/comm")
+    exe: str | None = Field(None, description="executable path")
+    cgroup: str | None = Field(None, description="cgroup v2 path prefix")
+    pids: list[int] = Field(default_factory=list, description="explicit pids (tests)")
+
+
+class SimConfig(Section):
+    topology: str = "nvswitch-8"
+    scenario: str = "mixed"
+    trace: Literal["conv", "code"] = "conv"
+    speed: float = Field(20.0, gt=0, le=10000)
+    seed: int = 1
+    trace_path: str | None = Field(None, description="override the packaged Azure trace CSV")
+
+
+class GpuConfig(Section):
+    backend: Literal["sim", "nvml", "dcgm", "none"] = "sim"
+    sample_interval: float = Field(5.0, gt=0, description="seconds between NVML samples")
+    dcgm_url: str | None = None
+
+
+class Config(Section):
+    listen: str = DEFAULT_LISTEN
+    state_dir: str = DEFAULT_STATE_DIR
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    api_token: SecretStr | None = None
+    tick_interval: float = Field(1.0, gt=0, le=60)
+    store: StoreConfig = Field(default_factory=StoreConfig)
+    workloads: list[WorkloadConfig] = Field(default_factory=list)
+    gpu: GpuConfig = Field(default_factory=GpuConfig)
+    sim: SimConfig = Field(default_factory=SimConfig)
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, v: str) -> str:
+        host, _, port = v.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError("must be host:port, e.g. 127.0.0.1:9477")
+        return v
+
+    @model_validator(mode="after")
+    def _buckets_snap(self) -> Config:
+        try:
+            self.store.snapped()
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        names = [w.name for w in self.workloads]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"workloads: duplicate names {sorted(dup)}")
+        return self
+
+    @property
+    def listen_addr(self) -> tuple[str, int]:
+        host, _, port = self.listen.rpartition(":")
+        return host.strip("[]"), int(port)
+
+
+ENV_OVERRIDES = {"SITS_LISTEN": "listen", "SITS_STATE_DIR": "state_dir", "SITS_LOG_LEVEL": "log_level",
+                 "SITS_API_TOKEN": "api_token"}
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif isinstance(part, str) and not part.startswith("function-") and part not in ("function-after",):
+            out += f".{part}" if out else part
+    return out or "(top level)"
+
+
+def format_errors(exc: ValidationError, source: str) -> list[str]:
+    """One line per problem: ``FILE: path: message, got value`` (secrets are never echoed)."""
+    lines = []
+    for err in exc.errors(include_url=False):
+        path = _loc(tuple(err["loc"]))
+        msg = err["msg"].removeprefix("Value error, ")
+        got = "" if err["type"] in ("missing", "model_type") or "token" in path or "secret" in path \
+            else f", got {err.get('input')!r}"
+        if err["type"] == "extra_forbidden":
+            msg, got = "unknown field (check the spelling against docs/config.md)", ""
+        lines.append(f"{source}: {path}: {msg}{got}")
+    return lines
+
+
+def parse(data: Any, source: str = "<config>", env: dict[str, str] | None = None) -> Config:
+    """Validate a mapping (YAML already parsed) with environment overrides applied."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: top level must be a mapping of sections, got {type(data).__name__}")
+    env = os.environ if env is None else env
+    data = dict(data)
+    for var, key in ENV_OVERRIDES.items():
+        if env.get(var):
+            data[key] = env[var].lower() if key == "log_level" else env[var]
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError("\n".join(format_errors(exc, source))) from None
+
+
+def load(path: str | Path | None = None, env: dict[str, str] | None = None) -> Config:
+    """Load ``path`` (or ``$SITS_CONFIG``; none means all defaults) and validate it."""
+    env = os.environ if env is None else env
+    path = path or env.get("SITS_CONFIG")
+    if not path:
+        return parse({}, "<defaults>", env)
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read config file: {exc.strerror}; check the path") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{p}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    return parse(data, str(p), env)

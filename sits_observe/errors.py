@@ -1,0 +1,65 @@
+"""One error hierarchy for the whole daemon.
+
+Every error a user can cause (bad config, bad input, a port in use) is a :class:`ConfigError` and makes
+the CLI exit with code 2 and one line naming the file, field and value.  Errors from third-party
+libraries (bcc, pynvml, torch, sqlite) are translated at the boundary with ``raise X(...) from exc``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "SitsError",
+    "ConfigError",
+    "ProbeError",
+    "CollectorError",
+    "StoreError",
+    "SloError",
+    "AlertingError",
+    "ModelError",
+    "SchedulerError",
+    "SimError",
+]
+
+
+class SitsError(Exception):
+    """Base class of every error raised by sits-observe."""
+
+    exit_code = 1
+
+
+class ConfigError(SitsError):
+    """A usage or configuration mistake: the message says what, where, and how to fix it."""
+
+    exit_code = 2
+
+
+class ProbeError(SitsError):
+    """An eBPF probe could not be compiled, loaded, attached or drained."""
+
+
+class CollectorError(SitsError):
+    """A GPU or inference-server source failed to produce its part of a Frame."""
+
+
+class StoreError(SitsError):
+    """The series store refused data (cardinality cap, unknown series)."""
+
+
+class SloError(SitsError):
+    """An SLO could not be evaluated."""
+
+
+class AlertingError(SitsError):
+    """An alert could not be queued or delivered."""
+
+
+class ModelError(SitsError):
+    """The root-cause model file is missing, corrupt or does not match the data."""
+
+
+class SchedulerError(SitsError):
+    """A placement transition was refused or a plan could not be applied."""
+
+
+class SimError(SitsError):
+    """The simulated host was given something it cannot simulate."""
