@@ -1,0 +1,1 @@
+"""alerting subsystem."""

@@ -1,0 +1,219 @@
+"""The daemon: sources -> Frame -> SeriesStore -> consumers, one tick at a time.
+
+A source or consumer that raises is counted (``sits_source_errors_total{source}``) and logged once per
+change of state; it never stops the loop.  Timestamps come from the daemon's clock: wall time for real
+hosts, simulated time (advancing ``tick_interval`` per tick, ``speed`` ticks per wall interval) for the
+simulator, so every window downstream is measured on the source clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from prometheus_client import Histogram
+from prometheus_client.registry import CollectorRegistry
+
+from . import __version__
+from .config import Config
+from .frame import BucketLayout, Frame, Sample
+from .store import SeriesStore
+from .topology import Topology
+
+__all__ = ["Source", "Consumer", "Daemon", "SimClock", "WallClock"]
+
+log = logging.getLogger("sits_observe.daemon")
+
+
+class Source(Protocol):
+    name: str
+
+    def collect(self, frame: Frame) -> None: ...
+
+
+class Consumer(Protocol):
+    name: str
+
+    def on_tick(self, frame: Frame, store: SeriesStore) -> None: ...
+
+
+class WallClock:
+    """Real time: one tick per ``interval`` wall seconds."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self.wall_interval = interval
+
+    def next_ts(self) -> float:
+        return time.time()
+
+
+class SimClock:
+    """Simulated time starting at ``start``: each tick advances ``interval``; ``speed`` ticks per wall interval."""
+
+    def __init__(self, interval: float, speed: float, start: float) -> None:
+        self.interval = interval
+        self.wall_interval = interval / speed
+        self._ts = start
+
+    def next_ts(self) -> float:
+        self._ts += self.interval
+        return self._ts
+
+
+@dataclass
+class _Health:
+    errors: int = 0
+    last_error: str | None = None
+    ok_ticks: int = 0
+
+
+@dataclass
+class Daemon:
+    """Holds the pipeline; subsystems are optional and set by :mod:`sits_observe.wiring`."""
+
+    config: Config
+    clock: WallClock | SimClock
+    topology: Topology | None = None
+    sources: list[Any] = field(default_factory=list)
+    consumers: list[Any] = field(default_factory=list)
+    slo: Any = None
+    rca: Any = None
+    scheduler: Any = None
+    sim: Any = None
+    extra_providers: list[tuple[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.layout = BucketLayout(self.config.store.snapped())
+        self.store = SeriesStore(self.layout, self.config.store.history, self.config.store.max_series)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.tick_seconds = Histogram("sits_tick_duration_seconds", "Wall time of one daemon tick.",
+                                      buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+                                      registry=self.registry)
+        self.health: dict[str, _Health] = {}
+        self.started = time.time()
+        self.last_tick_wall: float | None = None
+        self.stop_event = threading.Event()
+        self._lock = threading.Lock()
+
+    # ---- one tick ------------------------------------------------------------------------------
+
+    def tick(self) -> Frame:
+        t0 = time.perf_counter()
+        frame = Frame(ts=self.clock.next_ts(), interval=self.clock.interval)
+        for src in self.sources:
+            self._guard(src.name, lambda s=src: s.collect(frame), frame)
+        self.store.ingest(frame)
+        for con in self.consumers:
+            self._guard(con.name, lambda c=con: c.on_tick(frame, self.store), None)
+        self.tick_seconds.observe(time.perf_counter() - t0)
+        self.last_tick_wall = time.time()
+        return frame
+
+    def _guard(self, name: str, call: Any, frame: Frame | None) -> None:
+        h = self.health.setdefault(name, _Health())
+        try:
+            call()
+        except Exception as exc:  # a source or consumer failing must never stop the loop
+            msg = f"{type(exc).__name__}: {exc}"
+            h.errors += 1
+            if frame is not None:
+                frame.errors[name] = msg
+            if h.last_error != msg:
+                log.warning("%s failed: %s (counting in sits_source_errors_total; will go on)", name, msg)
+            h.last_error = msg
+            return
+        if h.last_error is not None:
+            log.info("%s recovered", name)
+        h.last_error = None
+        h.ok_ticks += 1
+
+    def note_error(self, name: str, exc: BaseException) -> None:
+        h = self.health.setdefault(name, _Health())
+        h.errors += 1
+
+    # ---- loop ----------------------------------------------------------------------------------
+
+    def run(self, duration: float | None = None) -> None:
+        """Tick until :attr:`stop_event` is set (or ``duration`` wall seconds pass)."""
+        deadline = None if duration is None else time.monotonic() + duration
+        next_at = time.monotonic()
+        while not self.stop_event.is_set():
+            self.tick()
+            next_at += self.clock.wall_interval
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                break
+            if next_at < now - 1.0:  # fell far behind (slow machine): do not try to catch up in a burst
+                next_at = now
+            self.stop_event.wait(max(0.0, next_at - now))
+
+    def close(self) -> None:
+        for part in [*self.sources, *self.consumers]:
+            close = getattr(part, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except Exception as exc:  # closing one part must not keep the others open
+                    log.warning("closing %s failed: %s", getattr(part, "name", part), exc)
+
+    def reload(self, new: Config) -> None:
+        """Apply a validated new config (SIGHUP); parts that can reload take it, the rest need a restart."""
+        restart = [k for k in ("listen", "state_dir", "store", "tick_interval", "gpu", "sim")
+                   if getattr(new, k) != getattr(self.config, k)]
+        if restart:
+            log.warning("SIGHUP: %s changed; these take effect after a restart", ", ".join(restart))
+        logging.getLogger().setLevel(new.log_level.upper())
+        self.config = new
+        for part in [*self.sources, *self.consumers]:
+            reload = getattr(part, "reload", None)
+            if reload is not None:
+                self._guard(part.name, lambda r=reload: r(new), None)
+        log.info("SIGHUP: config reloaded")
+
+    # ---- reporting -----------------------------------------------------------------------------
+
+    def providers(self) -> Iterator[tuple[str, Any]]:
+        yield "daemon", self
+        for part in [*self.sources, *self.consumers]:
+            if hasattr(part, "metrics"):
+                yield part.name, part
+        yield from self.extra_providers
+
+    def metrics(self) -> Iterable[Sample]:
+        yield Sample("sits_build_info", "gauge", "Build information.", (("version", __version__),), 1.0)
+        for name, h in sorted(self.health.items()):
+            yield Sample("sits_source_errors_total", "counter", "Errors raised by a source or consumer.",
+                         (("source", name),), float(h.errors))
+            yield Sample("sits_source_up", "gauge", "1 when the source's last tick succeeded.",
+                         (("source", name),), 0.0 if h.last_error else 1.0)
+        yield Sample("sits_store_series_rejected_total", "counter",
+                     "Series refused because the store's max_series cap was reached.", (),
+                     float(self.store.rejected_series))
+        yield Sample("sits_store_ticks_total", "counter", "Ticks ingested.", (), float(self.store.ticks))
+        if self.topology is not None:
+            t = self.topology
+            for i in range(t.n):
+                for j in range(t.n):
+                    if i != j:
+                        yield Sample("sits_gpu_link_bandwidth_bytes_per_second", "gauge",
+                                     "Nominal one-direction bandwidth between two GPUs by link kind.",
+                                     (("gpu", str(i)), ("peer_gpu", str(j)), ("link", t.kinds[i][j].value)),
+                                     float(t.bandwidth[i, j]))
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "version": __version__,
+            "uptime_seconds": round(time.time() - self.started, 3),
+            "ticks": self.store.ticks,
+            "last_tick": {"ts": self.store.latest_ts if self.store.ticks else None,
+                          "wall": self.last_tick_wall},
+            "sources": [
+                {"name": name, "healthy": h.last_error is None, "errors": h.errors, "last_error": h.last_error}
+                for name, h in sorted(self.health.items())
+            ],
+        }

@@ -1,0 +1,90 @@
+"""REST API under /api/v1: read-only views of the store and the subsystems, plus mutating calls
+(bearer token) that the subsystems define.  Query parameters are validated: bad ones get a 400 with
+the parameter, the value and what is allowed."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from flask import Flask, Response, jsonify, request
+
+from ..frame import STAGES
+
+if TYPE_CHECKING:
+    from ..daemon import Daemon
+
+__all__ = ["register_api", "window_ticks"]
+
+QUANTILES = (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))
+
+
+def window_ticks(daemon: Daemon, param: str = "window", default: float = 300.0) -> int:
+    """Parse ``?window=SECONDS`` into a tick count, bounded by the store's history."""
+    from .http import ApiError
+
+    raw = request.args.get(param)
+    limit = daemon.store.history * daemon.clock.interval
+    if raw is None:
+        seconds = min(default, limit)
+    else:
+        try:
+            seconds = float(raw)
+        except ValueError:
+            raise ApiError(400, f"{param}: must be a number of seconds, got {raw!r}") from None
+        if not math.isfinite(seconds) or seconds <= 0 or seconds > limit:
+            raise ApiError(400, f"{param}: must be between 0 and {limit:g} seconds (the history kept), got {raw!r}")
+    return max(1, int(round(seconds / daemon.clock.interval)))
+
+
+def _nan_none(x: float) -> float | None:
+    return None if x != x else round(float(x), 9)
+
+
+def _part(daemon: Daemon, name: str) -> Any:
+    from .http import ApiError
+
+    part = getattr(daemon, name)
+    if part is None:
+        raise ApiError(404, f"the {name} subsystem is not enabled in this daemon's config")
+    return part
+
+
+def register_api(app: Flask, daemon: Daemon) -> None:
+    from .http import ApiError
+
+    @app.get("/api/v1/status")
+    def status() -> Response:
+        return jsonify(daemon.status())
+
+    @app.get("/api/v1/stages")
+    def stages() -> Response:
+        last = window_ticks(daemon)
+        workload = request.args.get("workload")
+        if workload is not None and workload not in daemon.store.workloads():
+            raise ApiError(404, f"workload: unknown workload {workload!r}; known: {daemon.store.workloads()}")
+        out = []
+        for stage in [s for s in STAGES if s in daemon.store.stages()]:
+            q = {k: daemon.store.quantile(v, stage, workload, last) for k, v in QUANTILES}
+            count = int(daemon.store.hist_window(stage, workload, last).sum())
+            out.append({"stage": stage, "count": count, **{k: _nan_none(v) for k, v in q.items()},
+                        "tail_delta": _nan_none(q["p99"] - q["p50"])})
+        return jsonify({"window_seconds": last * daemon.clock.interval, "workload": workload, "stages": out})
+
+    @app.get("/api/v1/topology")
+    def topology() -> Response:
+        if daemon.topology is None:
+            raise ApiError(404, "no GPU topology known (gpu.backend is none or NVML is unavailable)")
+        return jsonify(daemon.topology.to_dict())
+
+    @app.get("/api/v1/slos")
+    def slos() -> Response:
+        return jsonify(_part(daemon, "slo").slos_state())
+
+    @app.get("/api/v1/alerts")
+    def alerts() -> Response:
+        return jsonify(_part(daemon, "slo").alerts_state())
+
+    @app.get("/api/v1/verdicts")
+    def verdicts() -> Response:
+        return jsonify(_part(daemon, "rca").verdicts_state())

@@ -1,0 +1,131 @@
+"""The one HTTP port: /metrics, /healthz, /readyz, /api/v1/..., and the UI at /.
+
+Flask app served by waitress (a production WSGI server) from a background thread.  User mistakes get a
+4xx JSON ``{"error": ...}``; unexpected errors a 500 without a stack trace (logged server-side).
+"""
+
+from __future__ import annotations
+
+import errno
+import hmac
+import logging
+import threading
+from collections.abc import Callable
+from functools import wraps
+from typing import TYPE_CHECKING, Any
+
+from flask import Flask, Response, jsonify, request
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from werkzeug.exceptions import HTTPException
+
+from ..errors import ConfigError, SchedulerError, SitsError
+from .api import register_api
+from .prometheus import StoreCollector
+
+if TYPE_CHECKING:
+    from ..daemon import Daemon
+
+__all__ = ["create_app", "Server", "require_token", "ApiError"]
+
+log = logging.getLogger("sits_observe.http")
+
+
+class ApiError(Exception):
+    """A 4xx answer with a reason."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+def require_token(daemon: Daemon) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator for mutating endpoints: ``Authorization: Bearer <api_token>`` must match."""
+
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @wraps(fn)
+        def inner(*args: Any, **kwargs: Any) -> Any:
+            token = daemon.config.api_token
+            if token is None:
+                raise ApiError(403, "mutating API calls are disabled: set api_token (or SITS_API_TOKEN)")
+            sent = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(sent.encode(), f"Bearer {token.get_secret_value()}".encode()):
+                raise ApiError(401, "missing or wrong bearer token")
+            return fn(*args, **kwargs)
+
+        return inner
+
+    return deco
+
+
+def create_app(daemon: Daemon, *, ui: bool = True) -> Flask:
+    app = Flask("sits_observe")
+    collector = StoreCollector(daemon.store, daemon.providers, daemon.config.store.stale_after, daemon.note_error)
+    daemon.registry.register(collector)
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        return Response(generate_latest(daemon.registry), mimetype=CONTENT_TYPE_LATEST)
+
+    @app.get("/healthz")
+    def healthz() -> Response:
+        return jsonify({"status": "ok"})
+
+    @app.get("/readyz")
+    def readyz() -> tuple[Response, int]:
+        ready = daemon.store.ticks > 0
+        return jsonify({"ready": ready}), 200 if ready else 503
+
+    register_api(app, daemon)
+
+    @app.errorhandler(ApiError)
+    def api_error(exc: ApiError) -> tuple[Response, int]:
+        return jsonify({"error": exc.reason}), exc.status
+
+    @app.errorhandler(ConfigError)
+    def config_error(exc: ConfigError) -> tuple[Response, int]:
+        return jsonify({"error": str(exc)}), 400
+
+    @app.errorhandler(SchedulerError)
+    def scheduler_error(exc: SchedulerError) -> tuple[Response, int]:
+        return jsonify({"error": str(exc)}), 409
+
+    @app.errorhandler(HTTPException)
+    def http_error(exc: HTTPException) -> tuple[Response, int]:
+        return jsonify({"error": exc.description}), exc.code or 500
+
+    @app.errorhandler(Exception)
+    def unexpected(exc: Exception) -> tuple[Response, int]:
+        log.error("request %s %s failed: %s", request.method, request.path, exc,
+                  exc_info=not isinstance(exc, SitsError))
+        return jsonify({"error": "internal error; see the daemon log"}), 500
+
+    if ui:
+        from ..ui.app import create_dash
+
+        create_dash(app, daemon)
+    return app
+
+
+class Server:
+    """waitress on the configured address, in a daemon thread; port in use -> ConfigError."""
+
+    def __init__(self, app: Flask, host: str, port: int, threads: int = 8) -> None:
+        from waitress.server import create_server
+
+        try:
+            self._server = create_server(app, host=host, port=port, threads=threads, ident="sits-observe",
+                                         clear_untrusted_proxy_headers=True)
+        except OSError as exc:
+            why = "is in use" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc.strerror})"
+            raise ConfigError(f"listen: {host}:{port} {why}; set listen: or SITS_LISTEN to a free host:port") from None
+        self.port = int(self._server.effective_port)  # type: ignore[union-attr]
+        self.host = host
+        self._thread = threading.Thread(target=self._server.run, name="http", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        self._server.close()
+        self._thread.join(timeout=3)

@@ -1,0 +1,116 @@
+"""`run`, `demo` and `check-config`: start the daemon, serve HTTP, handle SIGTERM/SIGHUP."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import tempfile
+from typing import Any
+
+from .config import Config, load, parse
+from .errors import SitsError
+
+__all__ = ["register", "serve"]
+
+log = logging.getLogger("sits_observe")
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("run", help="run the daemon")
+    p.add_argument("--config", help="YAML config file (default $SITS_CONFIG, else all defaults)")
+    p.add_argument("--duration", type=float, help="stop after this many wall seconds")
+    p.set_defaults(func=_run)
+
+    d = sub.add_parser("demo", help="run the daemon on the simulated GPU host")
+    d.add_argument("--config", help="YAML config to start from (gpu.backend is forced to sim)")
+    d.add_argument("--scenario", help="fault scenario: quiet, mixed, stress or a YAML file (default mixed)")
+    d.add_argument("--speed", type=float, help="simulated seconds per wall second (default 20)")
+    d.add_argument("--duration", type=float, help="stop after this many wall seconds")
+    d.add_argument("--seed", type=int, help="random seed (default 1)")
+    d.add_argument("--topology", help="nvswitch-8 or pcie-8")
+    d.add_argument("--listen", help="host:port (default 127.0.0.1:9477)")
+    d.set_defaults(func=_demo)
+
+    c = sub.add_parser("check-config", help="validate a config file; exit 2 listing every error")
+    c.add_argument("file")
+    c.set_defaults(func=_check)
+
+
+def _check(args: argparse.Namespace) -> int:
+    cfg = load(args.file, env={})
+    print(f"{args.file}: ok ({len(cfg.workloads)} workloads, gpu.backend={cfg.gpu.backend})")
+    return 0
+
+
+def _setup_logging(cfg: Config) -> None:
+    logging.getLogger().setLevel(cfg.log_level.upper())
+
+
+def _run(args: argparse.Namespace) -> int:
+    cfg = load(args.config)
+    return serve(cfg, duration=args.duration, config_path=args.config or os.environ.get("SITS_CONFIG"))
+
+
+def _demo(args: argparse.Namespace) -> int:
+    base = load(args.config) if args.config else parse({})
+    data = base.model_dump(mode="python", exclude_unset=True)
+    data.setdefault("gpu", {})["backend"] = "sim"
+    sim = data.setdefault("sim", {})
+    for key in ("scenario", "speed", "seed", "topology"):
+        value = getattr(args, key)
+        if value is not None:
+            sim[key] = value
+    if args.listen:
+        data["listen"] = args.listen
+    if "state_dir" not in data and not os.environ.get("SITS_STATE_DIR"):
+        data["state_dir"] = tempfile.mkdtemp(prefix="sits-observe-demo-")
+    if base.api_token is not None:
+        data["api_token"] = base.api_token.get_secret_value()
+    cfg = parse(data, args.config or "<demo>")
+    if os.geteuid() != 0:
+        log.info("not root: eBPF probes are off in this demo (the simulated host provides every stage)")
+    return serve(cfg, duration=args.duration, config_path=args.config, demo=True)
+
+
+def serve(cfg: Config, *, duration: float | None = None, config_path: str | None = None, demo: bool = False) -> int:
+    """Build the daemon, serve HTTP, tick until SIGTERM/SIGINT or ``duration``; SIGHUP reloads config."""
+    from .export.http import Server, create_app
+    from .wiring import build_daemon
+
+    _setup_logging(cfg)
+    daemon = build_daemon(cfg)
+    host, port = cfg.listen_addr
+    server = Server(create_app(daemon), host, port)
+    server.start()
+    base = f"http://{host}:{server.port}"
+    print(f"sits-observe {'demo' if demo else 'daemon'} serving {base}/metrics  API {base}/api/v1/status  "
+          f"UI {base}/", file=sys.stderr, flush=True)
+    if demo:
+        print(f"  simulated host: topology {cfg.sim.topology}, scenario {cfg.sim.scenario}, speed {cfg.sim.speed:g}x,"
+              f" state in {cfg.state_dir}", file=sys.stderr, flush=True)
+
+    def on_term(signum: int, _frame: Any) -> None:
+        log.info("signal %d: draining and exiting", signum)
+        daemon.stop_event.set()
+
+    def on_hup(_signum: int, _frame: Any) -> None:
+        try:
+            new = load(config_path) if config_path else None
+        except SitsError as exc:
+            log.error("SIGHUP: new config rejected, keeping the old one: %s", exc)
+            return
+        if new is not None:
+            daemon.reload(new)
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    signal.signal(signal.SIGHUP, on_hup)
+    try:
+        daemon.run(duration=duration)
+    finally:
+        server.close()
+        daemon.close()
+    return 0
