@@ -86,6 +86,10 @@ class GpuConfig(Section):
     dcgm_url: str | None = None
 
 
+# Subsystem sections import Section from this module, so they are imported after it is defined.
+from .ui.config import UiConfig  # noqa: E402
+
+
 class Config(Section):
     listen: str = DEFAULT_LISTEN
     state_dir: str = DEFAULT_STATE_DIR
@@ -96,6 +100,7 @@ class Config(Section):
     workloads: list[WorkloadConfig] = Field(default_factory=list)
     gpu: GpuConfig = Field(default_factory=GpuConfig)
     sim: SimConfig = Field(default_factory=SimConfig)
+    ui: UiConfig = Field(default_factory=UiConfig)
 
     @field_validator("listen")
     @classmethod
