@@ -133,6 +133,10 @@ class SeriesStore:
         """Ticks ingested since start (not capped by the history)."""
         return self._n
 
+    def reading(self) -> threading.RLock:
+        """The store's lock: hold it (``with store.reading():``) to read several windows of the same ticks."""
+        return self._lock
+
     @property
     def latest_ts(self) -> float:
         with self._lock:
