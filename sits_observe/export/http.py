@@ -20,7 +20,7 @@ from werkzeug.exceptions import HTTPException
 
 from ..errors import ConfigError, SchedulerError, SitsError
 from .api import register_api
-from .prometheus import StoreCollector
+from .prometheus import HistogramText, StoreCollector
 
 if TYPE_CHECKING:
     from ..daemon import Daemon
@@ -62,10 +62,12 @@ def create_app(daemon: Daemon, *, ui: bool = True) -> Flask:
     app = Flask("sits_observe")
     collector = StoreCollector(daemon.store, daemon.providers, daemon.config.store.stale_after, daemon.note_error)
     daemon.registry.register(collector)
+    histograms = HistogramText(daemon.store, daemon.config.store.stale_after)
 
     @app.get("/metrics")
     def metrics() -> Response:
-        return Response(generate_latest(daemon.registry), mimetype=CONTENT_TYPE_LATEST)
+        body = histograms.render().encode() + generate_latest(daemon.registry)
+        return Response(body, mimetype=CONTENT_TYPE_LATEST)
 
     @app.get("/healthz")
     def healthz() -> Response:
