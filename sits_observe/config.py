@@ -82,12 +82,25 @@ class SimConfig(Section):
 
 class GpuConfig(Section):
     backend: Literal["sim", "nvml", "dcgm", "none"] = "sim"
-    sample_interval: float = Field(5.0, gt=0, description="seconds between NVML samples")
-    dcgm_url: str | None = None
+    sample_interval: float = Field(5.0, gt=0, description="seconds between NVML / DCGM samples; ticks reuse the last")
+    dcgm_url: str | None = Field(None, description="dcgm-exporter page, e.g. http://127.0.0.1:9400/metrics")
+    dcgm_timeout: float = Field(2.0, gt=0, le=30, description="seconds to wait for the dcgm-exporter page")
+
+    @field_validator("dcgm_url")
+    @classmethod
+    def _dcgm_url(cls, v: str | None) -> str | None:
+        return None if v is None else check_url(v)
+
+    @model_validator(mode="after")
+    def _dcgm_needs_url(self) -> GpuConfig:
+        if self.backend == "dcgm" and not self.dcgm_url:
+            raise ValueError("backend dcgm needs gpu.dcgm_url, e.g. http://127.0.0.1:9400/metrics")
+        return self
 
 
 # Subsystem sections import Section from this module, so they are imported after it is defined.
 from .ui.config import UiConfig  # noqa: E402
+from .collectors.config import ServerConfig, check_url  # noqa: E402
 
 
 class Config(Section):
@@ -101,6 +114,7 @@ class Config(Section):
     gpu: GpuConfig = Field(default_factory=GpuConfig)
     sim: SimConfig = Field(default_factory=SimConfig)
     ui: UiConfig = Field(default_factory=UiConfig)
+    servers: list[ServerConfig] = Field(default_factory=list)
 
     @field_validator("listen")
     @classmethod

@@ -1,0 +1,36 @@
+"""Config section ``servers:`` (inference servers to scrape) and the URL check shared with ``gpu.dcgm_url``."""
+
+from __future__ import annotations
+
+from typing import Literal
+from urllib.parse import urlsplit
+
+from pydantic import Field, field_validator
+
+from ..config import Section
+
+__all__ = ["ServerConfig", "check_url"]
+
+
+def check_url(url: str) -> str:
+    """Accept an absolute http(s) URL with a host; raise ValueError with the fix otherwise."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("must be an http:// or https:// URL with a host, e.g. http://127.0.0.1:8000/metrics")
+    return url
+
+
+class ServerConfig(Section):
+    """One inference server whose /metrics page is read every tick."""
+
+    kind: Literal["vllm", "triton"]
+    url: str = Field(description="the server's Prometheus page, e.g. http://127.0.0.1:8000/metrics")
+    workload: str = Field(pattern=r"^[a-zA-Z_][a-zA-Z0-9_.-]{0,62}$",
+                          description="label `workload` for everything this server reports")
+    model: str | None = Field(None, description="only series whose model label (vLLM model_name, Triton model) is this")
+    timeout: float = Field(2.0, gt=0, le=30, description="seconds to wait for the page")
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        return check_url(v)
