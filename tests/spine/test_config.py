@@ -1,0 +1,71 @@
+"""Config: defaults, every error with its path, environment precedence, secrets never echoed."""
+
+import pytest
+
+from sits_observe.config import DEFAULT_LISTEN, load, parse
+from sits_observe.errors import ConfigError
+
+
+def test_empty_file_is_all_defaults(tmp_path):
+    f = tmp_path / "empty.yaml"
+    f.write_text("")
+    cfg = load(f, env={})
+    assert cfg.listen == DEFAULT_LISTEN and cfg.gpu.backend == "sim" and cfg.store.history == 3600
+
+
+def test_every_error_is_listed_with_its_path(tmp_path):
+    f = tmp_path / "bad.yaml"
+    f.write_text("listen: nope\nstore:\n  history: 5\n  bogus: 1\nsim:\n  speed: -3\n")
+    with pytest.raises(ConfigError) as err:
+        load(f, env={})
+    lines = str(err.value).splitlines()
+    assert f"{f}: listen: must be host:port, e.g. 127.0.0.1:9477, got 'nope'" in lines
+    assert any(line.startswith(f"{f}: store.history:") and "got 5" in line for line in lines)
+    assert any("store.bogus: unknown field" in line for line in lines)
+    assert any(line.startswith(f"{f}: sim.speed:") and "got -3" in line for line in lines)
+    assert len(lines) == 4
+
+
+def test_environment_overrides_file_and_token_is_secret(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("listen: 127.0.0.1:1000\nstate_dir: /a\n")
+    env = {"SITS_LISTEN": "127.0.0.1:2000", "SITS_STATE_DIR": "/b", "SITS_LOG_LEVEL": "DEBUG",
+           "SITS_API_TOKEN": "s3cret-value"}
+    cfg = load(f, env=env)
+    assert (cfg.listen, cfg.state_dir, cfg.log_level) == ("127.0.0.1:2000", "/b", "debug")
+    assert cfg.api_token.get_secret_value() == "s3cret-value"
+    assert "s3cret-value" not in repr(cfg)
+
+
+def test_sits_config_names_the_file(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("tick_interval: 2\n")
+    assert load(None, env={"SITS_CONFIG": str(f)}).tick_interval == 2
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("a: [1,\n", "not valid YAML at line"),
+        ("- 1\n- 2\n", "top level must be a mapping"),
+        ("workloads:\n  - name: a\n  - name: a\n", "duplicate names"),
+        ("store:\n  buckets: [0.001, 0.00101]\n", "store.buckets[1]"),
+    ],
+)
+def test_structural_errors(tmp_path, text, needle):
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=None) as err:
+        load(f, env={})
+    assert needle in str(err.value)
+
+
+def test_missing_file_is_one_line():
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load("/nonexistent/sits.yaml", env={})
+
+
+def test_parse_rejects_bad_token_without_echo():
+    with pytest.raises(ConfigError) as err:
+        parse({"api_token": ["x"]}, env={})
+    assert "got" not in str(err.value)
