@@ -101,6 +101,7 @@ class GpuConfig(Section):
 # Subsystem sections import Section from this module, so they are imported after it is defined.
 from .ui.config import UiConfig  # noqa: E402
 from .collectors.config import ServerConfig, check_url  # noqa: E402
+from .rca.config import RcaConfig  # noqa: E402
 
 
 class Config(Section):
@@ -115,6 +116,7 @@ class Config(Section):
     sim: SimConfig = Field(default_factory=SimConfig)
     ui: UiConfig = Field(default_factory=UiConfig)
     servers: list[ServerConfig] = Field(default_factory=list)
+    rca: RcaConfig = Field(default_factory=RcaConfig)
 
     @field_validator("listen")
     @classmethod

@@ -1,0 +1,27 @@
+"""The ``rca:`` config section (see docs/rca.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+
+from ..config import Section
+
+__all__ = ["RcaConfig", "SHIPPED_MODEL"]
+
+# The model shipped in the repository (``models/rca-lstm.pt``), used when ``rca.model`` is not set.
+SHIPPED_MODEL = Path(__file__).resolve().parents[2] / "models" / "rca-lstm.pt"
+
+
+class RcaConfig(Section):
+    enabled: bool = Field(True, description="run the root-cause classifier in the daemon")
+    model: str | None = Field(None, description="model file; default: the shipped models/rca-lstm.pt")
+    every_ticks: int = Field(60, ge=1, le=86400, description="classify every N ticks when no SLO burns")
+    min_confidence: float = Field(0.6, ge=0.0, le=1.0, description="below this the verdict is `unknown`")
+    top_features: int = Field(5, ge=1, le=64, description="features reported per verdict")
+    keep_verdicts: int = Field(10000, ge=10, le=10_000_000, description="verdicts kept in SQLite")
+    threads: int = Field(1, ge=1, le=64, description="CPU threads torch may use for inference")
+
+    def model_path(self) -> Path:
+        return Path(self.model) if self.model else SHIPPED_MODEL
