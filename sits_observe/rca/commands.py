@@ -1,0 +1,146 @@
+"""``sits-observe rca dataset|train|eval``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from ..errors import ConfigError
+from .config import SHIPPED_MODEL
+
+__all__ = ["register"]
+
+
+def _pair(text: str) -> tuple[int, int]:
+    try:
+        a, b = (int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected two integers like 64,32, got {text!r}") from None
+    if a < 1 or b < 1:
+        raise argparse.ArgumentTypeError(f"hidden sizes must be positive, got {text!r}")
+    return a, b
+
+
+def _range(text: str) -> tuple[float, float]:
+    try:
+        lo, hi = (float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LOW,HIGH like 0.5,1.0, got {text!r}") from None
+    if not 0 < lo <= hi:
+        raise argparse.ArgumentTypeError(f"need 0 < LOW <= HIGH, got {text!r}")
+    return lo, hi
+
+
+def register(sub: Any) -> None:
+    rca = sub.add_parser("rca", help="root-cause classifier: generate data, train, evaluate")
+    cmds = rca.add_subparsers(dest="rca_command", required=True)
+
+    d = cmds.add_parser("dataset", help="simulate a host with random faults; write metrics.csv + labels.csv")
+    d.add_argument("--out", required=True, help="dataset directory to write")
+    d.add_argument("--seed", type=int, default=1)
+    d.add_argument("--hours", type=float, default=2.0, help="simulated hours per entity")
+    d.add_argument("--topology", default="nvswitch-8", help="nvswitch-8 or pcie-8")
+    d.add_argument("--trace", choices=("conv", "code"), default="conv", help="Azure LLM trace to replay")
+    d.add_argument("--severity", type=_range, default=(0.5, 1.0), help="fault severity range LOW,HIGH")
+    d.add_argument("--entities", type=int, default=1, help="independent simulated hosts (seeds seed..)")
+    d.set_defaults(func=_dataset)
+
+    t = cmds.add_parser("train", help="train the LSTM on a dataset directory")
+    t.add_argument("--dataset", required=True, help="dataset directory (metrics.csv, labels.csv)")
+    t.add_argument("--out", default=str(SHIPPED_MODEL), help="model file to write")
+    t.add_argument("--window", type=int, default=64, help="steps per window")
+    t.add_argument("--epochs", type=int, default=30, help="maximum epochs (early stopping may end sooner)")
+    t.add_argument("--hidden", type=_pair, default=(64, 32), help="LSTM hidden sizes H1,H2")
+    t.add_argument("--dropout", type=float, default=0.2)
+    t.add_argument("--stride", type=int, default=2, help="use every N-th window for training")
+    t.add_argument("--margin", type=int, default=10, help="steps after a label edge left out as transition")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--threads", type=int, default=2, help="CPU threads for torch")
+    t.set_defaults(func=_train)
+
+    e = cmds.add_parser("eval", help="score the model and two baselines on a dataset")
+    e.add_argument("--model", default=str(SHIPPED_MODEL), help="model file")
+    e.add_argument("--dataset", required=True, help="test dataset directory")
+    e.add_argument("--train", help="dataset to fit the baselines on (default: the model's training data)")
+    e.add_argument("--min-confidence", type=float, default=0.6, help="below this a verdict is `unknown`")
+    e.add_argument("--threads", type=int, default=2)
+    e.add_argument("--json", action="store_true", help="print one JSON object")
+    e.set_defaults(func=_eval)
+
+
+def _dataset(args: argparse.Namespace) -> int:
+    from .generate import GenOptions, generate
+
+    if args.hours <= 0 or args.entities < 1:
+        raise ConfigError(f"--hours and --entities must be positive, got {args.hours} and {args.entities}")
+    opts = GenOptions(seed=args.seed, hours=args.hours, topology=args.topology, trace=args.trace,
+                      severity=args.severity, entities=args.entities)
+    summary = generate(args.out, opts)
+    print(json.dumps(summary, sort_keys=True))
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    import sys
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from . import dataset
+    from .train import TrainOptions, train
+
+    for name in ("window", "epochs", "stride", "threads"):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name}: must be at least 1, got {getattr(args, name)}")
+    if not 0 <= args.dropout < 1:
+        raise ConfigError(f"--dropout: must be in [0, 1), got {args.dropout}")
+    ds = dataset.read(args.dataset)
+    opts = TrainOptions(window=args.window, epochs=args.epochs, hidden=args.hidden, dropout=args.dropout,
+                        stride=args.stride, margin=args.margin, seed=args.seed, threads=args.threads)
+    cols = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("{task.fields[info]}")]
+    err = Console(stderr=True)
+    with Progress(*cols, console=err, disable=not err.is_terminal) as bar:
+        task = bar.add_task("epoch 1", total=None, info="")
+
+        def report(epoch: int, done: int, total: int, info: dict[str, float]) -> None:
+            text = "  ".join(f"{k} {v:.4f}" for k, v in info.items())
+            bar.update(task, description=f"epoch {epoch}/{opts.epochs}", completed=done, total=total,
+                       **({"info": text} if text else {}))
+            if info and not err.is_terminal:
+                print(f"epoch {epoch}: {text}", file=sys.stderr)
+
+        model = train(ds, opts, report)
+    model.training["command"] = (
+        f"sits-observe rca train --dataset {args.dataset} --out {args.out} --window {opts.window} "
+        f"--epochs {opts.epochs} --hidden {opts.hidden[0]},{opts.hidden[1]} --dropout {opts.dropout} "
+        f"--stride {opts.stride} --margin {opts.margin} --seed {opts.seed} --threads {opts.threads}")
+    model.save(args.out)
+    val = model.metrics["validation"]
+    print(f"wrote {args.out}: validation macro-F1 {val['macro_f1']:.4f}, healthy FP rate "
+          f"{val['healthy_fp_rate']:.4f}, ECE {val['ece']:.4f}, temperature {model.temperature:.3f}, "
+          f"best epoch {model.training['best_epoch']}/{model.training['epochs_run']}, "
+          f"{model.training['seconds']:.0f} s")
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from . import dataset
+    from .evaluate import evaluate, load_train, render
+    from .model import RcaModel
+
+    if not 0 <= args.min_confidence <= 1:
+        raise ConfigError(f"--min-confidence: must be in [0, 1], got {args.min_confidence}")
+    model = RcaModel.load(args.model)
+    test = dataset.read(args.dataset)
+    model.columns(test.features, source=str(args.dataset))  # fail on missing features before fitting baselines
+    report = evaluate(model, test, load_train(model, args.train), args.min_confidence, threads=args.threads)
+    report["model"] = args.model
+    if args.json:
+        print(json.dumps(report, sort_keys=True))
+    else:
+        render(report, Console())
+    return 0

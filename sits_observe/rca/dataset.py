@@ -1,0 +1,235 @@
+"""The generic labeled dataset: ``metrics.csv`` + ``labels.csv`` in one directory, read, written and windowed.
+
+``metrics.csv``: ``timestamp`` (unix seconds), ``entity``, then one numeric column per feature, one row
+per entity per step.  ``labels.csv``: ``entity,start,end,cause``; a step at ``t`` carries ``cause`` when
+``start <= t < end`` (a later row wins where labels overlap); time no label covers is ``healthy``.
+
+Gaps: each entity is laid on a regular grid (the step is the median spacing of its timestamps), so a
+missing step is a row of NaN at its own time and never shifts a window; empty cells are NaN too.  NaN is
+carried forward inside each window with a missing indicator by :func:`sits_observe.rca.model.encode`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..errors import ConfigError
+from .verdict import HEALTHY
+
+__all__ = ["Label", "Entity", "Dataset", "Windows", "fill_forward", "read", "write", "METRICS", "LABELS"]
+
+METRICS = "metrics.csv"
+LABELS = "labels.csv"
+
+
+def fill_forward(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Carry the last observed value forward along the step axis (``-2``) of ``(..., steps, F)``.
+
+    Returns ``(filled, missing)``; ``missing`` marks the cells that were NaN.  Cells before a column's
+    first observation stay NaN (the encoder maps them to the feature's typical value).
+    """
+    missing = np.isnan(x)
+    steps = np.arange(x.shape[-2]).reshape(-1, 1)
+    idx = np.maximum.accumulate(np.where(missing, 0, steps), axis=-2)
+    return np.take_along_axis(x, idx, axis=-2), missing
+
+
+@dataclass(frozen=True, slots=True)
+class Label:
+    entity: str
+    start: float
+    end: float
+    cause: str
+
+
+@dataclass(slots=True)
+class Entity:
+    """One entity's grid: ``values[i]`` is the step at ``t0 + i * step`` (NaN = not observed)."""
+
+    name: str
+    t0: float
+    values: np.ndarray  # (T, F) float32
+
+    def times(self, step: float) -> np.ndarray:
+        return self.t0 + step * np.arange(len(self.values))
+
+
+@dataclass(slots=True)
+class Windows:
+    """Windows over the concatenated entity grids: rows ``ends[k] - window + 1 .. ends[k]`` of ``data``."""
+
+    data: np.ndarray  # (total steps, F) float32, NaN = missing
+    ends: np.ndarray  # (M,) int64 row index of each window's last step
+    y: np.ndarray  # (M,) object: the cause at the last step
+    times: np.ndarray  # (M,) float64 timestamp of the last step
+    window: int
+
+    def __len__(self) -> int:
+        return len(self.ends)
+
+    def batch(self, idx: np.ndarray | slice | None = None) -> np.ndarray:
+        """Raw windows ``(len(idx), window, F)`` with NaN kept."""
+        ends = self.ends if idx is None else self.ends[idx]
+        rows = ends[:, None] + np.arange(1 - self.window, 1)[None, :]
+        return self.data[rows]
+
+    def subset(self, mask: np.ndarray) -> Windows:
+        return Windows(self.data, self.ends[mask], self.y[mask], self.times[mask], self.window)
+
+
+@dataclass(slots=True)
+class Dataset:
+    features: tuple[str, ...]
+    step: float
+    entities: list[Entity]
+    labels: list[Label]
+    path: str = ""
+
+    def causes(self, entity: Entity) -> np.ndarray:
+        """The cause of every step of ``entity`` (object array of str)."""
+        t = entity.times(self.step)
+        out = np.full(len(t), HEALTHY, dtype=object)
+        for lab in self.labels:
+            if lab.entity == entity.name:
+                out[(t >= lab.start) & (t < lab.end)] = lab.cause
+        return out
+
+    def near_boundary(self, entity: Entity, margin: int) -> np.ndarray:
+        """Steps within ``margin`` steps after a label starts or ends (transition, not scored)."""
+        t = entity.times(self.step)
+        out = np.zeros(len(t), dtype=bool)
+        for lab in self.labels:
+            if lab.entity == entity.name:
+                for edge in (lab.start, lab.end):
+                    out |= (t >= edge) & (t < edge + margin * self.step)
+        return out
+
+    def classes(self) -> list[str]:
+        """``healthy`` first, then every cause in the labels, sorted."""
+        return [HEALTHY] + sorted({lab.cause for lab in self.labels} - {HEALTHY})
+
+    def windows(self, window: int, stride: int = 1, margin: int = 0) -> Windows:
+        """Every ``stride``-th window whose last step was observed, at most half of whose steps are
+        missing, and whose last step is not within ``margin`` steps after a label boundary."""
+        if window < 2:
+            raise ConfigError(f"window: must be at least 2 steps, got {window}")
+        data, ends, ys, ts = [], [], [], []
+        offset = 0
+        for ent in self.entities:
+            vals = ent.values
+            n = len(vals)
+            if n >= window:
+                row_seen = ~np.isnan(vals).all(axis=1)
+                seen_in_window = np.convolve(row_seen.astype(np.int64), np.ones(window, np.int64))[window - 1:n]
+                local = np.arange(window - 1, n)
+                ok = row_seen[local] & (seen_in_window * 2 >= window)
+                if margin:
+                    ok &= ~self.near_boundary(ent, margin)[local]
+                local = local[ok][::stride]
+                ends.append(local + offset)
+                ys.append(self.causes(ent)[local])
+                ts.append(ent.times(self.step)[local])
+            data.append(vals)
+            offset += n
+        cat = (lambda parts, dt: np.concatenate(parts) if parts else np.zeros(0, dt))
+        return Windows(
+            data=np.concatenate(data) if data else np.zeros((0, len(self.features)), np.float32),
+            ends=cat(ends, np.int64).astype(np.int64),
+            y=cat(ys, object).astype(object),
+            times=cat(ts, np.float64),
+            window=window,
+        )
+
+
+def _numeric(df: pd.DataFrame, cols: Sequence[str], path: Path) -> np.ndarray:
+    out = np.empty((len(df), len(cols)), dtype=np.float64)
+    for j, col in enumerate(cols):
+        conv = pd.to_numeric(df[col], errors="coerce")
+        bad = conv.isna() & df[col].notna() & (df[col].astype(str).str.strip() != "")
+        if bad.any():
+            i = int(np.flatnonzero(bad.to_numpy())[0])
+            raise ConfigError(f"{path}: line {i + 2}: column {col!r}: not a number, got {df[col].iloc[i]!r}")
+        out[:, j] = conv.to_numpy(dtype=np.float64, na_value=np.nan)
+    return out
+
+
+def _read_csv(path: Path) -> pd.DataFrame:
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file; a dataset directory holds {METRICS} and {LABELS}")
+    try:
+        return pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""])
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not a readable CSV file: {exc}") from None
+
+
+def _labels(path: Path) -> list[Label]:
+    df = _read_csv(path)
+    missing = [c for c in ("entity", "start", "end", "cause") if c not in df.columns]
+    if missing:
+        raise ConfigError(f"{path}: missing column(s) {', '.join(missing)}; expected entity,start,end,cause")
+    se = _numeric(df, ["start", "end"], path)
+    out = []
+    for i, (ent, cause) in enumerate(zip(df["entity"], df["cause"])):
+        start, end = se[i]
+        if not np.isfinite(start) or not np.isfinite(end) or end <= start:
+            raise ConfigError(f"{path}: line {i + 2}: start must be before end, got {start!r}..{end!r}")
+        if not isinstance(cause, str) or not cause.strip():
+            raise ConfigError(f"{path}: line {i + 2}: cause is empty")
+        out.append(Label(str(ent), float(start), float(end), cause.strip()))
+    return out
+
+
+def read(directory: str | Path) -> Dataset:
+    """Read a dataset directory; bad files raise ConfigError naming the file, line, column and value."""
+    d = Path(directory)
+    path = d / METRICS
+    df = _read_csv(path)
+    if list(df.columns[:2]) != ["timestamp", "entity"] or len(df.columns) < 3:
+        raise ConfigError(f"{path}: header must be timestamp,entity,<feature>..., got {','.join(df.columns[:3])}")
+    features = tuple(df.columns[2:])
+    ts = _numeric(df, ["timestamp"], path)[:, 0]
+    if np.isnan(ts).any():
+        i = int(np.flatnonzero(np.isnan(ts))[0])
+        raise ConfigError(f"{path}: line {i + 2}: timestamp is empty")
+    vals = _numeric(df, features, path).astype(np.float32)
+    ents = df["entity"].fillna("").astype(str).to_numpy()
+    diffs = [np.diff(np.unique(ts[ents == e])) for e in pd.unique(ents)]
+    diffs = np.concatenate(diffs) if diffs else np.zeros(0)
+    if not diffs.size:
+        raise ConfigError(f"{path}: every entity needs at least two distinct timestamps to find the step")
+    step = float(np.median(diffs))
+    entities = []
+    for name in pd.unique(ents):
+        sel = ents == name
+        t = ts[sel]
+        t0 = float(t.min())
+        idx = np.rint((t - t0) / step).astype(np.int64)
+        grid = np.full((int(idx.max()) + 1, len(features)), np.nan, dtype=np.float32)
+        grid[idx] = vals[sel]  # duplicate steps: the later row wins
+        entities.append(Entity(str(name), t0, grid))
+    labels = _labels(d / LABELS)
+    return Dataset(features, step, entities, labels, str(d))
+
+
+def write(directory: str | Path, dataset: Dataset) -> None:
+    """Write ``metrics.csv`` (empty cells for NaN; all-NaN steps omitted) and ``labels.csv``."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    frames = []
+    for ent in dataset.entities:
+        keep = ~np.isnan(ent.values).all(axis=1)
+        df = pd.DataFrame(ent.values[keep].astype(np.float64), columns=list(dataset.features))
+        df.insert(0, "entity", ent.name)
+        df.insert(0, "timestamp", [f"{t:.3f}" for t in ent.times(dataset.step)[keep]])
+        frames.append(df)
+    out = pd.concat(frames) if frames else pd.DataFrame(columns=["timestamp", "entity", *dataset.features])
+    out.to_csv(d / METRICS, index=False, float_format="%.6g", na_rep="")
+    pd.DataFrame(
+        [(lab.entity, f"{lab.start:.3f}", f"{lab.end:.3f}", lab.cause) for lab in dataset.labels],
+        columns=["entity", "start", "end", "cause"],
+    ).to_csv(d / LABELS, index=False)

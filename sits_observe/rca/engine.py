@@ -1,0 +1,153 @@
+"""The in-daemon consumer: classify the latest window when an SLO burns, and every K ticks otherwise.
+
+A verdict is stored in the verdict log (SQLite under ``state_dir``), counted for export, added to the
+firing alerts' annotations (``likely_cause``, ``rca_confidence``, ``rca_verdict_id``) through the SLO
+engine's hook, and handed to the scheduler's ``on_verdict``.  A missing or corrupt model, or a store
+that lacks the model's features, is logged once and RCA stays off; the daemon runs on without it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ModelError, StoreError
+from ..frame import Frame, Sample
+from ..store.series import SeriesStore
+from .config import RcaConfig
+from .explain import explain
+from .log import VerdictLog
+from .model import RcaModel
+from .verdict import HEALTHY, UNKNOWN, Verdict
+
+__all__ = ["RcaEngine"]
+
+log = logging.getLogger("sits_observe.rca")
+
+
+class RcaEngine:
+    """Consumer ``rca``; ``burning()`` says whether any SLO burn tier fires now."""
+
+    name = "rca"
+
+    def __init__(self, cfg: RcaConfig, state_dir: str | Path, *,
+                 burning: Callable[[], bool] | None = None,
+                 annotate: Callable[[Mapping[str, str]], None] | None = None,
+                 on_verdict: Callable[[Verdict], Any] | None = None) -> None:
+        self.cfg = cfg
+        self.burning = burning
+        self.annotate = annotate
+        self.on_verdict = on_verdict
+        self.log = VerdictLog(Path(state_dir) / "rca.sqlite", keep=cfg.keep_verdicts)
+        self.model: RcaModel | None = None
+        self.error: str | None = None
+        self._ticks = 0
+        self._proba: dict[str, float] = {}
+        self._counts: dict[str, int] = {}
+        self._load()
+
+    def _load(self) -> None:
+        path = self.cfg.model_path()
+        try:
+            import torch
+
+            torch.set_num_threads(self.cfg.threads)
+            self.model = RcaModel.load(path)
+        except ModelError as exc:
+            self._disable(str(exc))
+            return
+        self.error = None
+        log.info("rca: model %s loaded (%d features, window %d, classes %s)", path, len(self.model.features),
+                 self.model.window, ", ".join(self.model.classes))
+
+    def _disable(self, why: str) -> None:
+        self.model = None
+        self.error = why
+        log.warning("rca: root-cause classification is off: %s", why)
+
+    def reload(self, cfg: Any) -> None:
+        """SIGHUP: take the new ``rca`` section; reload the model when its path changed."""
+        new: RcaConfig = cfg.rca
+        changed = new.model_path() != self.cfg.model_path()
+        self.cfg = new
+        if changed:
+            self._load()
+
+    # ---- per tick ------------------------------------------------------------------------------
+
+    def on_tick(self, frame: Frame, store: SeriesStore) -> None:
+        if self.model is None:
+            return
+        self._ticks += 1
+        firing = bool(self.burning()) if self.burning is not None else False
+        if not firing and self._ticks % self.cfg.every_ticks:
+            return
+        if store.ticks < self.model.window:
+            return
+        try:
+            raw = store.window(self.model.features, self.model.window)
+        except StoreError as exc:
+            self._disable(f"the store cannot compute the model's features: {exc}")
+            return
+        self.record(self.classify(raw, frame.ts, "slo_burn" if firing else "periodic", store))
+
+    def classify(self, raw: np.ndarray, ts: float, trigger: str, store: SeriesStore | None = None) -> Verdict:
+        """A verdict for one ``(window, F)`` raw window in model feature order."""
+        m = self.model
+        assert m is not None
+        proba = m.proba(raw[None])[0]
+        self._proba = {c: float(p) for c, p in zip(m.classes, proba)}
+        k = int(proba.argmax())
+        cause = str(m.decide(proba[None], self.cfg.min_confidence)[0])
+        if cause in (HEALTHY, UNKNOWN):
+            return Verdict(cause, round(float(proba[k]), 4), ts, trigger=trigger)
+        ex = explain(m, raw, k, store, self.cfg.top_features)
+        return Verdict(cause, round(float(proba[k]), 4), ts, ex.gpus, ex.stages, ex.top_features, trigger)
+
+    def record(self, v: Verdict) -> None:
+        self._counts[v.cause] = self._counts.get(v.cause, 0) + 1
+        self.log.append(v)
+        if v.trigger == "slo_burn" and self.annotate is not None:
+            self._call("annotate", self.annotate, {"likely_cause": v.cause, "rca_confidence": f"{v.confidence:.2f}",
+                                                   "rca_verdict_id": v.id})
+        if self.on_verdict is not None:
+            self._call("on_verdict", self.on_verdict, v)
+
+    @staticmethod
+    def _call(what: str, fn: Callable[[Any], Any], arg: Any) -> None:
+        try:
+            fn(arg)
+        except Exception as exc:  # a failing consumer of verdicts must not lose the verdict or stop RCA
+            log.warning("rca: %s hook failed: %s: %s", what, type(exc).__name__, exc)
+
+    # ---- reporting -----------------------------------------------------------------------------
+
+    def metrics(self) -> Iterable[Sample]:
+        yield Sample("sits_rca_model_loaded", "gauge", "1 when the root-cause model is loaded.", (),
+                     0.0 if self.model is None else 1.0)
+        for cause, p in sorted(self._proba.items()):
+            yield Sample("sits_rca_verdict_confidence", "gauge",
+                         "Probability of each cause in the latest classification (calibrated).",
+                         (("cause", cause),), p)
+        for cause, n in sorted(self._counts.items()):
+            yield Sample("sits_rca_verdicts_total", "counter", "Verdicts given, by cause (unknown included).",
+                         (("cause", cause),), float(n))
+
+    def verdicts_state(self, limit: int = 50) -> dict[str, Any]:
+        """What GET /api/v1/verdicts serves: the model, the latest probabilities, recent verdicts."""
+        m = self.model
+        model = None if m is None else {
+            "path": str(self.cfg.model_path()), "classes": list(m.classes), "window": m.window,
+            "features": list(m.features), "temperature": m.temperature,
+            "validation_macro_f1": m.metrics.get("validation", {}).get("macro_f1"),
+        }
+        return {"enabled": m is not None, "error": self.error, "model": model,
+                "min_confidence": self.cfg.min_confidence, "latest_probabilities": dict(self._proba),
+                "verdicts": self.log.recent(limit)}
+
+    def close(self) -> None:
+        self.log.close()

@@ -1,0 +1,53 @@
+"""Occlusion: which features, stages and GPUs a verdict rests on.
+
+A feature's contribution is the drop in the verdict cause's probability when that feature is replaced,
+over the whole window, by its typical value (the one the normalizer maps to 0).  A GPU's contribution is
+the drop when that GPU's readings are replaced by the median of the other GPUs before the GPU aggregates
+are computed.  A stage's contribution is the sum of its features' positive contributions.  Everything is
+scored in one batched forward pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..store.series import SeriesStore
+from .features import gpu_occluded, stage_of
+from .model import RcaModel
+
+__all__ = ["Explanation", "explain", "MIN_CONTRIBUTION"]
+
+MIN_CONTRIBUTION = 0.01  # a GPU or stage is implicated when occluding it lowers the probability this much
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    top_features: tuple[tuple[str, float], ...]
+    stages: tuple[str, ...]
+    gpus: tuple[int, ...]
+
+
+def explain(model: RcaModel, raw: np.ndarray, cause: int, store: SeriesStore | None, top: int) -> Explanation:
+    """Rank features, stages and GPUs of ``raw`` (``(n, F)`` in model order) for class index ``cause``."""
+    nf = len(model.features)
+    typical = (model.norm.scale * np.sinh(model.norm.mean)).astype(np.float32)
+    occl = np.repeat(raw[None].astype(np.float32), nf + 1, axis=0)
+    occl[np.arange(1, nf + 1), :, np.arange(nf)] = typical[:, None]
+    parts = [occl]
+    if store is not None and len(store.gpu_info()):
+        parts.append(gpu_occluded(store, model.features, raw, raw.shape[0]).astype(np.float32))
+    p = model.proba(np.concatenate(parts))[:, cause]
+    feat = p[0] - p[1:nf + 1]
+    gpu = p[0] - p[nf + 1:]
+    order = np.argsort(-feat, kind="stable")
+    tops = tuple((model.features[j], round(float(feat[j]), 4)) for j in order[:top] if feat[j] > 0)
+    by_stage: dict[str, float] = {}
+    for j, name in enumerate(model.features):
+        st = stage_of(name)
+        if st is not None and feat[j] > 0:
+            by_stage[st] = by_stage.get(st, 0.0) + float(feat[j])
+    stages = tuple(s for s, c in sorted(by_stage.items(), key=lambda kv: -kv[1]) if c >= MIN_CONTRIBUTION)
+    gpus = tuple(int(g) for g in np.argsort(-gpu, kind="stable") if gpu[g] >= MIN_CONTRIBUTION)
+    return Explanation(tops, stages, gpus)

@@ -1,0 +1,94 @@
+"""The classifier's features: names the SeriesStore computes (``store.window(FEATURES, last)``).
+
+The dataset generator writes exactly these columns from a SeriesStore fed by the simulator, and the
+daemon reads the same names from its own store, so training and inference see one definition.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from ..store.features import feature_series
+from ..store.series import SeriesStore
+
+__all__ = ["FEATURES", "stage_of", "gpu_field_of", "gpu_occluded"]
+
+_STAGE_STATS = {
+    "e2e": ("p50", "p99", "tail", "rate"),
+    "queue": ("p50", "p99"),
+    "ingress": ("p50", "p99"),
+    "prefill": ("p50", "p99"),
+    "decode": ("p50", "p99", "tail"),
+    "collective": ("p50", "p99"),
+    "h2d": ("p99",),
+    "sync": ("p99",),
+    "runq": ("p50", "p99"),
+}
+_GPU_STATS = {
+    "utilization_ratio": ("mean", "max", "spread"),
+    "memory_used_bytes": ("mean", "max", "spread"),
+    "sm_clock_hertz": ("mean", "min", "spread"),
+    "power_watts": ("mean", "max"),
+    "temperature_celsius": ("mean", "max", "spread"),
+    "throttle_reasons": ("max",),
+    "nvlink_rx_bytes_per_second": ("mean", "max", "spread"),
+    "pcie_rx_bytes_per_second": ("mean", "max"),
+}
+FEATURES: tuple[str, ...] = (
+    *(f"stage.{s}.{stat}" for s, stats in _STAGE_STATS.items() for stat in stats),
+    "workload.queue_depth.sum",
+    "workload.running_requests.sum",
+    "workload.kv_cache_usage_ratio.sum",
+    "workload.preemptions_total.rate",
+    "workload.request_errors_total.rate",
+    *(f"gpu.{f}.{agg}" for f, aggs in _GPU_STATS.items() for agg in aggs),
+    "host.cpu_utilization_ratio",
+    "host.memory_used_ratio",
+)
+
+
+def stage_of(feature: str) -> str | None:
+    """``stage.<stage>[@workload].<stat>`` -> ``<stage>``; None for other kinds."""
+    kind, _, rest = feature.partition(".")
+    return rest.rpartition(".")[0].partition("@")[0] if kind == "stage" else None
+
+
+def gpu_field_of(feature: str) -> str | None:
+    """``gpu.<field>.<agg>`` -> ``<field>``; None for other kinds."""
+    kind, _, rest = feature.partition(".")
+    return rest.rpartition(".")[0] if kind == "gpu" else None
+
+
+class _GpuOccluded:
+    """Stands in for the store where GPU windows are read: GPU ``gpu`` replaced by the others' median."""
+
+    def __init__(self, store: SeriesStore, gpu: int) -> None:
+        self._store = store
+        self._gpu = gpu
+
+    def gpu_window(self, field: str, last: int | None = None) -> np.ndarray:
+        vals = self._store.gpu_window(field, last)
+        others = np.delete(vals, self._gpu, axis=1)
+        if others.shape[1]:
+            with warnings.catch_warnings():  # all-NaN ticks warn; NaN is the right answer there
+                warnings.simplefilter("ignore", RuntimeWarning)
+                vals[:, self._gpu] = np.nanmedian(others, axis=1)
+        return vals
+
+
+def gpu_occluded(store: SeriesStore, features: tuple[str, ...], raw: np.ndarray, last: int) -> np.ndarray:
+    """``(G, n, F)``: ``raw`` with every GPU feature recomputed as if GPU ``g`` behaved like the median GPU.
+
+    The GPU aggregates come from the store's own feature code (:func:`feature_series`), so they are
+    computed exactly as in ``raw``.
+    """
+    gpus = len(store.gpu_info())
+    cols = [j for j, f in enumerate(features) if gpu_field_of(f) is not None]
+    out = np.repeat(raw[None], gpus, axis=0)
+    for g in range(gpus):
+        shim = _GpuOccluded(store, g)
+        for j in cols:
+            out[g, :, j] = feature_series(shim, features[j], last)  # type: ignore[arg-type]
+    return out

@@ -1,0 +1,73 @@
+"""The verdict log: every verdict in SQLite (``<state_dir>/rca.sqlite``, WAL), the newest kept in memory."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from ..errors import StoreError
+from .verdict import Verdict
+
+__all__ = ["VerdictLog"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS verdicts (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    ts REAL NOT NULL,
+    cause TEXT NOT NULL,
+    confidence REAL NOT NULL,
+    body TEXT NOT NULL
+)
+"""
+
+
+class VerdictLog:
+    """Append-only with a cap of ``keep`` rows; ``recent()`` answers from memory (thread-safe)."""
+
+    def __init__(self, path: Path, keep: int = 10000, memory: int = 200) -> None:
+        self.path = path
+        self.keep = keep
+        self._lock = threading.Lock()
+        self._recent: deque[Verdict] = deque(maxlen=memory)
+        self._since_prune = 0
+        try:
+            self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute(_SCHEMA)
+            rows = self._db.execute("SELECT body FROM verdicts ORDER BY seq DESC LIMIT ?", (memory,)).fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(f"{path}: cannot open the verdict log: {exc}; check state_dir") from exc
+        for (body,) in reversed(rows):
+            self._recent.append(Verdict.from_dict(json.loads(body)))
+
+    def append(self, v: Verdict) -> None:
+        with self._lock:
+            self._recent.append(v)
+            try:
+                self._db.execute("INSERT INTO verdicts (id, ts, cause, confidence, body) VALUES (?, ?, ?, ?, ?)",
+                                 (v.id, v.ts, v.cause, v.confidence, json.dumps(v.to_dict())))
+                self._since_prune += 1
+                if self._since_prune >= 100:
+                    self._since_prune = 0
+                    self._db.execute("DELETE FROM verdicts WHERE seq <= (SELECT MAX(seq) FROM verdicts) - ?",
+                                     (self.keep,))
+            except sqlite3.Error as exc:
+                raise StoreError(f"{self.path}: cannot write a verdict: {exc}") from exc
+
+    def recent(self, limit: int = 50) -> list[dict[str, Any]]:
+        """The newest verdicts first."""
+        with self._lock:
+            return [v.to_dict() for v in list(self._recent)[::-1][:limit]]
+
+    def count(self) -> int:
+        with self._lock:
+            return int(self._db.execute("SELECT COUNT(*) FROM verdicts").fetchone()[0])
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()

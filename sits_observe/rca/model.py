@@ -1,0 +1,191 @@
+"""The root-cause model: a stacked LSTM over a window of normalized features, softmax over causes.
+
+Input encoding (:func:`encode`): each feature is compressed with ``asinh(x / scale)`` (log-like for large
+values, so a 10x latency spike and a 10x throughput change weigh alike), standardised with the training
+mean and deviation, clipped to +-8; NaN is carried forward inside the window and a per-feature missing
+indicator is appended, so the network sees ``2 * F`` inputs per step.  The model file is a
+``torch.save`` dict of plain values and tensors, loaded with ``weights_only=True``; it records feature
+names, normalization, window, classes, the temperature fitted on validation data and the metrics reached.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..errors import ModelError
+from .dataset import fill_forward
+from .verdict import UNKNOWN
+
+__all__ = ["FORMAT", "Normalizer", "RcaNet", "RcaModel", "encode"]
+
+FORMAT = "sits-rca-lstm/1"
+CLIP = 8.0
+
+
+@dataclass(slots=True)
+class Normalizer:
+    """Per-feature ``z = (asinh(x / scale) - mean) / std``."""
+
+    scale: np.ndarray
+    mean: np.ndarray
+    std: np.ndarray
+
+    @classmethod
+    def fit(cls, data: np.ndarray) -> Normalizer:
+        """Fit on ``(N, F)`` raw rows (NaN ignored); a never-seen feature maps to 0."""
+        with np.errstate(all="ignore"):
+            absd = np.where(np.abs(data) > 0, np.abs(data), np.nan)
+            scale = np.nan_to_num(np.nanmedian(absd, axis=0), nan=1.0)
+            scale = np.where(scale > 0, scale, 1.0)
+            a = np.arcsinh(data / scale)
+            mean = np.nan_to_num(np.nanmean(a, axis=0))
+            std = np.nan_to_num(np.nanstd(a, axis=0), nan=1.0)
+        return cls(scale.astype(np.float32), mean.astype(np.float32), np.where(std > 1e-6, std, 1.0).astype(np.float32))
+
+    def apply(self, x: np.ndarray) -> np.ndarray:
+        z = (np.arcsinh(x / self.scale) - self.mean) / self.std
+        return np.clip(np.nan_to_num(z, nan=0.0), -CLIP, CLIP)
+
+    def to_dict(self) -> dict[str, list[float]]:
+        return {k: getattr(self, k).astype(float).tolist() for k in ("scale", "mean", "std")}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Normalizer:
+        return cls(*(np.asarray(d[k], dtype=np.float32) for k in ("scale", "mean", "std")))
+
+
+def encode(raw: np.ndarray, norm: Normalizer) -> np.ndarray:
+    """``(B, W, F)`` raw windows (NaN = missing) -> ``(B, W, 2F)`` float32 network input."""
+    filled, missing = fill_forward(np.asarray(raw, dtype=np.float32))
+    with np.errstate(all="ignore"):
+        z = norm.apply(filled)
+    return np.concatenate([z, missing.astype(np.float32)], axis=-1).astype(np.float32)
+
+
+class RcaNet(nn.Module):
+    """Two stacked LSTMs (hidden sizes ``hidden``), dropout between and before the linear head."""
+
+    def __init__(self, inputs: int, hidden: Sequence[int], classes: int, dropout: float) -> None:
+        super().__init__()
+        h1, h2 = hidden
+        self.lstm1 = nn.LSTM(inputs, h1, batch_first=True)
+        self.lstm2 = nn.LSTM(h1, h2, batch_first=True)
+        self.drop = nn.Dropout(dropout)
+        self.head = nn.Linear(h2, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.lstm1(x)
+        out, _ = self.lstm2(self.drop(out))
+        return self.head(self.drop(out[:, -1, :]))
+
+
+@dataclass
+class RcaModel:
+    """A trained network with everything needed to apply it to new data."""
+
+    features: tuple[str, ...]
+    classes: tuple[str, ...]
+    window: int
+    hidden: tuple[int, int]
+    dropout: float
+    norm: Normalizer
+    net: RcaNet
+    temperature: float = 1.0
+    metrics: dict[str, Any] = field(default_factory=dict)
+    training: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def new(cls, features: Sequence[str], classes: Sequence[str], window: int, hidden: Sequence[int],
+            dropout: float, norm: Normalizer) -> RcaModel:
+        net = RcaNet(2 * len(features), hidden, len(classes), dropout)
+        return cls(tuple(features), tuple(classes), int(window), (int(hidden[0]), int(hidden[1])),
+                   float(dropout), norm, net)
+
+    def columns(self, available: Sequence[str], source: str = "dataset") -> np.ndarray:
+        """Indices of the model's features in ``available``; ModelError listing any that are missing."""
+        pos = {name: i for i, name in enumerate(available)}
+        missing = [f for f in self.features if f not in pos]
+        if missing:
+            raise ModelError(
+                f"{source} lacks {len(missing)} of the model's {len(self.features)} features: "
+                f"{', '.join(missing)}; use data with these columns or retrain on it")
+        return np.array([pos[f] for f in self.features], dtype=np.int64)
+
+    def logits(self, raw: np.ndarray, batch: int = 1024) -> np.ndarray:
+        """Uncalibrated logits for ``(B, W, F)`` raw windows in the model's feature order."""
+        self.net.eval()
+        out = []
+        with torch.inference_mode():
+            for i in range(0, len(raw), batch):
+                out.append(self.net(torch.from_numpy(encode(raw[i:i + batch], self.norm))).numpy())
+        return np.concatenate(out) if out else np.zeros((0, len(self.classes)), np.float32)
+
+    def proba(self, raw: np.ndarray) -> np.ndarray:
+        """Calibrated class probabilities ``(B, C)``."""
+        lg = self.logits(raw) / self.temperature
+        lg = lg - lg.max(axis=1, keepdims=True)
+        e = np.exp(lg)
+        return e / e.sum(axis=1, keepdims=True)
+
+    def decide(self, proba: np.ndarray, min_confidence: float) -> np.ndarray:
+        """Class name per row, ``unknown`` where the top probability is below ``min_confidence``."""
+        names = np.asarray(self.classes, dtype=object)[proba.argmax(axis=1)]
+        return np.where(proba.max(axis=1) >= min_confidence, names, UNKNOWN)
+
+    # ---- file ----------------------------------------------------------------------------------
+
+    def save(self, path: str | Path) -> None:
+        meta = {
+            "format": FORMAT,
+            "features": list(self.features),
+            "classes": list(self.classes),
+            "window": self.window,
+            "hidden": list(self.hidden),
+            "dropout": self.dropout,
+            "norm": self.norm.to_dict(),
+            "temperature": float(self.temperature),
+            "metrics": self.metrics,
+            "training": self.training,
+        }
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(p.name + ".tmp")
+        torch.save({"meta": meta, "state": self.net.state_dict()}, tmp)
+        tmp.replace(p)
+
+    @classmethod
+    def load(cls, path: str | Path) -> RcaModel:
+        """Load a model file; a missing, truncated, corrupt or foreign file raises ModelError."""
+        p = Path(path)
+        hint = "retrain with `sits-observe rca train` or restore models/rca-lstm.pt"
+        if not p.is_file():
+            raise ModelError(f"{p}: no such model file; {hint}")
+        try:
+            blob = torch.load(p, map_location="cpu", weights_only=True)
+        except Exception as exc:  # torch raises RuntimeError, UnpicklingError, EOFError, ... for bad files
+            why = (str(exc).strip().splitlines() or [""])[0][:160]
+            raise ModelError(f"{p}: not a readable model file, truncated or corrupt "
+                             f"({type(exc).__name__}: {why}); {hint}") from exc
+        try:
+            meta = blob["meta"]
+            if meta.get("format") != FORMAT:
+                raise ModelError(f"{p}: model format {meta.get('format')!r} is not {FORMAT!r}; {hint}")
+            model = cls.new(meta["features"], meta["classes"], meta["window"], meta["hidden"],
+                            meta["dropout"], Normalizer.from_dict(meta["norm"]))
+            model.net.load_state_dict(blob["state"])
+            model.temperature = float(meta["temperature"])
+            model.metrics = dict(meta.get("metrics", {}))
+            model.training = dict(meta.get("training", {}))
+        except ModelError:
+            raise
+        except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as exc:
+            raise ModelError(f"{p}: model file is incomplete or inconsistent ({exc!r}); {hint}") from exc
+        model.net.eval()
+        return model
