@@ -170,9 +170,8 @@ class RcaModel:
         try:
             blob = torch.load(p, map_location="cpu", weights_only=True)
         except Exception as exc:  # torch raises RuntimeError, UnpicklingError, EOFError, ... for bad files
-            why = (str(exc).strip().splitlines() or [""])[0][:160]
-            raise ModelError(f"{p}: not a readable model file, truncated or corrupt "
-                             f"({type(exc).__name__}: {why}); {hint}") from exc
+            raise ModelError(f"{p}: not a readable model file: truncated, corrupt or not made by "
+                             f"`sits-observe rca train` (torch said {type(exc).__name__}); {hint}") from exc
         try:
             meta = blob["meta"]
             if meta.get("format") != FORMAT:

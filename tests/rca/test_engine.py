@@ -1,0 +1,126 @@
+"""The in-daemon consumer on a real Daemon, SeriesStore and HTTP app."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from sits_observe.config import parse
+from sits_observe.daemon import Daemon, SimClock
+from sits_observe.export.http import create_app
+from sits_observe.frame import Frame, GpuFrame, GpuInfo
+from sits_observe.rca.config import RcaConfig
+from sits_observe.rca.engine import RcaEngine
+from sits_observe.rca.model import RcaModel
+from sits_observe.rca.verdict import Verdict
+
+GPUS = tuple(GpuInfo(i, f"GPU-{i}", "sim", f"0:{i}") for i in range(4))
+
+
+class HostSource:
+    """Steady host at the synthetic baseline; ``hot_gpu`` runs 80 % hotter than the rest."""
+
+    name = "host"
+
+    def __init__(self, layout: Any, hot_gpu: int | None = None) -> None:
+        self.layout = layout
+        self.hot_gpu = hot_gpu
+        self.rng = np.random.default_rng(0)
+
+    def collect(self, frame: Frame) -> None:
+        frame.gpu = GpuFrame.empty(GPUS)
+        for g in range(len(GPUS)):
+            frame.gpu.set(g, "temperature_celsius", 60.0 * (1.8 if g == self.hot_gpu else 1.0))
+        frame.host["cpu_utilization_ratio"] = 0.3
+        frame.add_values("ingress", "chat", self.rng.uniform(0.0015, 0.0021, 50), self.layout)
+        frame.add_values("e2e", "chat", self.rng.uniform(0.3, 0.5, 50), self.layout)
+
+
+def _daemon(tmp_path: Path, model: Path, every: int, **hooks: Any) -> tuple[Daemon, RcaEngine]:
+    cfg = parse({"state_dir": str(tmp_path), "gpu": {"backend": "none"},
+                 "rca": {"model": str(model), "every_ticks": every}}, env={})
+    daemon = Daemon(config=cfg, clock=SimClock(1.0, 1.0, start=1000.0))
+    engine = RcaEngine(cfg.rca, cfg.state_dir, **hooks)
+    daemon.consumers.append(engine)
+    daemon.rca = engine
+    return daemon, engine
+
+
+def test_verdicts_are_classified_stored_exported_and_handed_on(tmp_path: Path, tiny_model: RcaModel) -> None:
+    path = tmp_path / "m.pt"
+    tiny_model.save(path)
+    burning = {"now": False}
+    annotations: list[dict[str, str]] = []
+    handed: list[Verdict] = []
+    daemon, engine = _daemon(tmp_path, path, every=10, burning=lambda: burning["now"],
+                             annotate=lambda a: annotations.append(dict(a)), on_verdict=handed.append)
+    daemon.sources.append(HostSource(daemon.layout, hot_gpu=2))
+    for _ in range(40):  # window 16: periodic verdicts at ticks 20, 30, 40
+        daemon.tick()
+    assert [v.trigger for v in handed] == ["periodic"] * 3 and not annotations
+    burning["now"] = True
+    for _ in range(2):  # a burn classifies every tick and annotates the firing alerts
+        daemon.tick()
+    assert [v.trigger for v in handed[-2:]] == ["slo_burn"] * 2
+    v = handed[-1]
+    assert v.cause == "thermal_throttling" and v.confidence >= 0.6
+    assert v.gpus[:1] == (2,)  # occluding the hot GPU is what lowers the verdict most
+    assert v.top_features[0][0] == "gpu.temperature_celsius.max"
+    assert annotations[-1] == {"likely_cause": "thermal_throttling", "rca_confidence": f"{v.confidence:.2f}",
+                               "rca_verdict_id": v.id}
+    assert daemon.health["rca"].errors == 0
+
+    client = create_app(daemon, ui=False).test_client()
+    body = client.get("/metrics").data.decode()
+    assert 'sits_rca_verdicts_total{cause="thermal_throttling"} ' in body
+    assert 'sits_rca_verdict_confidence{cause="thermal_throttling"} ' in body
+    assert "sits_rca_model_loaded 1.0" in body
+    state = client.get("/api/v1/verdicts").get_json()
+    assert state["enabled"] and state["verdicts"][0]["id"] == v.id and state["verdicts"][0]["gpus"][0] == 2
+    engine.close()
+    rows = sqlite3.connect(tmp_path / "rca.sqlite").execute("SELECT cause, ts FROM verdicts ORDER BY seq").fetchall()
+    assert len(rows) == 5 and rows[-1] == ("thermal_throttling", v.ts)
+    # a restarted engine serves the stored verdicts again
+    again = RcaEngine(RcaConfig(model=str(path)), tmp_path)
+    assert again.verdicts_state()["verdicts"][0]["id"] == v.id
+
+
+@pytest.mark.parametrize("content", [b"", b"\x00garbage", None])
+def test_daemon_runs_on_without_rca_when_the_model_is_broken(tmp_path: Path, tiny_model: RcaModel,
+                                                            caplog: pytest.LogCaptureFixture,
+                                                            content: bytes | None) -> None:
+    path = tmp_path / "m.pt"
+    if content is not None:
+        tiny_model.save(path)
+        path.write_bytes(path.read_bytes()[:200] if content == b"" else content)
+    with caplog.at_level(logging.WARNING, logger="sits_observe.rca"):
+        daemon, engine = _daemon(tmp_path, path, every=1)
+        daemon.sources.append(HostSource(daemon.layout))
+        for _ in range(30):
+            daemon.tick()
+    warned = [r.message for r in caplog.records if "root-cause classification is off" in r.message]
+    assert len(warned) == 1 and str(path) in warned[0]
+    assert daemon.health["rca"].errors == 0 and daemon.store.ticks == 30
+    client = create_app(daemon, ui=False).test_client()
+    state = client.get("/api/v1/verdicts").get_json()
+    assert state["enabled"] is False and state["verdicts"] == [] and str(path) in state["error"]
+    assert "sits_rca_model_loaded 0.0" in client.get("/metrics").data.decode()
+
+
+def test_a_failing_hook_does_not_lose_the_verdict(tmp_path: Path, tiny_model: RcaModel) -> None:
+    path = tmp_path / "m.pt"
+    tiny_model.save(path)
+
+    def broken(v: Verdict) -> None:
+        raise RuntimeError("scheduler is down")
+
+    daemon, engine = _daemon(tmp_path, path, every=1, on_verdict=broken)
+    daemon.sources.append(HostSource(daemon.layout))
+    for _ in range(17):
+        daemon.tick()
+    assert daemon.health["rca"].errors == 0 and len(engine.verdicts_state()["verdicts"]) == 2

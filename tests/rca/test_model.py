@@ -1,0 +1,76 @@
+"""The model file: round trip, refusing mismatched features, clear errors for broken files."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sits_observe.errors import ModelError
+from sits_observe.rca.dataset import Dataset
+from sits_observe.rca.evaluate import evaluate, model_proba
+from sits_observe.rca.model import RcaModel
+
+
+def test_learns_far_above_chance_and_beats_nothing_but_itself(tiny_model: RcaModel,
+                                                            synth: Callable[..., Dataset]) -> None:
+    test = synth(seed=7, steps=1500)
+    report = evaluate(tiny_model, test, synth(), min_confidence=0.0)
+    # four classes, chance macro-F1 about 0.25
+    assert report["lstm"]["macro_f1"] > 0.85
+    assert set(report["baselines"]) == {"thresholds", "gbt"}
+    assert report["lstm"]["confusion"]["labels"][-1] == "unknown"
+    val = tiny_model.metrics["validation"]
+    assert val["macro_f1"] > 0.8 and 0.25 <= tiny_model.temperature <= 10
+
+
+def test_file_round_trip_gives_the_same_probabilities(tmp_path: Path, tiny_model: RcaModel,
+                                                     synth: Callable[..., Dataset]) -> None:
+    path = tmp_path / "m.pt"
+    tiny_model.save(path)
+    back = RcaModel.load(path)
+    assert back.features == tiny_model.features and back.classes == tiny_model.classes
+    assert back.window == tiny_model.window and back.temperature == tiny_model.temperature
+    assert back.metrics == tiny_model.metrics and back.training["options"]["window"] == 16
+    win = synth(seed=3, steps=300).windows(back.window)
+    cols = back.columns(synth().features)
+    np.testing.assert_allclose(model_proba(back, win, cols), model_proba(tiny_model, win, cols), rtol=1e-5)
+
+
+def test_refuses_a_dataset_without_its_features_and_lists_them(tiny_model: RcaModel,
+                                                              synth: Callable[..., Dataset]) -> None:
+    other = synth(features=("host.cpu_utilization_ratio", "gpu.temperature_celsius.max"))
+    with pytest.raises(ModelError) as err:
+        evaluate(tiny_model, other, synth())
+    msg = str(err.value)
+    assert "lacks 2 of the model's 4 features: stage.ingress.p99, stage.e2e.p99" in msg
+    assert "synthetic" in msg
+
+
+@pytest.mark.parametrize("damage,needle", [
+    (lambda b: b[: len(b) // 2], "truncated, corrupt"),
+    (lambda b: b"not a model at all\n", "truncated, corrupt"),
+    (lambda b: b"", "truncated, corrupt"),
+])
+def test_broken_files_raise_a_clear_model_error(tmp_path: Path, tiny_model: RcaModel,
+                                                damage: Callable[[bytes], bytes], needle: str) -> None:
+    good = tmp_path / "good.pt"
+    tiny_model.save(good)
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(damage(good.read_bytes()))
+    with pytest.raises(ModelError) as err:
+        RcaModel.load(bad)
+    assert str(bad) in str(err.value) and needle in str(err.value) and "rca train" in str(err.value)
+
+
+def test_a_foreign_torch_file_is_refused(tmp_path: Path) -> None:
+    import torch
+
+    path = tmp_path / "weights.pt"
+    torch.save({"layer.weight": torch.zeros(2, 2)}, path)
+    with pytest.raises(ModelError, match="incomplete or inconsistent"):
+        RcaModel.load(path)
+    with pytest.raises(ModelError, match="no such model file"):
+        RcaModel.load(tmp_path / "missing.pt")
