@@ -102,6 +102,10 @@ class GpuConfig(Section):
 from .ui.config import UiConfig  # noqa: E402
 from .collectors.config import ServerConfig, check_url  # noqa: E402
 from .rca.config import RcaConfig  # noqa: E402
+from .alerting.config import AlertingConfig  # noqa: E402
+from .slo.spec import SloList  # noqa: E402
+from .probes.config import ProbesConfig  # noqa: E402
+from .scheduler.config import OtlpConfig, SchedulerConfig  # noqa: E402
 
 
 class Config(Section):
@@ -117,6 +121,11 @@ class Config(Section):
     ui: UiConfig = Field(default_factory=UiConfig)
     servers: list[ServerConfig] = Field(default_factory=list)
     rca: RcaConfig = Field(default_factory=RcaConfig)
+    slos: SloList = Field(default_factory=list)  # after `store`: latency thresholds are checked against it
+    alerting: AlertingConfig = Field(default_factory=AlertingConfig)
+    probes: ProbesConfig = Field(default_factory=ProbesConfig)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    otlp: OtlpConfig = Field(default_factory=OtlpConfig)
 
     @field_validator("listen")
     @classmethod
@@ -164,8 +173,8 @@ def format_errors(exc: ValidationError, source: str) -> list[str]:
     for err in exc.errors(include_url=False):
         path = _loc(tuple(err["loc"]))
         msg = err["msg"].removeprefix("Value error, ")
-        got = "" if err["type"] in ("missing", "model_type") or "token" in path or "secret" in path \
-            else f", got {err.get('input')!r}"
+        hidden = "token" in path or "secret" in path or (path.startswith("alerting.") and path.endswith(".url"))
+        got = "" if err["type"] in ("missing", "model_type") or hidden else f", got {err.get('input')!r}"
         if err["type"] == "extra_forbidden":
             msg, got = "unknown field (check the spelling against docs/config.md)", ""
         lines.append(f"{source}: {path}: {msg}{got}")

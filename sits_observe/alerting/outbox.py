@@ -1,0 +1,190 @@
+"""Durable alert outbox: one SQLite database (WAL) under ``state_dir``, written before any delivery attempt.
+
+A message is one alert in one state for one receiver.  It leaves the outbox only when the receiver
+answered 2xx (deleted) or refused it for good (moved to ``failed`` with the reason).  Because a
+``kill -9`` can land between a receiver's 2xx and the delete, a message may reach a receiver twice;
+both copies carry the same ``X-Sits-Delivery`` id.
+
+Deduplication by label fingerprint, per receiver:
+
+* a state change equal to the last one queued (same status, start and annotations) is dropped, so a
+  restarted evaluator that re-announces its alerts sends nothing new;
+* a change with the same status as a message still pending (new annotations) updates that message in
+  place instead of queuing another;
+* a *refresh* (Alertmanager re-send) is queued only when nothing is pending for that alert.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import AlertingError
+from .formats import Alert
+
+__all__ = ["Message", "Outbox"]
+
+FAILED_KEPT = 1000
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS outbox (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    receiver TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    status TEXT NOT NULL,
+    refresh INTEGER NOT NULL DEFAULT 0,
+    alert TEXT NOT NULL,
+    created REAL NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    last_error TEXT,
+    version INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS outbox_receiver ON outbox (receiver, id);
+CREATE TABLE IF NOT EXISTS last_queued (
+    receiver TEXT NOT NULL, fingerprint TEXT NOT NULL, digest TEXT NOT NULL,
+    PRIMARY KEY (receiver, fingerprint)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS failed (
+    id INTEGER PRIMARY KEY, receiver TEXT NOT NULL, fingerprint TEXT NOT NULL, status TEXT NOT NULL,
+    alert TEXT NOT NULL, reason TEXT NOT NULL, at REAL NOT NULL
+);
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    id: int
+    receiver: str
+    alert: Alert
+    attempts: int
+    version: int
+
+
+def _digest(alert: Alert) -> str:
+    key = json.dumps([alert.status, alert.starts_at, alert.annotations], sort_keys=True)
+    return hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+class Outbox:
+    """Thread-safe; one connection guarded by a lock (every statement is short)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        try:
+            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=10)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.executescript(_SCHEMA)
+            row = self._db.execute("SELECT value FROM meta WHERE key='instance'").fetchone()
+            if row is None:
+                row = (uuid.uuid4().hex[:12],)
+                self._db.execute("INSERT INTO meta VALUES ('instance', ?)", row)
+        except sqlite3.Error as exc:
+            raise AlertingError(f"alert outbox {self.path}: {exc}; check state_dir") from exc
+        self.instance: str = row[0]
+
+    def _tx(self, fn, *args):  # type: ignore[no-untyped-def]
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    out = fn(*args)
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+                self._db.execute("COMMIT")
+                return out
+            except sqlite3.Error as exc:
+                raise AlertingError(f"alert outbox {self.path}: {exc}") from exc
+
+    def enqueue(self, receivers: Sequence[str], alert: Alert, *, refresh: bool = False) -> int:
+        """Queue ``alert`` for each receiver (deduplicated, see the module docstring); returns how many were queued."""
+        return int(self._tx(self._enqueue, receivers, alert, refresh))
+
+    def _enqueue(self, receivers: Sequence[str], alert: Alert, refresh: bool) -> int:
+        db, fp, body, queued = self._db, alert.fingerprint, json.dumps(alert.to_json()), 0
+        digest = _digest(alert)
+        for r in receivers:
+            pending = db.execute("SELECT id, status FROM outbox WHERE receiver=? AND fingerprint=? "
+                                 "ORDER BY id DESC LIMIT 1", (r, fp)).fetchone()
+            if refresh:
+                if pending is None:
+                    db.execute("INSERT INTO outbox (receiver, fingerprint, status, refresh, alert, created) "
+                               "VALUES (?, ?, ?, 1, ?, ?)", (r, fp, alert.status, body, time.time()))
+                    queued += 1
+                continue
+            last = db.execute("SELECT digest FROM last_queued WHERE receiver=? AND fingerprint=?", (r, fp)).fetchone()
+            if last is not None and last[0] == digest:
+                continue
+            db.execute("INSERT OR REPLACE INTO last_queued VALUES (?, ?, ?)", (r, fp, digest))
+            if pending is not None and pending[1] == alert.status:
+                db.execute("UPDATE outbox SET alert=?, refresh=0, version=version+1 WHERE id=?", (body, pending[0]))
+            else:
+                db.execute("INSERT INTO outbox (receiver, fingerprint, status, alert, created) VALUES (?, ?, ?, ?, ?)",
+                           (r, fp, alert.status, body, time.time()))
+                queued += 1
+        return queued
+
+    def head(self, receiver: str, limit: int = 1) -> list[Message]:
+        """The oldest pending messages of a receiver, in order, stopping before an alert seen twice."""
+        with self._lock:
+            rows = self._db.execute("SELECT id, fingerprint, alert, attempts, version FROM outbox WHERE receiver=? "
+                                    "ORDER BY id LIMIT ?", (receiver, limit)).fetchall()
+        out, seen = [], set()
+        for mid, fp, body, attempts, version in rows:
+            if fp in seen:
+                break
+            seen.add(fp)
+            out.append(Message(mid, receiver, Alert.from_json(json.loads(body)), attempts, version))
+        return out
+
+    def delivered(self, messages: Sequence[Message]) -> None:
+        """Remove delivered messages; one updated while in flight stays, to be sent again with its new content."""
+        self._tx(lambda: self._db.executemany("DELETE FROM outbox WHERE id=? AND version=?",
+                                              [(m.id, m.version) for m in messages]))
+
+    def attempted(self, ids: Sequence[int], error: str) -> None:
+        """Record a failed attempt that will be retried."""
+        self._tx(lambda: self._db.executemany("UPDATE outbox SET attempts=attempts+1, last_error=? WHERE id=?",
+                                              [(error, i) for i in ids]))
+
+    def failed(self, ids: Sequence[int], reason: str) -> None:
+        """Give up on messages the receiver refused for good; they move to ``failed`` with the reason."""
+        def move() -> None:
+            for i in ids:
+                self._db.execute("INSERT OR REPLACE INTO failed SELECT id, receiver, fingerprint, status, alert, ?, ? "
+                                 "FROM outbox WHERE id=?", (reason, time.time(), i))
+                self._db.execute("DELETE FROM outbox WHERE id=?", (i,))
+            self._db.execute("DELETE FROM failed WHERE id <= (SELECT MAX(id) FROM failed) - ?", (FAILED_KEPT,))
+        self._tx(move)
+
+    def depth(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._db.execute("SELECT receiver, COUNT(*) FROM outbox GROUP BY receiver").fetchall())
+
+    def last_errors(self) -> dict[str, str]:
+        """Per receiver, the error of its oldest pending message (why the queue is stuck), if any."""
+        with self._lock:
+            rows = self._db.execute("SELECT receiver, last_error FROM outbox WHERE id IN "
+                                    "(SELECT MIN(id) FROM outbox GROUP BY receiver) AND last_error IS NOT NULL")
+            return dict(rows.fetchall())
+
+    def recent_failures(self, limit: int = 20) -> list[dict[str, object]]:
+        with self._lock:
+            rows = self._db.execute("SELECT id, receiver, fingerprint, status, reason, at FROM failed "
+                                    "ORDER BY id DESC LIMIT ?", (limit,)).fetchall()
+        keys = ("id", "receiver", "fingerprint", "status", "reason", "at")
+        return [dict(zip(keys, r)) for r in rows]
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()

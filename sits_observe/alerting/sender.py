@@ -1,0 +1,260 @@
+"""Delivery: one worker thread per receiver drains its part of the outbox, oldest first.
+
+A receiver's queue is strictly ordered: the head is retried (exponential back-off with jitter) on a
+5xx, 408, 429, timeout or connection error, and later alerts wait behind it.  Any other non-2xx answer
+is final: the message moves to the outbox's ``failed`` table with the reason.  Webhook and Slack
+receivers get one alert per request; Alertmanager up to ``max_batch`` (its API takes a list), and
+firing alerts are re-sent to it every ``resend_interval`` wall seconds, as Prometheus does.
+Logs and errors name receivers, never their URL or secret.
+"""
+
+from __future__ import annotations
+
+import http.client
+import logging
+import random
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from ..errors import AlertingError
+from ..frame import Sample
+from .config import AlertingConfig, BackoffConfig, ReceiverConfig
+from .formats import Alert, render, sign
+from .outbox import Message, Outbox
+
+__all__ = ["Sender", "Dispatcher", "OUTCOMES"]
+
+log = logging.getLogger("sits_observe.alerting")
+
+OUTCOMES = ("delivered", "retried", "failed")
+_RETRY_STATUS = {408, 429}
+_AM_PATH = "/api/v2/alerts"
+
+
+class _Retry(Exception):
+    """A delivery attempt failed in a way worth retrying; ``after`` is the receiver's Retry-After, if any."""
+
+    def __init__(self, reason: str, after: float | None = None) -> None:
+        super().__init__(reason)
+        self.after = after
+
+
+class Sender(threading.Thread):
+    """Delivers one receiver's messages; :meth:`wake` after queuing, :meth:`stop` to end."""
+
+    def __init__(self, cfg: ReceiverConfig, outbox: Outbox, backoff: BackoffConfig, max_batch: int,
+                 counts: Counter[tuple[str, str]], rng: random.Random | None = None) -> None:
+        super().__init__(name=f"sits-alert-{cfg.label}", daemon=True)
+        self.cfg = cfg
+        self.outbox = outbox
+        self.backoff = backoff
+        self.batch = max_batch if cfg.type == "alertmanager" else 1
+        self.counts = counts
+        self.rng = rng or random.Random()
+        parts = urlsplit(cfg.url)
+        self._https = parts.scheme == "https"
+        self._host, self._port = parts.hostname or "", parts.port
+        path = parts.path or "/"
+        if cfg.type == "alertmanager" and not path.endswith(_AM_PATH):
+            path = path.rstrip("/") + _AM_PATH
+        self._path = path + (f"?{parts.query}" if parts.query else "")
+        self._conn: http.client.HTTPConnection | None = None
+        self._wake = threading.Event()
+        self._halt = threading.Event()
+        self.failing: str | None = None  # reason while the head of the queue is failing
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        """Ask the thread to end; a request in flight is cut off (its message stays queued)."""
+        self._halt.set()
+        self._wake.set()
+        conn = self._conn
+        if conn is not None and conn.sock is not None:
+            try:
+                conn.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def run(self) -> None:
+        attempts = 0
+        while not self._halt.is_set():
+            try:
+                attempts = self._step(attempts)
+            except AlertingError as exc:  # the outbox itself failed (disk): say so, wait, try again
+                log.error("receiver %s: %s", self.cfg.label, exc)
+                self._halt.wait(self.backoff.max)
+        self._close_conn()
+
+    def _step(self, attempts: int) -> int:
+        """Send the head of the queue once; returns the consecutive failed attempts so far."""
+        batch = self.outbox.head(self.cfg.label, self.batch)
+        if not batch:
+            self._wake.wait(1.0)
+            self._wake.clear()
+            return 0
+        try:
+            self._post(batch)
+        except _Retry as exc:
+            if self._halt.is_set():
+                return attempts
+            self._note(batch, "retried", str(exc))
+            self.outbox.attempted([m.id for m in batch], str(exc))
+            self._halt.wait(self._delay(attempts + 1, exc.after))
+            return attempts + 1
+        except _Final as exc:
+            self._note(batch, "failed", str(exc))
+            self.outbox.failed([m.id for m in batch], str(exc))
+        else:
+            self._note(batch, "delivered", None)
+            self.outbox.delivered(batch)
+        return 0
+
+    def _delay(self, attempts: int, after: float | None) -> float:
+        b = self.backoff
+        delay = min(b.max, b.initial * b.multiplier ** (attempts - 1))
+        delay *= 1.0 + self.rng.uniform(-b.jitter, b.jitter)
+        return min(b.max, max(delay, after or 0.0))
+
+    def _note(self, batch: Sequence[Message], outcome: str, reason: str | None) -> None:
+        self.counts[(self.cfg.label, outcome)] += len(batch)
+        if outcome == "retried" and self.failing is None:
+            log.warning("receiver %s: delivery failed (%s); retrying with back-off", self.cfg.label, reason)
+        elif outcome == "failed":
+            log.error("receiver %s: %d alert(s) refused for good: %s", self.cfg.label, len(batch), reason)
+        elif outcome == "delivered" and self.failing is not None:
+            log.info("receiver %s: delivering again", self.cfg.label)
+        self.failing = reason if outcome == "retried" else None
+
+    def _headers(self, body: bytes, batch: Sequence[Message]) -> dict[str, str]:
+        ids = ",".join(str(m.id) for m in batch)
+        headers = {"Content-Type": "application/json", "User-Agent": "sits-observe",
+                   "X-Sits-Delivery": f"{self.outbox.instance}:{ids}"}
+        if self.cfg.secret is not None:
+            ts = str(int(time.time()))
+            headers["X-Sits-Timestamp"] = ts
+            headers["X-Sits-Signature"] = sign(self.cfg.secret.get_secret_value().encode(), ts, body)
+        return headers
+
+    def _post(self, batch: Sequence[Message]) -> None:
+        body = render(self.cfg.type, [m.alert for m in batch], self.cfg.label, time.time())
+        try:
+            conn = self._connection()
+            conn.request("POST", self._path, body=body, headers=self._headers(body, batch))
+            resp = conn.getresponse()
+            text = resp.read()
+            if resp.will_close:
+                self._close_conn()
+        except (socket.timeout, TimeoutError):
+            self._close_conn()
+            raise _Retry(f"no answer within {self.cfg.timeout:g} s") from None
+        except (OSError, http.client.HTTPException) as exc:
+            self._close_conn()
+            raise _Retry(_describe(exc)) from None
+        status = resp.status
+        if 200 <= status < 300:
+            return
+        reason = f"HTTP {status} {resp.reason}: {text[:200].decode(errors='replace').strip()}".rstrip(": ")
+        if status >= 500 or status in _RETRY_STATUS:
+            raise _Retry(reason, _retry_after(resp.getheader("Retry-After")))
+        raise _Final(reason)
+
+    def _connection(self) -> http.client.HTTPConnection:
+        if self._conn is None:
+            cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+            self._conn = cls(self._host, self._port, timeout=self.cfg.timeout)
+        return self._conn
+
+    def _close_conn(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+class _Final(Exception):
+    """The receiver refused the message for good (a non-2xx answer other than 5xx, 408, 429)."""
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{type(exc).__name__}: {exc.strerror}"
+    return type(exc).__name__
+
+
+def _retry_after(value: str | None) -> float | None:
+    try:
+        return float(value) if value else None
+    except ValueError:
+        return None
+
+
+class Dispatcher:
+    """The outbox plus one :class:`Sender` per receiver; what the SLO engine talks to."""
+
+    def __init__(self, cfg: AlertingConfig, state_dir: Path, *, wall: Callable[[], float] = time.monotonic,
+                 rng: random.Random | None = None) -> None:
+        self.cfg = cfg
+        self.outbox = Outbox(Path(state_dir) / "outbox.db")
+        self.counts: Counter[tuple[str, str]] = Counter()
+        self.senders = {r.label: Sender(r, self.outbox, cfg.backoff, cfg.max_batch, self.counts, rng)
+                        for r in cfg.receivers}
+        self._am = [r.label for r in cfg.receivers if r.type == "alertmanager"]
+        self._wall = wall
+        self._last_refresh = wall()
+
+    def start(self) -> None:
+        for s in self.senders.values():
+            s.start()
+
+    def notify(self, alert: Alert) -> None:
+        """Queue a state change (or new annotations) of ``alert`` for every receiver."""
+        if self.senders and self.outbox.enqueue(list(self.senders), alert):
+            self._wake(self.senders)
+
+    def refresh(self, firing: Iterable[Alert]) -> None:
+        """Re-send firing alerts to Alertmanager receivers every ``resend_interval`` (wall clock)."""
+        now = self._wall()
+        if not self._am or now - self._last_refresh < self.cfg.resend_interval:
+            return
+        self._last_refresh = now
+        if sum(self.outbox.enqueue(self._am, a, refresh=True) for a in firing):
+            self._wake(self._am)
+
+    def _wake(self, names: Iterable[str]) -> None:
+        for n in names:
+            self.senders[n].wake()
+
+    def metrics(self) -> Iterable[Sample]:
+        depth = self.outbox.depth()
+        for name in self.senders:
+            for outcome in OUTCOMES:
+                yield Sample("sits_webhook_deliveries_total", "counter",
+                             "Alert deliveries by receiver and outcome (retried: an attempt that will be retried).",
+                             (("receiver", name), ("outcome", outcome)), float(self.counts[(name, outcome)]))
+            yield Sample("sits_webhook_queue_depth", "gauge", "Alert messages waiting in the outbox.",
+                         (("receiver", name),), float(depth.get(name, 0)))
+
+    def state(self) -> dict[str, Any]:
+        """JSON-ready receiver state for the API (names and types only: no URLs, no secrets)."""
+        depth, errors = self.outbox.depth(), self.outbox.last_errors()
+        receivers = [{"name": n, "type": s.cfg.type, "queue_depth": depth.get(n, 0),
+                      **{o: self.counts[(n, o)] for o in OUTCOMES}, "last_error": errors.get(n)}
+                     for n, s in self.senders.items()]
+        return {"receivers": receivers, "failed": self.outbox.recent_failures()}
+
+    def close(self, timeout: float = 5.0) -> None:
+        for s in self.senders.values():
+            s.stop()
+        for s in self.senders.values():
+            if s.is_alive():
+                s.join(timeout)
+        self.outbox.close()

@@ -1,0 +1,266 @@
+"""SLO specs: the ``slos:`` config section (reference in docs/slo.md).
+
+An SLO is an ``objective`` (a ratio such as 0.999) over a rolling ``window`` (e.g. 28d) for one SLI:
+
+* ``latency``: good events are requests of a ``stage`` (optionally one ``workload``) at or under
+  ``threshold`` seconds; the threshold must be one of ``store.buckets`` so the count is exact;
+* ``ratio``: a ``total`` event counter and either its ``bad`` or its ``good`` counter.
+
+Burn-rate alerts use four multi-window tiers (Google SRE Workbook); the burn factor of a tier is the
+fraction of the error budget it allows to be spent in its long window, scaled to the SLO window
+(``budget * window / long``), so a 30d SLO gets 14.4/6/3/1 and a 28d one 13.44/5.6/2.8/0.93.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from dataclasses import dataclass, replace
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field, TypeAdapter, ValidationInfo, WrapValidator, field_validator
+
+from ..alerting.config import check_label_names, check_unique
+from ..config import Section
+from ..frame import STAGES
+
+__all__ = [
+    "Duration",
+    "Tier",
+    "DEFAULT_TIERS",
+    "TIER_NAMES",
+    "TierOverride",
+    "LatencySli",
+    "RatioSli",
+    "SloSpec",
+    "SloList",
+    "parse_duration",
+    "format_duration",
+]
+
+NAME_PATTERN = r"^[a-zA-Z_][a-zA-Z0-9_.-]{0,62}$"
+COUNTER_PATTERN = r"^[a-zA-Z_][a-zA-Z0-9_]{0,127}$"
+_DURATION_RE = re.compile(r"^(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+_UNITS = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
+_DURATION_HELP = "must be a duration like 30s, 5m, 1h or 28d (units w, d, h, m, s)"
+
+
+def parse_duration(value: Any) -> int:
+    """Seconds in a Prometheus-style duration (``1h30m``, ``28d``); whole seconds are accepted as is."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    if isinstance(value, str):
+        m = _DURATION_RE.match(value.strip())
+        if m and any(m.groups()):
+            weeks, days, hours, minutes, seconds = (int(g or 0) for g in m.groups())
+            total = (((weeks * 7 + days) * 24 + hours) * 60 + minutes) * 60 + seconds
+            if total > 0:
+                return total
+    raise ValueError(_DURATION_HELP)
+
+
+def format_duration(seconds: int) -> str:
+    """``2419200`` -> ``28d``, ``5400`` -> ``1h30m``: the form Prometheus range selectors take."""
+    out, rest = "", int(seconds)
+    for unit, size in _UNITS:
+        if rest >= size:
+            out += f"{rest // size}{unit}"
+            rest %= size
+    return out or "0s"
+
+
+Duration = Annotated[int, BeforeValidator(parse_duration)]
+
+
+@dataclass(frozen=True, slots=True)
+class Tier:
+    """One multi-window burn-rate alert: fires when both windows burn faster than :meth:`factor`."""
+
+    name: str
+    severity: str
+    long: int
+    short: int
+    budget: float
+
+    def factor(self, window: int) -> float:
+        """Burn rate that spends ``budget`` of the error budget in ``long`` seconds of a ``window`` SLO."""
+        return self.budget * window / self.long
+
+
+# Fastest first: a firing tier inhibits every tier after it for the same SLO.
+DEFAULT_TIERS: tuple[Tier, ...] = (
+    Tier("page_fast", "page", 3600, 300, 0.02),
+    Tier("page_slow", "page", 21600, 1800, 0.05),
+    Tier("ticket_fast", "ticket", 86400, 7200, 0.10),
+    Tier("ticket_slow", "ticket", 259200, 21600, 0.10),
+)
+TIER_NAMES = tuple(t.name for t in DEFAULT_TIERS)
+TierName = Literal["page_fast", "page_slow", "ticket_fast", "ticket_slow"]
+
+
+class TierOverride(Section):
+    """Per-tier settings; ``tiers: {ticket_slow: false}`` is short for ``{enabled: false}``."""
+
+    enabled: bool = True
+    long: Duration | None = Field(None, description="long window (default 1h, 6h, 1d, 3d)")
+    short: Duration | None = Field(None, description="short window (default 5m, 30m, 2h, 6h)")
+    budget: float | None = Field(None, gt=0, le=1, description="fraction of the error budget spent in `long`")
+
+
+def _tier_shorthand(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: {"enabled": v} if isinstance(v, bool) else v for k, v in value.items()}
+    return value
+
+
+def _did_you_mean(value: str, choices: tuple[str, ...]) -> str:
+    close = difflib.get_close_matches(value, choices, n=1)
+    return f"did you mean {close[0]!r}? " if close else ""
+
+
+def _nearest_edges(value: float, edges: list[float]) -> str:
+    below = [e for e in edges if e < value]
+    above = [e for e in edges if e > value]
+    near = [f"{x:g}" for x in (below[-1:] + above[:1])]
+    return " and ".join(near)
+
+
+class LatencySli(Section):
+    """Good events: requests of ``stage`` at or under ``threshold`` seconds (all workloads when unset)."""
+
+    stage: str
+    workload: str | None = Field(None, pattern=NAME_PATTERN)
+    threshold: float = Field(gt=0, description="seconds; one of store.buckets")
+
+    @field_validator("stage")
+    @classmethod
+    def _stage(cls, v: str) -> str:
+        if v not in STAGES:
+            raise ValueError(f"unknown stage; {_did_you_mean(v, STAGES)}known stages: {', '.join(STAGES)}")
+        return v
+
+    @field_validator("threshold")
+    @classmethod
+    def _on_edge(cls, v: float, info: ValidationInfo) -> float:
+        buckets = (info.context or {}).get("buckets")
+        if buckets is not None and not any(math.isclose(v, b, rel_tol=1e-9) for b in buckets):
+            raise ValueError(
+                f"{v:g} s is not a bucket edge; the nearest edges in store.buckets are {_nearest_edges(v, buckets)}: "
+                f"use one of them, or add {v:g} to store.buckets"
+            )
+        return v
+
+
+class RatioSli(Section):
+    """Event counters of the Frame (``requests_total`` ...): ``total`` and one of ``bad`` or ``good``."""
+
+    total: str = Field(pattern=COUNTER_PATTERN)
+    bad: str | None = Field(None, pattern=COUNTER_PATTERN)
+    good: str | None = Field(None, pattern=COUNTER_PATTERN, validate_default=True)
+    workload: str | None = Field(None, pattern=NAME_PATTERN)
+
+    @field_validator("good")
+    @classmethod
+    def _one_of(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if "bad" in info.data and (v is None) == (info.data["bad"] is None):
+            raise ValueError("set exactly one of `bad` (error counter) or `good` (success counter) beside `total`")
+        return v
+
+
+class SloSpec(Section):
+    """One SLO.  Field order matters: ``tiers`` is validated before ``window``, which checks against it."""
+
+    name: str = Field(pattern=NAME_PATTERN)
+    description: str = ""
+    objective: float
+    tiers: Annotated[dict[TierName, TierOverride], BeforeValidator(_tier_shorthand)] = Field(default_factory=dict)
+    window: Duration = Field(2419200, description="rolling SLO window, e.g. 28d or 30d")
+    latency: LatencySli | None = None
+    ratio: RatioSli | None = Field(None, validate_default=True)
+    min_rate: float = Field(0.0, ge=0, description="events/s below which burn alerts are held back")
+    labels: dict[str, str] = Field(default_factory=dict, description="extra labels on this SLO's alerts")
+
+    @field_validator("objective")
+    @classmethod
+    def _objective(cls, v: float) -> float:
+        if 1 < v < 100:
+            raise ValueError(f"must be a ratio between 0 and 1, not a percentage: write {v / 100:g}")
+        if not 0 < v < 1:
+            raise ValueError("must be a ratio strictly between 0 and 1, e.g. 0.999 for 99.9%")
+        return v
+
+    @field_validator("tiers")
+    @classmethod
+    def _tiers(cls, v: dict[str, TierOverride]) -> dict[str, TierOverride]:
+        for tier in _apply(v):
+            if tier.short >= tier.long:
+                raise ValueError(f"{tier.name}: short window {format_duration(tier.short)} must be shorter than "
+                                 f"the long window {format_duration(tier.long)}")
+        if not _apply(v, enabled_only=True):
+            raise ValueError("every tier is disabled; enable at least one or remove the SLO")
+        return v
+
+    @field_validator("window")
+    @classmethod
+    def _window(cls, v: int, info: ValidationInfo) -> int:
+        if "tiers" not in info.data:
+            return v
+        longest = max(_apply(info.data["tiers"], enabled_only=True), key=lambda t: t.long)
+        if v < longest.long:
+            raise ValueError(
+                f"{format_duration(v)} is shorter than the longest alert window {format_duration(longest.long)} "
+                f"(tier {longest.name}); use a window of at least {format_duration(longest.long)} or disable "
+                f"the tier with `tiers: {{{longest.name}: false}}`"
+            )
+        return v
+
+    @field_validator("ratio")
+    @classmethod
+    def _one_sli(cls, v: RatioSli | None, info: ValidationInfo) -> RatioSli | None:
+        if "latency" in info.data and (v is None) == (info.data["latency"] is None):
+            raise ValueError("set exactly one SLI: `latency` (stage, threshold) or `ratio` (total, bad|good)")
+        return v
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        reserved = {"alertname", "slo", "severity", "burn_tier"} & set(v)
+        if reserved:
+            raise ValueError(f"{sorted(reserved)} are set by sits-observe; choose other label names")
+        return check_label_names(v)
+
+    def enabled_tiers(self) -> tuple[Tier, ...]:
+        """The tiers that alert, fastest first, with overrides applied."""
+        return _apply(self.tiers, enabled_only=True)
+
+    def alert_windows(self) -> tuple[int, ...]:
+        """Every distinct alert window (seconds), ascending."""
+        return tuple(sorted({w for t in self.enabled_tiers() for w in (t.short, t.long)}))
+
+
+def _apply(overrides: dict[str, TierOverride], enabled_only: bool = False) -> tuple[Tier, ...]:
+    out = []
+    for tier in DEFAULT_TIERS:
+        o = overrides.get(tier.name)
+        if o is None:
+            out.append(tier)
+        elif o.enabled or not enabled_only:
+            out.append(replace(tier, long=o.long or tier.long, short=o.short or tier.short,
+                               budget=o.budget or tier.budget))
+    return tuple(out)
+
+
+_SPEC_LIST = TypeAdapter(list[SloSpec])
+
+
+def _with_buckets(value: Any, _handler: Any, info: ValidationInfo) -> list[SloSpec]:
+    """Validate the list with ``store.buckets`` in context (latency thresholds) and unique names."""
+    store = info.data.get("store") if info.data else None
+    context = {"buckets": list(store.buckets)} if store is not None else None
+    slos = _SPEC_LIST.validate_python(value, context=context)
+    check_unique([s.name for s in slos], "SLO")
+    return slos
+
+
+SloList = Annotated[list[SloSpec], WrapValidator(_with_buckets)]
