@@ -1,0 +1,74 @@
+"""Scheduler routes under /api/v1 as a Flask blueprint: ``app.register_blueprint(scheduler_blueprint(...))``.
+
+GET /api/v1/shards, GET /api/v1/decisions?limit=N, and (behind ``auth``, the bearer-token decorator)
+POST /api/v1/shards, POST /api/v1/reshard, POST /api/v1/placements/<id>/ack.  Malformed input -> 400,
+unknown shard or placement -> 404, a refused transition -> 409; every answer names the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from flask import Blueprint, Response, jsonify, request
+
+from ..errors import ConfigError, SchedulerError
+from ..scheduler.states import NotFound
+
+__all__ = ["scheduler_blueprint"]
+
+
+def _body() -> Any:
+    body = request.get_json(silent=True)
+    if body is None:
+        raise ConfigError(f"{request.method} {request.path}: body is not JSON; send a JSON object with "
+                          "Content-Type: application/json")
+    return body
+
+
+def scheduler_blueprint(scheduler: Any, auth: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Blueprint:
+    """Routes backed by ``scheduler`` (an :class:`~sits_observe.scheduler.engine.Scheduler`)."""
+    bp = Blueprint("scheduler", __name__)
+
+    @bp.get("/api/v1/shards")
+    def shards() -> Response:
+        return jsonify(scheduler.shards_state())
+
+    @bp.get("/api/v1/decisions")
+    def decisions() -> Response:
+        raw = request.args.get("limit", "100")
+        if not raw.isdigit() or not 1 <= int(raw) <= 10000:
+            raise ConfigError(f"limit: must be an integer from 1 to 10000, got {raw!r}")
+        return jsonify(scheduler.decisions_state(int(raw)))
+
+    @bp.post("/api/v1/shards")
+    @auth
+    def register() -> tuple[Response, int]:
+        return jsonify(scheduler.register_shard(_body())), 201
+
+    @bp.post("/api/v1/reshard")
+    @auth
+    def reshard() -> tuple[Response, int]:
+        body = _body()
+        if not isinstance(body, dict) or not isinstance(body.get("shard"), str):
+            raise ConfigError('reshard: body must be {"shard": "<id>", "reason": "<why>"}, got ' + repr(body)[:200])
+        return jsonify(scheduler.manual_reshard(body["shard"], body.get("reason"))), 202
+
+    @bp.post("/api/v1/placements/<int:placement_id>/ack")
+    @auth
+    def ack(placement_id: int) -> Response:
+        return jsonify(scheduler.ack(placement_id, _body()))
+
+    @bp.errorhandler(NotFound)
+    def not_found(exc: NotFound) -> tuple[Response, int]:
+        return jsonify({"error": str(exc)}), 404
+
+    @bp.errorhandler(SchedulerError)
+    def refused(exc: SchedulerError) -> tuple[Response, int]:
+        return jsonify({"error": str(exc)}), 409
+
+    @bp.errorhandler(ConfigError)
+    def bad_input(exc: ConfigError) -> tuple[Response, int]:
+        return jsonify({"error": str(exc)}), 400
+
+    return bp

@@ -1,0 +1,122 @@
+"""Config sections ``scheduler:`` (triggers, placement strategy, actuator, shards) and ``otlp:``."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, SecretStr, ValidationInfo, field_validator
+
+from ..config import Section
+
+__all__ = ["STRATEGIES", "ScoreWeights", "ShardSpec", "WebhookActuatorConfig", "CommandActuatorConfig",
+           "SchedulerConfig", "OtlpConfig"]
+
+
+class ScoreWeights(Section):
+    """Weights of the placement score terms (each term is in [0, 1], higher is better)."""
+
+    comm: float = Field(ge=0, description="link bandwidth inside the set, scaled by the shard's comm intensity")
+    memory: float = Field(ge=0, description="snug memory fit: little free memory stranded on the chosen GPUs")
+    load: float = Field(ge=0, description="headroom: low utilization and memory use on the chosen GPUs after the move")
+    balance: float = Field(ge=0, description="low spread of utilization across all GPUs after the move")
+    numa: float = Field(ge=0, description="chosen GPUs on one NUMA node (the shard's own node when it has one)")
+
+
+# Strategy presets: the name picks the weights; ``scheduler.weights`` overrides them.
+STRATEGIES: dict[str, ScoreWeights] = {
+    "topology-aware": ScoreWeights(comm=4, memory=1, load=2, balance=1, numa=2),
+    "latency-aware": ScoreWeights(comm=2, memory=0.5, load=4, balance=1, numa=1),
+    "pack": ScoreWeights(comm=1, memory=4, load=0.5, balance=0, numa=1),
+    "spread": ScoreWeights(comm=1, memory=0, load=2, balance=4, numa=0.5),
+}
+
+
+class ShardSpec(Section):
+    """A unit of a model deployment placed on a set of GPUs (a replica or a tensor-parallel group)."""
+
+    id: str = Field(pattern=r"^[a-zA-Z0-9_][a-zA-Z0-9_.:-]{0,62}$")
+    model: str = ""
+    workload: str = "default"
+    gpus: int = Field(1, ge=1, le=64, description="GPUs needed")
+    memory_per_gpu: int = Field(0, ge=0, description="bytes of device memory needed on each GPU")
+    comm_intensity: float = Field(0.0, ge=0, le=1, description="0 = independent replicas, 1 = chatty TP group")
+    tenant: str = "default"
+    priority: int = Field(0, ge=0, le=100)
+    numa_node: int | None = Field(None, ge=0, description="NUMA node of the workload's CPUs, if pinned")
+    placement: list[int] | None = Field(None, description="GPUs it already runs on (adopted as is)")
+
+    @field_validator("placement")
+    @classmethod
+    def _placement_size(cls, v: list[int] | None, info: ValidationInfo) -> list[int] | None:
+        k = info.data.get("gpus")
+        if v is not None and k is not None and len(set(v)) != k:
+            raise ValueError(f"must list {k} distinct GPU indices (the shard's 'gpus')")
+        return v
+
+
+class WebhookActuatorConfig(Section):
+    url: str | None = Field(None, description="orchestrator endpoint receiving the signed plan JSON")
+    secret: SecretStr | None = Field(None, description="HMAC-SHA256 key for the X-Sits-Signature header")
+    timeout: float = Field(5.0, gt=0, le=60)
+    retries: int = Field(3, ge=0, le=10)
+
+
+class CommandActuatorConfig(Section):
+    argv: list[str] = Field(default_factory=list, description="program and arguments; plan JSON on stdin")
+    timeout: float = Field(60.0, gt=0, le=3600)
+
+
+class SchedulerConfig(Section):
+    enabled: bool = True
+    strategy: Literal["topology-aware", "latency-aware", "pack", "spread"] = "topology-aware"
+    weights: ScoreWeights | None = Field(None, description="override the strategy's weights")
+    webhook: WebhookActuatorConfig = Field(default_factory=WebhookActuatorConfig)
+    command: CommandActuatorConfig = Field(default_factory=CommandActuatorConfig)
+    actuator: Literal["log", "webhook", "command", "sim"] = "log"  # after webhook/command: checked against them
+    verdict_threshold: float = Field(0.7, gt=0, le=1, description="classifier confidence that counts")
+    verdict_consecutive: int = Field(3, ge=1, le=100, description="verdicts in a row before acting")
+    verdict_on_burn_only: bool = Field(True, description="count only verdicts made while an SLO burns")
+    imbalance_stddev: float = Field(0.30, gt=0, le=1, description="stddev of GPU utilization that counts")
+    imbalance_sustain: float = Field(60.0, ge=0, description="seconds the imbalance must last")
+    saturation_ratio: float = Field(0.85, gt=0, le=1, description="GPU memory or host CPU fraction that counts")
+    saturation_sustain: float = Field(300.0, ge=0, description="seconds the saturation must last")
+    hysteresis: float = Field(0.05, ge=0, le=0.5, description="a fired trigger re-arms below level - hysteresis")
+    cooldown: float = Field(300.0, ge=0, description="seconds between two re-shards of one shard")
+    max_migrations: int = Field(2, ge=1, le=64, description="migrations in flight at once (one per GPU always)")
+    min_gain: float = Field(0.05, ge=0, le=1, description="score gain a load-driven move must bring")
+    step_timeout: float = Field(600.0, gt=0, description="seconds to wait for an actuator to ack a step")
+    exact_limit: int = Field(20000, ge=1, description="candidate sets up to which placement searches exhaustively")
+    seeds: int = Field(32, ge=1, le=4096, description="seed GPUs for the greedy search on large topologies")
+    decisions_kept: int = Field(256, ge=16, le=100000, description="decisions kept in memory for the API/UI")
+    shards: list[ShardSpec] = Field(default_factory=list, description="shards registered at start-up")
+
+    @field_validator("actuator")
+    @classmethod
+    def _actuator_settings(cls, v: str, info: ValidationInfo) -> str:
+        if v == "webhook" and not getattr(info.data.get("webhook"), "url", None):
+            raise ValueError("'webhook' needs scheduler.webhook.url (the orchestrator endpoint)")
+        if v == "command" and not getattr(info.data.get("command"), "argv", None):
+            raise ValueError("'command' needs scheduler.command.argv (the program to run)")
+        return v
+
+    @field_validator("shards")
+    @classmethod
+    def _unique_ids(cls, v: list[ShardSpec]) -> list[ShardSpec]:
+        ids = [s.id for s in v]
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        if dup:
+            raise ValueError(f"duplicate shard ids {dup}")
+        return v
+
+    def score_weights(self) -> ScoreWeights:
+        return self.weights or STRATEGIES[self.strategy]
+
+
+class OtlpConfig(Section):
+    """Where ShardDecisionSpans go; no endpoint here nor in OTEL_EXPORTER_OTLP_ENDPOINT means none."""
+
+    endpoint: str | None = Field(None, description="collector base URL, e.g. http://127.0.0.1:4318")
+    protocol: Literal["http/protobuf", "grpc"] = "http/protobuf"
+    timeout: float = Field(5.0, gt=0, le=60, description="seconds per export request")
+    max_queue: int = Field(2048, ge=1, le=1_000_000, description="spans waiting for export; more are dropped")
+    schedule_delay: float = Field(1.0, gt=0, le=60, description="seconds between batch exports")

@@ -1,0 +1,126 @@
+"""Walks placements through their states with an actuator; the same walk resumes after a crash.
+
+A step is marked on the row (``step``) before it is sent, and the state moves when the actuator's
+outcome or the orchestrator's ack arrives.  On restart every live placement has its marker cleared
+and is advanced again, so a step in flight at the crash is sent once more (receivers dedupe on
+``placement_id`` + ``step``).  Order of a re-shard, one committed write each::
+
+    new: create (pending) -> placed -> [stage sent] -> staged -> [launch sent] -> launched
+    old: launched -> draining -> [drain sent] -> retired
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import SchedulerError
+from .actuators import Actuator, StepOutcome
+from .states import State
+from .store import Placement, PlacementStore
+
+__all__ = ["STEPS", "Walker"]
+
+# step -> (state it is sent from, state it leads to)
+STEPS = {"stage": (State.PLACED, State.STAGED), "launch": (State.STAGED, State.LAUNCHED),
+         "drain": (State.DRAINING, State.RETIRED)}
+_STEP_OF = {src: step for step, (src, _) in STEPS.items()}
+
+# chooses GPUs for a placement found pending at restart: (gpus, node) or a reason why none fit
+Chooser = Callable[[Placement], "tuple[tuple[int, ...], str] | str"]
+
+
+class Walker:
+    def __init__(self, store: PlacementStore, actuator: Actuator, choose: Chooser, step_timeout: float) -> None:
+        self.store, self.actuator, self.choose, self.step_timeout = store, actuator, choose, step_timeout
+
+    def start(self, shard_id: str, kind: str, gpus: tuple[int, ...], node: str, ts: float, *,
+              source: Placement | None = None, decision_id: str = "", reason: str = "") -> Placement:
+        """Create a placement on ``gpus`` and walk it as far as the actuator allows now."""
+        p = self.store.create(shard_id, kind, ts, source.id if source else None, decision_id, reason)
+        p = self.store.update(p, ts, State.PLACED, gpus=gpus, node=node)
+        return self.advance(p, ts)
+
+    def adopt(self, shard_id: str, gpus: tuple[int, ...], node: str, ts: float, reason: str) -> Placement:
+        """Record a placement that already runs: straight to launched, no actuator steps."""
+        p = self.store.create(shard_id, "adopt", ts, reason=reason)
+        p = self.store.update(p, ts, State.PLACED, gpus=gpus, node=node)
+        p = self.store.update(p, ts, State.STAGED)
+        return self.store.update(p, ts, State.LAUNCHED)
+
+    def advance(self, p: Placement, ts: float) -> Placement:
+        """Do every action that does not wait on an actuator; returns the placement as left."""
+        while (nxt := self._next(p, ts)) is not None:
+            p = nxt
+        return p
+
+    def _next(self, p: Placement, ts: float) -> Placement | None:
+        if p.step is not None or p.state in (State.RETIRED, State.FAILED):
+            return None
+        if p.state is State.PENDING:
+            chosen = self.choose(p)
+            if isinstance(chosen, str):
+                return self.store.update(p, ts, State.FAILED, reason=chosen)
+            return self.store.update(p, ts, State.PLACED, gpus=chosen[0], node=chosen[1])
+        if p.state is State.LAUNCHED:
+            if p.source_id is not None:
+                src = self.store.placement(p.source_id)
+                if src.state is State.LAUNCHED:
+                    self.advance(self.store.update(src, ts, State.DRAINING, reason=f"replaced by placement {p.id}"), ts)
+            return None
+        step = _STEP_OF[p.state]
+        p = self.store.update(p, ts, step=step, step_ts=ts)
+        outcome = self.actuator.submit(self.plan(p, step))
+        return p if outcome is None else self._apply(p, outcome, ts)
+
+    def _apply(self, p: Placement, o: StepOutcome, ts: float) -> Placement:
+        if o.ok:
+            return self.store.update(p, ts, STEPS[o.step][1], step=None, step_ts=None)
+        return self.store.update(p, ts, State.FAILED, step=None, step_ts=None, reason=f"{o.step} failed: {o.reason}")
+
+    def complete(self, o: StepOutcome, ts: float) -> Placement:
+        """Apply an actuator outcome or an orchestrator ack; a repeated ack of a done step is a no-op."""
+        p = self.store.placement(o.placement_id)
+        if p.step != o.step:
+            if p.step is None and p.state is STEPS[o.step][1]:
+                return p
+            waiting = f"waiting for step {p.step}" if p.step else "not waiting for any step"
+            raise SchedulerError(f"shard {p.shard_id}: placement {p.id}: ack for step {o.step} refused: expected "
+                                 f"state {STEPS[o.step][0].value}, actual {p.state.value} ({waiting})")
+        return self.advance(self._apply(p, o, ts), ts)
+
+    def poll(self, ts: float) -> None:
+        """Outcomes the actuator finished since the last tick; stale ones (step already moved on) are ignored."""
+        for o in self.actuator.poll():
+            try:
+                self.complete(o, ts)
+            except SchedulerError:
+                continue
+
+    def expire(self, ts: float) -> None:
+        """Fail steps not acked within ``step_timeout`` (source clock)."""
+        for p in self.store.placements(live=True):
+            if p.step is not None and p.step_ts is not None and ts - p.step_ts > self.step_timeout:
+                self.complete(StepOutcome(p.id, p.step, False, f"no ack within {self.step_timeout:g} s"), ts)
+
+    def resume(self, ts: float) -> list[Placement]:
+        """After a restart: re-send every step in flight and continue every live placement."""
+        out = []
+        for p in self.store.placements(live=True):
+            p = self.store.placement(p.id)  # an earlier advance may have moved it
+            if p.step is not None:
+                p = self.store.update(p, ts, step=None, step_ts=None)
+            out.append(self.advance(p, ts))
+        return out
+
+    def plan(self, p: Placement, step: str) -> dict[str, Any]:
+        """The plan JSON an actuator receives for one step."""
+        src = self.store.placement(p.source_id) if p.source_id is not None else None
+        return {
+            "placement_id": p.id, "step": step, "kind": p.kind, "state": p.state.value,
+            "shard": self.store.shard(p.shard_id).model_dump(exclude={"placement"}),
+            "node": p.node, "gpus": list(p.gpus),
+            "source": None if src is None else {"placement_id": src.id, "gpus": list(src.gpus), "node": src.node},
+            "decision_id": p.decision_id, "reason": p.reason, "ts": p.updated_ts,
+            "ack_url": f"/api/v1/placements/{p.id}/ack",
+        }

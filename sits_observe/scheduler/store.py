@@ -1,0 +1,209 @@
+"""Durable shards and placements in SQLite (WAL) under ``state_dir``; every write is a compare-and-swap.
+
+A placement row changes only through :meth:`PlacementStore.update`, whose ``UPDATE ... WHERE id=? AND
+version=? AND state=?`` either wins (version + 1) or is refused with the shard, the expected and the
+actual state.  Each call is one transaction, so a crash leaves the last committed state only.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import SchedulerError
+from .config import ShardSpec
+from .states import TERMINAL, NotFound, State, check_transition
+
+__all__ = ["Placement", "PlacementStore", "DB_NAME"]
+
+DB_NAME = "scheduler.sqlite"
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS shards (
+    id TEXT PRIMARY KEY, spec TEXT NOT NULL, created_ts REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS placements (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    shard_id TEXT NOT NULL REFERENCES shards(id),
+    kind TEXT NOT NULL,                 -- assign | reshard | adopt
+    source_id INTEGER,                  -- the placement a re-shard replaces
+    gpus TEXT NOT NULL DEFAULT '[]',
+    node TEXT NOT NULL DEFAULT '',
+    state TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    step TEXT,                          -- actuator step sent and not acked yet
+    step_ts REAL,
+    decision_id TEXT NOT NULL DEFAULT '',
+    reason TEXT NOT NULL DEFAULT '',
+    created_ts REAL NOT NULL,
+    updated_ts REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS placements_shard ON placements(shard_id, state);
+"""
+_COLUMNS = ("id", "shard_id", "kind", "source_id", "gpus", "node", "state", "version", "step", "step_ts",
+            "decision_id", "reason", "created_ts", "updated_ts")
+_MUTABLE = frozenset({"gpus", "node", "step", "step_ts", "reason"})
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    id: int
+    shard_id: str
+    kind: str
+    source_id: int | None
+    gpus: tuple[int, ...]
+    node: str
+    state: State
+    version: int
+    step: str | None
+    step_ts: float | None
+    decision_id: str
+    reason: str
+    created_ts: float
+    updated_ts: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {c: getattr(self, c) for c in _COLUMNS} | {"gpus": list(self.gpus), "state": self.state.value}
+
+
+def _placement(row: tuple[Any, ...]) -> Placement:
+    d = dict(zip(_COLUMNS, row))
+    d["gpus"] = tuple(json.loads(d["gpus"]))
+    d["state"] = State(d["state"])
+    return Placement(**d)
+
+
+class PlacementStore:
+    """Shards and placements of one host; safe to share between the tick thread and HTTP threads."""
+
+    def __init__(self, state_dir: str | Path) -> None:
+        self.path = Path(state_dir) / DB_NAME
+        self._lock = threading.RLock()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            self._db.executescript(_SCHEMA)
+        except (OSError, sqlite3.Error) as exc:
+            raise SchedulerError(f"{self.path}: cannot open the scheduler database: {exc}") from exc
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._db
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+                self._db.execute("COMMIT")
+            except sqlite3.Error as exc:
+                raise SchedulerError(f"{self.path}: {exc}") from exc
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # shards
+    def add_shard(self, spec: ShardSpec, ts: float) -> None:
+        body = spec.model_dump_json(exclude={"placement"})
+        with self._tx() as db:
+            if db.execute("SELECT 1 FROM shards WHERE id=?", (spec.id,)).fetchone():
+                raise SchedulerError(f"shard {spec.id}: already registered")
+            db.execute("INSERT INTO shards(id, spec, created_ts) VALUES (?, ?, ?)", (spec.id, body, ts))
+
+    def shard(self, shard_id: str) -> ShardSpec:
+        with self._tx() as db:
+            row = db.execute("SELECT spec FROM shards WHERE id=?", (shard_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"shard {shard_id}: not registered")
+        return ShardSpec.model_validate_json(row[0])
+
+    def shards(self) -> list[ShardSpec]:
+        with self._tx() as db:
+            rows = db.execute("SELECT spec FROM shards ORDER BY id").fetchall()
+        return [ShardSpec.model_validate_json(r[0]) for r in rows]
+
+    # placements
+    def create(self, shard_id: str, kind: str, ts: float, source_id: int | None = None,
+               decision_id: str = "", reason: str = "") -> Placement:
+        """A new placement in ``pending`` at version 1."""
+        with self._tx() as db:
+            cur = db.execute(
+                "INSERT INTO placements(shard_id, kind, source_id, state, version, decision_id, reason, created_ts,"
+                " updated_ts) VALUES (?, ?, ?, ?, 1, ?, ?, ?, ?)",
+                (shard_id, kind, source_id, State.PENDING.value, decision_id, reason, ts, ts))
+            pid = cur.lastrowid
+        return self.placement(int(pid or 0))
+
+    def update(self, p: Placement, ts: float, state: State | None = None, **fields: Any) -> Placement:
+        """Compare-and-swap ``p`` (as read) to ``state`` and/or new ``fields``; refused if anyone moved it."""
+        target = state or p.state
+        if state is not None:
+            check_transition(p.shard_id, p.id, p.state, state)
+        bad = set(fields) - _MUTABLE
+        if bad:
+            raise SchedulerError(f"placement {p.id}: fields {sorted(bad)} cannot change")
+        if "gpus" in fields:
+            fields["gpus"] = json.dumps(sorted(int(g) for g in fields["gpus"]))
+        sets = "".join(f", {k}=?" for k in fields)
+        with self._tx() as db:
+            cur = db.execute(
+                f"UPDATE placements SET state=?, version=version+1, updated_ts=?{sets} "
+                "WHERE id=? AND version=? AND state=?",
+                (target.value, ts, *fields.values(), p.id, p.version, p.state.value))
+            if cur.rowcount != 1:
+                row = db.execute("SELECT state, version FROM placements WHERE id=?", (p.id,)).fetchone()
+                actual = f"{row[0]} (version {row[1]})" if row else "no such placement"
+                raise SchedulerError(
+                    f"shard {p.shard_id}: placement {p.id}: lost a race moving to {target.value}: expected "
+                    f"{p.state.value} (version {p.version}), actual {actual}")
+        return self.placement(p.id)
+
+    def placement(self, placement_id: int) -> Placement:
+        with self._tx() as db:
+            row = db.execute(f"SELECT {', '.join(_COLUMNS)} FROM placements WHERE id=?", (placement_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"placement {placement_id}: no such placement")
+        return _placement(row)
+
+    def placements(self, shard_id: str | None = None, live: bool = False) -> list[Placement]:
+        """Placements oldest first; ``live`` keeps the non-terminal ones."""
+        where, args = [], []
+        if shard_id is not None:
+            where.append("shard_id=?")
+            args.append(shard_id)
+        if live:
+            where.append(f"state NOT IN ({', '.join('?' * len(TERMINAL))})")
+            args += [s.value for s in TERMINAL]
+        clause = f" WHERE {' AND '.join(where)}" if where else ""
+        with self._tx() as db:
+            rows = db.execute(f"SELECT {', '.join(_COLUMNS)} FROM placements{clause} ORDER BY id", args).fetchall()
+        return [_placement(r) for r in rows]
+
+    def last_reshard_ts(self, shard_id: str) -> float | None:
+        with self._tx() as db:
+            row = db.execute("SELECT MAX(created_ts) FROM placements WHERE shard_id=? AND kind='reshard'",
+                             (shard_id,)).fetchone()
+        return row[0]
+
+    def counts(self) -> dict[State, int]:
+        with self._tx() as db:
+            rows = db.execute("SELECT state, COUNT(*) FROM placements GROUP BY state").fetchall()
+        got = {State(s): n for s, n in rows}
+        return {s: got.get(s, 0) for s in State}
+
+    def prune(self, keep: int) -> None:
+        """Keep the newest ``keep`` terminal placements of each shard (bounded history)."""
+        with self._tx() as db:
+            db.execute(
+                f"DELETE FROM placements WHERE state IN ({', '.join('?' * len(TERMINAL))}) AND id NOT IN ("
+                "SELECT id FROM (SELECT id, ROW_NUMBER() OVER (PARTITION BY shard_id ORDER BY id DESC) AS r "
+                f"FROM placements WHERE state IN ({', '.join('?' * len(TERMINAL))})) WHERE r <= ?)",
+                (*[s.value for s in TERMINAL], *[s.value for s in TERMINAL], keep))

@@ -1,0 +1,136 @@
+"""When to consider a re-shard: classifier verdicts, load imbalance, saturation.
+
+Every trigger is edge-triggered with hysteresis: it fires once when its condition has held long enough
+(``k`` verdicts in a row, or a sustained window on the source clock), re-arms only after the condition
+clears below ``level - hysteresis`` (or ``threshold - hysteresis`` for confidence), and fires again for
+a condition that persists only after ``cooldown`` seconds.  Causes a move cannot fix come out as
+triggers with ``fixable=False``: the engine records a "no action" decision for them and nothing else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..frame import GPU_FIELD_INDEX
+from ..rca.verdict import HEALTHY, UNKNOWN, Verdict
+from .config import SchedulerConfig
+
+__all__ = ["FIXABLE", "NON_FIXABLE", "Trigger", "Sustained", "Triggers", "culprit_gpu"]
+
+FIXABLE = frozenset({"gpu_compute_saturation", "gpu_memory_pressure", "interconnect_contention",
+                     "cpu_contention", "thermal_throttling"})
+NON_FIXABLE = {
+    "network_ingress": "requests are slow before they reach the GPUs; moving shards between GPUs cannot help",
+    "scheduler_stall": "the serving engine's own scheduler stalls; a new placement would stall the same way",
+    UNKNOWN: "the classifier is not confident about the cause; moving shards blindly risks making it worse",
+}
+
+# GPU field that points at the culprit when a verdict names no GPU (utilization otherwise)
+_CULPRIT_FIELD = {"gpu_memory_pressure": "memory_used_bytes", "thermal_throttling": "temperature_celsius",
+                  "interconnect_contention": "nvlink_tx_bytes_per_second"}
+
+
+def culprit_gpu(cause: str, values: np.ndarray | None) -> int:
+    """The GPU most implicated in ``cause`` by the latest ``(gpus, GPU_FIELDS)`` values."""
+    if values is None:
+        return 0
+    field = _CULPRIT_FIELD.get(cause, "utilization_ratio")
+    return int(np.argmax(np.nan_to_num(values[:, GPU_FIELD_INDEX[field]], nan=-np.inf)))
+
+
+@dataclass(frozen=True, slots=True)
+class Trigger:
+    """A reason to decide: ``kind`` is verdict, imbalance, saturation or manual."""
+
+    kind: str
+    cause: str
+    fixable: bool
+    ts: float
+    reason: str
+    gpus: tuple[int, ...] = ()
+    confidence: float = 0.0
+    verdict: Verdict | None = None
+    other_node: bool = False   # only a placement on another node can help (host CPU saturation)
+
+
+class Sustained:
+    """A level that must hold ``sustain`` seconds to fire; re-arms below ``level - hysteresis``."""
+
+    def __init__(self, level: float, hysteresis: float, sustain: float, refire: float) -> None:
+        self.level, self.clear, self.sustain, self.refire = level, level - hysteresis, sustain, refire
+        self.onset: float | None = None
+        self.fired: float | None = None
+
+    def update(self, ts: float, value: float) -> bool:
+        if not value > self.clear:  # cleared, or no data (NaN): re-arm
+            self.onset = self.fired = None
+            return False
+        if value > self.level and self.onset is None:
+            self.onset = ts
+        if self.onset is None or ts - self.onset < self.sustain:
+            return False
+        if self.fired is None or ts - self.fired >= self.refire:
+            self.fired = ts
+            return True
+        return False
+
+
+class Triggers:
+    """Holds the streak and window state of all triggers of one host."""
+
+    def __init__(self, cfg: SchedulerConfig, gpus: int) -> None:
+        self.cfg = cfg
+        refire = cfg.cooldown
+        self.imbalance = Sustained(cfg.imbalance_stddev, cfg.hysteresis, cfg.imbalance_sustain, refire)
+        self.gpu_memory = [Sustained(cfg.saturation_ratio, cfg.hysteresis, cfg.saturation_sustain, refire)
+                           for _ in range(gpus)]
+        self.host_cpu = Sustained(cfg.saturation_ratio, cfg.hysteresis, cfg.saturation_sustain, refire)
+        self._cause: str | None = None
+        self._streak = 0
+        self._fired: float | None = None
+
+    def on_verdict(self, v: Verdict) -> Trigger | None:
+        """Count ``v`` into the streak; a trigger once ``verdict_consecutive`` agree."""
+        cfg = self.cfg
+        counts = v.cause == UNKNOWN or (v.cause != HEALTHY and v.confidence >= cfg.verdict_threshold)
+        if not counts:
+            held = v.cause == self._cause and v.confidence >= cfg.verdict_threshold - cfg.hysteresis
+            if not held:
+                self._cause, self._streak, self._fired = None, 0, None
+            return None
+        if v.cause != self._cause:
+            self._cause, self._streak, self._fired = v.cause, 0, None
+        self._streak += 1
+        if self._streak < cfg.verdict_consecutive:
+            return None
+        if self._fired is not None and v.ts - self._fired < cfg.cooldown:
+            return None
+        self._fired = v.ts
+        fixable = v.cause in FIXABLE
+        reason = (f"{self._streak} verdicts in a row: {v.cause} (confidence {v.confidence:.2f})" if fixable
+                  else f"{v.cause}: {NON_FIXABLE.get(v.cause, 'not a cause a re-shard can fix')}")
+        return Trigger("verdict", v.cause, fixable, v.ts, reason, tuple(v.gpus), v.confidence, v)
+
+    def on_frame(self, ts: float, util: np.ndarray, mem_ratio: np.ndarray, host_cpu: float) -> list[Trigger]:
+        """Window triggers from one tick's per-GPU utilization and memory fraction and host CPU."""
+        out = []
+        cfg = self.cfg
+        valid = util[~np.isnan(util)]
+        std = float(valid.std()) if len(valid) > 1 else float("nan")
+        if self.imbalance.update(ts, std):
+            busiest = tuple(int(i) for i in np.argsort(-np.nan_to_num(util, nan=-1.0))[:1])
+            out.append(Trigger("imbalance", "load_imbalance", True, ts,
+                               f"GPU utilization stddev {std:.2f} > {cfg.imbalance_stddev:.2f} for "
+                               f"{cfg.imbalance_sustain:g} s; busiest GPU {busiest[0]}", busiest))
+        for g, s in enumerate(self.gpu_memory):
+            if s.update(ts, float(mem_ratio[g])):
+                out.append(Trigger("saturation", "gpu_memory_saturation", True, ts,
+                                   f"GPU {g} memory {mem_ratio[g]:.0%} > {cfg.saturation_ratio:.0%} for "
+                                   f"{cfg.saturation_sustain:g} s", (g,)))
+        if self.host_cpu.update(ts, host_cpu):
+            out.append(Trigger("saturation", "host_cpu_saturation", True, ts,
+                               f"host CPU {host_cpu:.0%} > {cfg.saturation_ratio:.0%} for {cfg.saturation_sustain:g} s",
+                               other_node=True))
+        return out

@@ -1,0 +1,96 @@
+"""A shard as the engine and the API see it: its spec plus its live placements."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from .config import ShardSpec
+from .placement import GpuLoad, Request
+from .states import ACTIVE, State
+from .store import Placement
+
+__all__ = ["ShardView", "shard_views", "locked_gpus", "in_flight", "gpu_load", "request_for"]
+
+NEW_SHARD_LOAD = 0.25  # utilization a shard with no history is assumed to add per GPU
+
+_ORDER = (State.PENDING, State.PLACED, State.STAGED, State.LAUNCHED)
+
+
+@dataclass(slots=True)
+class ShardView:
+    spec: ShardSpec
+    live: list[Placement]   # non-terminal placements, oldest first
+
+    @property
+    def serving(self) -> Placement | None:
+        """The newest launched placement."""
+        return next((p for p in reversed(self.live) if p.state is State.LAUNCHED), None)
+
+    @property
+    def gpus(self) -> tuple[int, ...]:
+        s = self.serving
+        return s.gpus if s else ()
+
+    @property
+    def state(self) -> State | None:
+        """``draining`` while an old placement drains, else the least advanced live state; None when none."""
+        if any(p.state is State.DRAINING for p in self.live):
+            return State.DRAINING
+        states = [p.state for p in self.live]
+        return min(states, key=_ORDER.index) if states else None
+
+    @property
+    def migrating(self) -> bool:
+        """A placement is on its way (a re-shard, or a first assignment not launched yet)."""
+        return len(self.live) > 1 or self.state not in (State.LAUNCHED, None)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"shard": self.spec.model_dump(exclude={"placement"}),
+                "state": self.state.value if self.state else "unplaced", "gpus": list(self.gpus),
+                "migrating": self.migrating, "placements": [p.to_dict() for p in self.live]}
+
+
+def shard_views(shards: Iterable[ShardSpec], live: Iterable[Placement]) -> dict[str, ShardView]:
+    views = {s.id: ShardView(s, []) for s in shards}
+    for p in live:
+        if p.shard_id in views:
+            views[p.shard_id].live.append(p)
+    return views
+
+
+def locked_gpus(views: dict[str, ShardView]) -> set[int]:
+    """GPUs touched by a migration in flight (old and new placements): at most one migration per GPU."""
+    return {g for v in views.values() if v.migrating for p in v.live for g in p.gpus}
+
+
+def in_flight(views: dict[str, ShardView]) -> int:
+    return sum(v.migrating for v in views.values())
+
+
+def gpu_load(views: dict[str, ShardView], util: np.ndarray, mem_used: np.ndarray, healthy: np.ndarray) -> GpuLoad:
+    """What the planner needs: memory held by placements (placed through draining), memory used by anything
+    else (observed minus held), and which GPUs may take a shard (healthy, no migration in flight)."""
+    reserved = np.zeros(len(util))
+    for v in views.values():
+        for p in v.live:
+            if p.state in ACTIVE:
+                reserved[list(p.gpus)] += v.spec.memory_per_gpu
+    foreign = np.maximum(np.nan_to_num(mem_used, nan=0.0) - reserved, 0.0)
+    eligible = np.asarray(healthy, dtype=bool).copy()
+    eligible[list(locked_gpus(views))] = False
+    return GpuLoad(util, reserved, foreign, eligible)
+
+
+def request_for(spec: ShardSpec, views: dict[str, ShardView], util: np.ndarray, source: tuple[int, ...] = (),
+                exclude: frozenset[int] = frozenset()) -> Request:
+    """A placement request; the shard's load is its share of its GPUs' utilization (shared evenly)."""
+    sharing: dict[int, int] = {}
+    for v in views.values():
+        for g in v.gpus:
+            sharing[g] = sharing.get(g, 0) + 1
+    load = float(np.mean([util[g] / max(sharing.get(g, 1), 1) for g in source])) if source else NEW_SHARD_LOAD
+    return Request(spec.gpus, float(spec.memory_per_gpu), spec.comm_intensity, spec.numa_node,
+                   float(np.clip(load, 0.05, 1.0)), tuple(source), exclude)

@@ -1,0 +1,29 @@
+"""Fixture: a scheduler on a tmp state_dir (closed after the test)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sits_observe.scheduler.config import OtlpConfig, SchedulerConfig
+from sits_observe.scheduler.engine import Scheduler
+from sits_observe.topology import preset
+
+
+@pytest.fixture
+def make_scheduler(tmp_path: Path) -> Iterator[Callable[..., Scheduler]]:
+    made: list[Scheduler] = []
+
+    def make(topology: str = "pcie-8", actuator: Any = None, exporter: Any = None, state: str = "state",
+             otlp: OtlpConfig | None = None, **cfg: Any) -> Scheduler:
+        s = Scheduler(SchedulerConfig(**cfg), otlp or OtlpConfig(), preset(topology), tmp_path / state,
+                      actuator=actuator, exporter=exporter, clock=lambda: 1000.0)
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.close()

@@ -1,0 +1,85 @@
+"""Crash recovery: ``kill -9`` after every committed step of a migration, then restart and resume.
+
+A child process registers a shard, arms a counter on the store's writes, and re-shards; the counter
+SIGKILLs the child right after the n-th committed write.  The parent then opens the same state_dir
+with a fresh scheduler, which must finish the migration: one live placement, launched, away from the
+faulty GPUs, the old one retired, no step left waiting.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from sits_observe.scheduler.actuators import LogActuator
+from sits_observe.scheduler.config import OtlpConfig, SchedulerConfig
+from sits_observe.scheduler.engine import Scheduler
+from sits_observe.scheduler.states import State
+from sits_observe.topology import preset
+
+# create, placed, stage sent, staged, launch sent, launched, old draining, drain sent, old retired
+WRITES = 9
+
+CHILD = textwrap.dedent("""
+    import json, os, signal, sys
+    from sits_observe.scheduler import store as st
+    from sits_observe.scheduler.config import OtlpConfig, SchedulerConfig
+    from sits_observe.scheduler.engine import Scheduler
+    from sits_observe.topology import preset
+
+    state_dir, kill_after = sys.argv[1], int(sys.argv[2])
+    s = Scheduler(SchedulerConfig(), OtlpConfig(), preset("pcie-8"), state_dir, clock=lambda: 1000.0)
+    s.register_shard({"id": "tp2", "gpus": 2, "memory_per_gpu": 20 * 2**30, "comm_intensity": 1.0,
+                      "placement": [0, 1]})
+    writes = 0
+
+    def counted(fn):
+        def inner(*args, **kwargs):
+            global writes
+            out = fn(*args, **kwargs)
+            writes += 1
+            if writes == kill_after:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return out
+        return inner
+
+    st.PlacementStore.create = counted(st.PlacementStore.create)
+    st.PlacementStore.update = counted(st.PlacementStore.update)
+    d = s.manual_reshard("tp2", "recovery test")
+    print(json.dumps({"writes": writes, "target": list(d["target_gpus"])}))
+""")
+
+
+def run_child(state_dir: Path, kill_after: int) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", CHILD, str(state_dir), str(kill_after)], capture_output=True,
+                          text=True, timeout=60, check=False)
+
+
+def test_uninterrupted_migration_makes_the_expected_writes(tmp_path: Path) -> None:
+    done = run_child(tmp_path, 0)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"writes": WRITES, "target": [2, 3]}
+
+
+@pytest.mark.parametrize("kill_after", range(1, WRITES))
+def test_kill_9_between_steps_then_resume(tmp_path: Path, kill_after: int) -> None:
+    done = run_child(tmp_path, kill_after)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    s = Scheduler(SchedulerConfig(), OtlpConfig(), preset("pcie-8"), tmp_path, actuator=LogActuator(),
+                  clock=lambda: 2000.0)
+    try:
+        placements = s.store.placements("tp2")
+        live = [p for p in placements if p.state not in (State.RETIRED, State.FAILED)]
+        assert [(p.state, p.step) for p in live] == [(State.LAUNCHED, None)]
+        assert live[0].kind == "reshard" and set(live[0].gpus) == {2, 3}
+        assert [(p.kind, p.state) for p in placements] == [("adopt", State.RETIRED), ("reshard", State.LAUNCHED)]
+        assert s.shards_state()["shards"][0]["state"] == "launched"
+        assert s.shards_state()["migrations_in_flight"] == 0
+    finally:
+        s.close()

@@ -1,0 +1,149 @@
+"""Triggers: verdict streaks, imbalance and saturation windows, hysteresis, cooldown, non-fixable causes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+from sched_helpers import PendingActuator, frame, live_gpus
+
+from sits_observe.rca.verdict import Verdict
+from sits_observe.scheduler.config import SchedulerConfig
+from sits_observe.scheduler.engine import Scheduler
+from sits_observe.scheduler.triggers import Sustained, Triggers
+
+
+def verdict(cause: str, conf: float, ts: float, gpus: tuple[int, ...] = (0,)) -> Verdict:
+    return Verdict(cause, conf, ts, gpus=gpus, trigger="slo_burn")
+
+
+def fired_at(trig: Triggers, seq: list[tuple[str, float]]) -> list[int]:
+    return [i for i, (c, p) in enumerate(seq) if trig.on_verdict(verdict(c, p, 100.0 + i)) is not None]
+
+
+@pytest.mark.parametrize(("seq", "fires"), [
+    ([("thermal_throttling", 0.9)] * 2, []),
+    ([("thermal_throttling", 0.9)] * 5, [2]),                                     # once per episode
+    ([("thermal_throttling", 0.9), ("thermal_throttling", 0.5)] + [("thermal_throttling", 0.9)] * 3,
+     [4]),                                                                        # a weak verdict breaks the streak
+    ([("thermal_throttling", 0.9), ("thermal_throttling", 0.67), ("thermal_throttling", 0.9),
+      ("thermal_throttling", 0.9)], [3]),                                         # hysteresis band: held, not counted
+    ([("thermal_throttling", 0.9)] * 3 + [("healthy", 0.95)] + [("thermal_throttling", 0.9)] * 3, [2, 6]),
+    ([("gpu_memory_pressure", 0.9), ("thermal_throttling", 0.9), ("gpu_memory_pressure", 0.9),
+      ("gpu_memory_pressure", 0.9)], []),                                         # a different cause restarts
+])
+def test_verdict_streaks(seq: list[tuple[str, float]], fires: list[int]) -> None:
+    trig = Triggers(SchedulerConfig(verdict_threshold=0.7, verdict_consecutive=3, hysteresis=0.05), 8)
+    assert fired_at(trig, seq) == fires
+
+
+def test_persisting_cause_fires_again_after_cooldown() -> None:
+    trig = Triggers(SchedulerConfig(verdict_consecutive=2, cooldown=60), 8)
+    fired = [t.ts for i in range(0, 200, 10) if (t := trig.on_verdict(verdict("cpu_contention", 0.9, float(i))))]
+    assert fired == [10.0, 70.0, 130.0, 190.0]
+
+
+@pytest.mark.parametrize("cause", ["network_ingress", "scheduler_stall", "unknown"])
+def test_non_fixable_causes_are_marked(cause: str) -> None:
+    trig = Triggers(SchedulerConfig(verdict_consecutive=2), 8)
+    out = [trig.on_verdict(verdict(cause, 0.4 if cause == "unknown" else 0.9, float(i))) for i in range(2)]
+    assert out[0] is None and out[1] is not None
+    assert out[1].fixable is False and cause in out[1].reason
+
+
+def test_sustained_window_with_hysteresis() -> None:
+    s = Sustained(level=0.30, hysteresis=0.05, sustain=60, refire=600)
+    values = [0.4] * 59 + [0.4] * 2 + [0.27] * 10 + [0.4] * 30 + [0.2] + [0.4] * 61
+    fired = [t for t, v in enumerate(values) if s.update(float(t), v)]
+    # onset 0, fires at 60; 0.27 is inside the band (no re-arm); 0.2 re-arms; new onset 102 fires at 162
+    assert fired == [60, 162]
+
+
+def test_imbalance_and_saturation_windows() -> None:
+    trig = Triggers(SchedulerConfig(imbalance_sustain=30, saturation_sustain=300), 8)
+    skewed = np.array([0.95, 0.9, 0.1, 0.1, 0.05, 0.1, 0.1, 0.1])
+    mem = np.array([0.5, 0.9, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5])
+    out = {t: trig.on_frame(float(t), skewed, mem, 0.9) for t in range(0, 301)}
+    kinds = {t: [(x.kind, x.cause, x.gpus) for x in v] for t, v in out.items() if v}
+    assert kinds == {30: [("imbalance", "load_imbalance", (0,))],
+                     300: [("saturation", "gpu_memory_saturation", (1,)), ("saturation", "host_cpu_saturation", ())]}
+    assert out[300][1].other_node is True
+
+
+# ---- engine level ------------------------------------------------------------------------------
+
+def _place_two(s: Scheduler) -> None:
+    s.register_shard({"id": "a", "gpus": 2, "memory_per_gpu": 20 * 2**30, "comm_intensity": 1.0, "placement": [0, 1]})
+    s.register_shard({"id": "b", "gpus": 2, "memory_per_gpu": 20 * 2**30, "comm_intensity": 1.0, "placement": [2, 3]})
+
+
+def test_non_fixable_cause_records_no_action_and_annotates(make_scheduler: Callable[..., Scheduler]) -> None:
+    notes: list[dict[str, str]] = []
+    s = make_scheduler(verdict_consecutive=2)
+    s.annotate = notes.append
+    _place_two(s)
+    before = live_gpus(s)
+    for i in range(2):
+        s.on_verdict(verdict("network_ingress", 0.9, 1000.0 + i))
+        s.on_tick(frame(1000.0 + i))
+    d = s.decisions_state()["decisions"][0]
+    assert (d["action"], d["trigger"], d["cause"], d["target_gpus"]) == ("no_action", "verdict", "network_ingress", ())
+    assert "cannot help" in d["reason"]
+    assert notes == [{"scheduler_action": "none", "scheduler_reason": d["reason"], "scheduler_decision_id": d["id"]}]
+    assert live_gpus(s) == before
+    assert all(p.kind == "adopt" for p in s.store.placements())
+
+
+BUSY = [0.6, 0.6, 0.6, 0.6, 0.0, 0.0, 0.0, 0.0]  # shards a and b on GPUs 0-3, the rest idle
+
+
+def test_cooldown_and_one_migration_per_gpu(make_scheduler: Callable[..., Scheduler]) -> None:
+    act = PendingActuator()
+    s = make_scheduler(actuator=act, verdict_consecutive=1, cooldown=300)
+    _place_two(s)
+    s.on_verdict(verdict("thermal_throttling", 0.9, 1000.0, gpus=(0,)))
+    s.on_tick(frame(1000.0, BUSY))
+    first = s.decisions_state()["decisions"][0]
+    assert first["action"] == "migrate" and first["shard_id"] == "a" and set(first["target_gpus"]) in ({4, 5}, {6, 7})
+    # at most one migration in flight per GPU: a shard sharing a GPU with it stays, a's own GPUs are taken
+    target = first["target_gpus"][0]
+    s.register_shard({"id": "c", "gpus": 1, "memory_per_gpu": 2**30, "placement": [target]})
+    for t, gpu in ((1001.0, target), (1002.0, 1)):
+        s.on_verdict(verdict("healthy", 0.9, t))
+        s.on_verdict(verdict("gpu_compute_saturation", 0.9, t, gpus=(gpu,)))
+        s.on_tick(frame(t, BUSY))
+    second, third = s.decisions_state()["decisions"][1::-1]
+    assert second["action"] == "no_action" and "c shares a GPU with a migration in flight" in second["reason"]
+    assert third["action"] == "no_action" and "a is migrating" in third["reason"]
+    # another shard may move meanwhile, but never onto a GPU of the migration in flight
+    s.on_verdict(verdict("healthy", 0.9, 1003.0))
+    s.on_verdict(verdict("gpu_compute_saturation", 0.9, 1003.0, gpus=(2,)))
+    s.on_tick(frame(1003.0, BUSY))
+    fourth = s.decisions_state()["decisions"][0]
+    assert fourth["action"] == "migrate" and fourth["shard_id"] == "b"
+    assert not set(fourth["target_gpus"]) & {0, 1, 2, *first["target_gpus"]}
+    # finish the migration through acks, then a new fault on a's new GPUs within the cooldown is refused
+    new = first["placement_id"]
+    for step in ("stage", "launch"):
+        s.ack(new, {"step": step, "ok": True})
+    old = s.store.placement(new).source_id
+    s.ack(old, {"step": "drain", "ok": True})
+    assert live_gpus(s)["a"] == ("launched", list(first["target_gpus"]))
+    s.on_verdict(verdict("healthy", 0.9, 1100.0))
+    s.on_verdict(verdict("thermal_throttling", 0.9, 1100.0, gpus=(first["target_gpus"][1],)))
+    s.on_tick(frame(1100.0, BUSY))
+    last = s.decisions_state()["decisions"][0]
+    assert last["action"] == "no_action" and "a in cooldown for 200 s more" in last["reason"]
+
+
+def test_imbalance_moves_only_for_a_real_gain(make_scheduler: Callable[..., Scheduler]) -> None:
+    s = make_scheduler(imbalance_sustain=5, min_gain=0.05)
+    s.register_shard({"id": "a", "gpus": 1, "memory_per_gpu": 20 * 2**30, "placement": [0]})
+    s.register_shard({"id": "b", "gpus": 1, "memory_per_gpu": 20 * 2**30, "placement": [0]})
+    util = [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    for t in range(7):
+        s.on_tick(frame(1000.0 + t, util, mem_gib=[40] + [0] * 7))
+    d = s.decisions_state()["decisions"][0]
+    assert (d["trigger"], d["action"], d["source_gpus"]) == ("imbalance", "migrate", (0,))
+    assert d["target_gpus"] != (0,) and d["score"] > 0
