@@ -1,0 +1,129 @@
+"""`sits-observe bench collectors`: our cost per NVML GPU-sample and per 64-GPU dcgm-exporter page.
+
+NVML: the collector reads the test-only fake NVML (``tests/fakes/fake_nvml.py``, so the driver's own cost
+is left out); the baseline is the same sequence of fake NVML calls replayed bare, so ``ours - baseline``
+is what our code adds.  DCGM: reading a synthetic 64-GPU page into GPU fields against the baseline of
+prometheus_client's full text parser walking the same page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from ..errors import ConfigError
+from ..frame import Frame
+from ..topology import preset
+from .dcgm import DCGM_MAP, DCGM_SAMPLES, DcgmSource
+from .nvml import NvmlSource
+
+__all__ = ["add_arguments", "run", "dcgm_page"]
+
+FAKE = Path(__file__).resolve().parents[2] / "tests" / "fakes" / "fake_nvml.py"
+# fields dcgm-exporter's default list adds that we do not map (parsed and skipped)
+_UNMAPPED = ("DCGM_FI_DEV_MEMORY_TEMP", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+             "DCGM_FI_DEV_ENC_UTIL", "DCGM_FI_DEV_DEC_UTIL", "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+             "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_PROF_DRAM_ACTIVE")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--samples", type=int, default=200, help="NVML samples of the 8-GPU fake host to time")
+    p.add_argument("--processes", type=int, default=4, help="compute processes per GPU on the fake host")
+    p.add_argument("--dcgm-gpus", type=int, default=64)
+    p.add_argument("--pages", type=int, default=30, help="dcgm-exporter pages to time")
+
+
+def _load_fake() -> Any:
+    if not FAKE.exists():
+        raise ConfigError(f"bench collectors: {FAKE} not found; it needs the source checkout (the fake NVML is "
+                          "test-only): run it from the repository")
+    module = sys.modules.get("fake_nvml")  # already imported by the tests
+    if module is None:
+        spec = importlib.util.spec_from_file_location("fake_nvml", FAKE)
+        assert spec is not None and spec.loader is not None
+        module = sys.modules["fake_nvml"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return module.FakeNvml
+
+
+def _times(call: Callable[[], Any], n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        call()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def _ms(samples: list[float], per: int = 1) -> float:
+    return round(statistics.median(samples) * 1e3 / per, 4)
+
+
+def _nvml(args: argparse.Namespace) -> dict[str, Any]:
+    fake = _load_fake()(preset("nvswitch-8"))
+    for g in fake.gpus:
+        g.processes = [(1000 + 10 * g.index + k, (k + 1) << 30) for k in range(args.processes)]
+    src = NvmlSource(fake, sample_interval=3600.0, clock=lambda: 0.0,
+                     resolve_workload=lambda pid: "chat" if pid % 2 else None)
+    n = len(src.gpus)
+    src.sample(0.0)  # warm-up; also sets the NVLink baseline
+    fake.log = []
+    src.sample(1.0)
+    calls, fake.log = fake.log, None
+    clock = iter(range(2, 2 + args.samples))
+    ours = _times(lambda: src.sample(float(next(clock))), args.samples)
+
+    def replay() -> None:
+        for name, call_args in calls:
+            try:
+                getattr(fake, name)(*call_args)
+            except fake.NVMLError:
+                pass
+
+    base = _times(replay, args.samples)
+    reuse = _times(lambda: src.collect(Frame(0.0, 1.0)), args.samples)  # a tick between samples
+    src.close()
+    per_ours, per_base = _ms(ours, n), _ms(base, n)
+    return {"gpus": n, "nvml_calls_per_gpu_sample": round(len(calls) / n, 1),
+            "ours_ms_per_gpu_sample": per_ours, "baseline_fake_calls_ms_per_gpu_sample": per_base,
+            "overhead_ms_per_gpu_sample": round(per_ours - per_base, 4),
+            "tick_reuse_ms": _ms(reuse)}
+
+
+def dcgm_page(gpus: int) -> str:
+    """A dcgm-exporter page for ``gpus`` H100s with every mapped field and the usual unmapped ones."""
+    names = dict.fromkeys([m for m, _, _ in DCGM_MAP if "THROTTLE" not in m] + list(DCGM_SAMPLES) + list(_UNMAPPED))
+    lines = []
+    for name in names:
+        lines += [f"# HELP {name} {name.removeprefix('DCGM_FI_').lower().replace('_', ' ')}.", f"# TYPE {name} gauge"]
+        for g in range(gpus):
+            lines.append(f'{name}{{gpu="{g}",UUID="GPU-5d1e9c7a-0b2c-4d3e-8f40-{g:012x}",pci_bus_id="00000000:{g + 16:02X}:00.0",'
+                         f'device="nvidia{g}",modelName="NVIDIA H100 80GB HBM3",Hostname="gpu-host-01",'
+                         f'DCGM_FI_DRIVER_VERSION="550.90.07"}} {(g * 37 + len(name)) % 100}')
+    return "\n".join(lines) + "\n"
+
+
+def _dcgm(args: argparse.Namespace) -> dict[str, Any]:
+    page = dcgm_page(args.dcgm_gpus)
+    src = DcgmSource("http://127.0.0.1:9400/metrics")
+    t0 = time.perf_counter()
+    src.read(page)
+    cold = time.perf_counter() - t0
+    ours = _times(lambda: src.read(page), args.pages)
+    base = _times(lambda: [s for f in text_string_to_metric_families(page) for s in f.samples], args.pages)
+    return {"gpus": args.dcgm_gpus, "page_bytes": len(page), "page_lines": page.count("\n"),
+            "ours_ms_per_page": _ms(ours), "ours_first_page_ms": round(cold * 1e3, 4),
+            "baseline_full_parser_ms_per_page": _ms(base), "speedup": round(_ms(base) / _ms(ours), 1)}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    return {"bench": "collectors", "nvml": _nvml(args), "dcgm": _dcgm(args),
+            "targets": {"nvml_overhead_ms_per_gpu_sample": 2.0, "dcgm_ms_per_64_gpu_page": 20.0}}

@@ -1,0 +1,134 @@
+"""DCGM source: read an existing dcgm-exporter page and map its ``DCGM_FI_*`` fields to the GPU fields.
+
+Hosts that already run dcgm-exporter need no NVML access here.  GPU identity comes from the exporter's
+labels (``gpu``, ``UUID``, ``modelName``, ``pci_bus_id``); series of MIG instances (``GPU_I_ID`` set) are
+left out, since the GPU fields are per device.  The page is read every ``sample_interval`` seconds and
+the ticks in between reuse it.  The mapping table is :data:`DCGM_MAP` (and docs/collectors.md).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import CollectorError
+from ..frame import GPU_FIELD_INDEX, Frame, GpuFrame, GpuInfo, Sample
+from .gpu_samples import gpu_sample
+from .promtext import PageParser, Series, fetch_page, redact
+
+__all__ = ["DCGM_MAP", "DCGM_SAMPLES", "DcgmSource", "frame_part"]
+
+MIB = 1024.0**2
+# dcgm-exporter field -> (GPU field, scale to base units); fields listed twice for one GPU field are summed.
+DCGM_MAP: tuple[tuple[str, str, float], ...] = (
+    ("DCGM_FI_DEV_GPU_UTIL", "utilization_ratio", 0.01),
+    ("DCGM_FI_DEV_MEM_COPY_UTIL", "memory_utilization_ratio", 0.01),
+    ("DCGM_FI_DEV_FB_USED", "memory_used_bytes", MIB),
+    ("DCGM_FI_DEV_FB_USED", "memory_total_bytes", MIB),
+    ("DCGM_FI_DEV_FB_FREE", "memory_total_bytes", MIB),
+    ("DCGM_FI_DEV_FB_RESERVED", "memory_total_bytes", MIB),
+    ("DCGM_FI_DEV_SM_CLOCK", "sm_clock_hertz", 1e6),
+    ("DCGM_FI_DEV_MEM_CLOCK", "memory_clock_hertz", 1e6),
+    ("DCGM_FI_DEV_POWER_USAGE", "power_watts", 1.0),
+    ("DCGM_FI_DEV_GPU_TEMP", "temperature_celsius", 1.0),
+    ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "throttle_reasons", 1.0),
+    ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "throttle_reasons", 1.0),  # name before DCGM 3.3
+    ("DCGM_FI_PROF_PCIE_RX_BYTES", "pcie_rx_bytes_per_second", 1.0),
+    ("DCGM_FI_PROF_PCIE_TX_BYTES", "pcie_tx_bytes_per_second", 1.0),
+    ("DCGM_FI_PROF_NVLINK_RX_BYTES", "nvlink_rx_bytes_per_second", 1.0),
+    ("DCGM_FI_PROF_NVLINK_TX_BYTES", "nvlink_tx_bytes_per_second", 1.0),
+    ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "ecc_corrected_errors_total", 1.0),
+    ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "ecc_uncorrected_errors_total", 1.0),
+    ("DCGM_FI_DEV_RETIRED_SBE", "retired_pages", 1.0),
+    ("DCGM_FI_DEV_RETIRED_DBE", "retired_pages", 1.0),
+)
+# dcgm-exporter field -> (sample name, extra label) for the per-GPU detail samples
+DCGM_SAMPLES: dict[str, tuple[str, dict[str, str]]] = {
+    "DCGM_FI_DEV_XID_ERRORS": ("sits_gpu_last_xid", {}),
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": ("sits_gpu_remapped_rows", {"kind": "correctable"}),
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": ("sits_gpu_remapped_rows", {"kind": "uncorrectable"}),
+}
+_SUMMED = {"memory_total_bytes", "retired_pages"}
+_BY_METRIC: dict[str, list[tuple[int, float, bool]]] = {
+    metric: [(GPU_FIELD_INDEX[f], scale, f in _SUMMED) for m, f, scale in DCGM_MAP if m == metric]
+    for metric, _, _ in DCGM_MAP
+}
+_WANTED = frozenset(_BY_METRIC) | frozenset(DCGM_SAMPLES)
+
+
+def _info(labels: dict[str, str]) -> GpuInfo:
+    return GpuInfo(int(labels["gpu"]), labels.get("UUID", ""), labels.get("modelName", ""), labels.get("pci_bus_id", ""))
+
+
+def frame_part(series: Series) -> tuple[GpuFrame, list[Sample]]:
+    """The GPU fields and detail samples of one parsed dcgm-exporter page (GPUs ordered by index)."""
+    infos: dict[int, GpuInfo] = {}
+    rows: list[tuple[int, str, dict[str, str], float]] = []
+    for metric, entries in series.items():
+        for labels, value in entries:
+            if labels.get("GPU_I_ID") or "gpu" not in labels or not labels["gpu"].isdigit():
+                continue
+            info = infos.setdefault(int(labels["gpu"]), _info(labels))
+            rows.append((info.index, metric, labels, value))
+    order = sorted(infos)
+    pos = {gpu: i for i, gpu in enumerate(order)}
+    gpu = GpuFrame.empty([infos[g] for g in order])
+    summed = np.zeros_like(gpu.values, dtype=bool)
+    samples = []
+    for index, metric, _, value in rows:
+        i = pos[index]
+        for col, scale, add in _BY_METRIC.get(metric, ()):
+            if add and summed[i, col]:
+                gpu.values[i, col] += value * scale
+            else:
+                gpu.values[i, col] = value * scale
+                summed[i, col] = add
+        if metric in DCGM_SAMPLES:
+            name, extra = DCGM_SAMPLES[metric]
+            samples.append(gpu_sample(name, infos[index], value, **extra))
+    return gpu, samples
+
+
+@dataclass
+class _Page:
+    gpu: GpuFrame
+    samples: list[Sample] = field(default_factory=list)
+
+
+class DcgmSource:
+    """A Source (``name = "dcgm"``) filling ``frame.gpu`` from a dcgm-exporter URL."""
+
+    name = "dcgm"
+
+    def __init__(self, url: str, *, sample_interval: float = 5.0, timeout: float = 2.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.url = url
+        self.sample_interval = sample_interval
+        self.timeout = timeout
+        self.clock = clock
+        self.parser = PageParser()
+        self._page: _Page | None = None
+        self._next_at = -np.inf
+
+    def read(self, text: str) -> _Page:
+        """Parse one page (what :meth:`collect` does every ``sample_interval``)."""
+        series = self.parser.parse(text, _WANTED.__contains__, source=redact(self.url))
+        gpu, samples = frame_part(series)
+        if not gpu.info:
+            raise CollectorError(f"{redact(self.url)}: no DCGM_FI_* GPU series on the page; "
+                                 "is this a dcgm-exporter /metrics URL (gpu.dcgm_url)?")
+        return _Page(gpu, samples)
+
+    def collect(self, frame: Frame) -> None:
+        now = self.clock()
+        if now >= self._next_at:
+            self._next_at = now + self.sample_interval
+            self._page = None  # a failed read leaves no GPU data rather than an old page
+            self._page = self.read(fetch_page(self.url, self.timeout))
+        if self._page is not None:
+            page = self._page
+            frame.gpu = GpuFrame(page.gpu.info, page.gpu.values.copy(), page.gpu.healthy.copy())
+            frame.samples.extend(page.samples)

@@ -1,0 +1,341 @@
+"""NVML source: per-GPU gauges, NVLink per-link state and counters, XID events and per-process memory.
+
+Reads through pynvml (nvidia-ml-py), passed in as ``nvml`` so tests hand in a fake.  NVML is polled every
+``sample_interval`` seconds (default 5: sub-second NVML polling is known to slow inference); the ticks in
+between reuse the last sample.  A field the GPU model does not support is NaN for that GPU and is not
+asked again; a lost GPU (``NVML_ERROR_GPU_IS_LOST``) is marked unhealthy and reported in ``frame.errors``
+while the other GPUs go on; no driver means the source cannot start (one-line :class:`CollectorError`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import CollectorError
+from ..frame import GPU_FIELD_INDEX, Frame, GpuFrame, GpuInfo, Sample
+from .gpu_samples import gpu_sample
+
+__all__ = ["NvmlSource", "load_nvml", "nvml_status", "is_unsupported", "OTHER_WORKLOAD"]
+
+log = logging.getLogger(__name__)
+
+OTHER_WORKLOAD = "other"  # processes that match no configured workload
+_MAX_XID_EVENTS = 256  # drained per sample; the rest wait for the next one
+# Error codes that mean "this GPU or driver does not offer it": the field is omitted, not an error.
+_UNSUPPORTED = ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT_FOUND", "NVML_ERROR_NO_PERMISSION",
+                "NVML_ERROR_INVALID_ARGUMENT")
+# group, GPU field, pynvml function, names of its extra constant arguments, scale to base units
+_SCALARS: tuple[tuple[str, str, str, tuple[str, ...], float], ...] = (
+    ("sm_clock", "sm_clock_hertz", "nvmlDeviceGetClockInfo", ("NVML_CLOCK_SM",), 1e6),
+    ("memory_clock", "memory_clock_hertz", "nvmlDeviceGetClockInfo", ("NVML_CLOCK_MEM",), 1e6),
+    ("power", "power_watts", "nvmlDeviceGetPowerUsage", (), 1e-3),
+    ("temperature", "temperature_celsius", "nvmlDeviceGetTemperature", ("NVML_TEMPERATURE_GPU",), 1.0),
+    ("pcie_rx", "pcie_rx_bytes_per_second", "nvmlDeviceGetPcieThroughput", ("NVML_PCIE_UTIL_RX_BYTES",), 1024.0),
+    ("pcie_tx", "pcie_tx_bytes_per_second", "nvmlDeviceGetPcieThroughput", ("NVML_PCIE_UTIL_TX_BYTES",), 1024.0),
+    ("ecc_corrected", "ecc_corrected_errors_total", "nvmlDeviceGetTotalEccErrors",
+     ("NVML_MEMORY_ERROR_TYPE_CORRECTED", "NVML_VOLATILE_ECC"), 1.0),
+    ("ecc_uncorrected", "ecc_uncorrected_errors_total", "nvmlDeviceGetTotalEccErrors",
+     ("NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_VOLATILE_ECC"), 1.0),
+)
+_F = GPU_FIELD_INDEX
+
+
+def is_unsupported(nvml: Any, exc: Any) -> bool:
+    return exc.value in {getattr(nvml, name) for name in _UNSUPPORTED}
+
+
+def load_nvml(nvml: Any = None) -> Any:
+    """Initialise NVML (``pynvml`` unless a stand-in is given); one-line CollectorError when it cannot start."""
+    if nvml is None:
+        import pynvml as nvml
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as exc:
+        raise CollectorError(
+            f"nvml: NVIDIA driver not available ({exc}); NVML GPU metrics are off. Load the NVIDIA driver, "
+            "or set gpu.backend to dcgm (with gpu.dcgm_url), sim or none") from exc
+    return nvml
+
+
+def nvml_status(nvml: Any = None) -> tuple[bool, str]:
+    """For ``doctor``: is the driver loadable, and which GPUs does it see (or why not)."""
+    try:
+        nv = load_nvml(nvml)
+    except CollectorError as exc:
+        return False, str(exc)
+    try:
+        driver = nv.nvmlSystemGetDriverVersion()
+        names = Counter(nv.nvmlDeviceGetName(nv.nvmlDeviceGetHandleByIndex(i)) for i in range(nv.nvmlDeviceGetCount()))
+        gpus = ", ".join(f"{n} x {name}" for name, n in names.items()) or "no GPUs"
+        return True, f"NVML driver {driver}: {sum(names.values())} GPU(s): {gpus}"
+    except nv.NVMLError as exc:
+        return False, f"nvml: driver loaded but GPUs cannot be listed: {exc}"
+    finally:
+        nv.nvmlShutdown()
+
+
+class _Lost(Exception):
+    """The GPU answered NVML_ERROR_GPU_IS_LOST."""
+
+
+@dataclass
+class _Gpu:
+    info: GpuInfo
+    handle: Any
+    links: tuple[int, ...] = ()
+    xid: bool = False  # registered for XID events
+    nvlink_prev: tuple[float, float, float] | None = None  # (time, rx, tx) at the previous sample
+
+
+@dataclass
+class _Snapshot:
+    at: float
+    gpu: GpuFrame
+    samples: list[Sample] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+class NvmlSource:
+    """A Source (``name = "nvml"``) filling ``frame.gpu`` and per-link / per-process samples."""
+
+    name = "nvml"
+
+    def __init__(self, nvml: Any = None, *, sample_interval: float = 5.0, clock: Callable[[], float] = time.monotonic,
+                 resolve_workload: Callable[[int], str | None] | None = None) -> None:
+        self.nvml = load_nvml(nvml)
+        self.sample_interval = sample_interval
+        self.clock = clock
+        self.resolve_workload = resolve_workload or (lambda pid: None)
+        self._skip: set[tuple[int, str]] = set()  # (gpu, group) the GPU does not support
+        self._noted: set[tuple[int, str, int]] = set()  # (gpu, group, code) already logged
+        self._lost: set[int] = set()
+        self._snap: _Snapshot | None = None
+        nv = self.nvml
+        self._scalars = [(g, _F[f], getattr(nv, fn), tuple(getattr(nv, a) for a in args), s)
+                         for g, f, fn, args, s in _SCALARS]
+        try:
+            self.gpus = [self._open(i) for i in range(nv.nvmlDeviceGetCount())]
+            self._events = self._register_xid()
+        except nv.NVMLError as exc:
+            nv.nvmlShutdown()
+            raise CollectorError(f"nvml: cannot list GPUs: {exc}; check `nvidia-smi`") from exc
+        self._xid_count = np.zeros(len(self.gpus))
+        self._last_xid: dict[int, int] = {}
+
+    # ---- set-up --------------------------------------------------------------------------------
+
+    def _open(self, index: int) -> _Gpu:
+        nv = self.nvml
+        try:
+            h = nv.nvmlDeviceGetHandleByIndex(index)
+            info = GpuInfo(index, nv.nvmlDeviceGetUUID(h), nv.nvmlDeviceGetName(h), nv.nvmlDeviceGetPciInfo(h).busId)
+        except nv.NVMLError as exc:
+            if exc.value != nv.NVML_ERROR_GPU_IS_LOST:
+                raise
+            return _Gpu(GpuInfo(index, "", "", ""), None)  # lost before we met it: reported every sample
+        links = []
+        for link in range(nv.NVML_NVLINK_MAX_LINKS):
+            try:
+                nv.nvmlDeviceGetNvLinkState(h, link)
+            except nv.NVMLError as exc:
+                if not is_unsupported(nv, exc):
+                    raise
+                continue
+            links.append(link)
+        return _Gpu(info, h, tuple(links))
+
+    def _register_xid(self) -> Any:
+        nv = self.nvml
+        try:
+            events = nv.nvmlEventSetCreate()
+        except nv.NVMLError as exc:
+            log.info("nvml: XID events unavailable (%s); sits_gpu_xid_errors_total is omitted", exc)
+            return None
+        for g in self.gpus:
+            if g.handle is None:
+                continue
+            try:
+                nv.nvmlDeviceRegisterEvents(g.handle, nv.nvmlEventTypeXidCriticalError, events)
+                g.xid = True
+            except nv.NVMLError as exc:
+                log.info("nvml: GPU %d gives no XID events (%s)", g.info.index, exc)
+        return events
+
+    # ---- Source --------------------------------------------------------------------------------
+
+    def collect(self, frame: Frame) -> None:
+        now = self.clock()
+        if self._snap is None or now - self._snap.at >= self.sample_interval:
+            self._snap = self.sample(now)
+        snap = self._snap
+        frame.gpu = GpuFrame(snap.gpu.info, snap.gpu.values.copy(), snap.gpu.healthy.copy())
+        frame.samples.extend(snap.samples)
+        if snap.errors:
+            frame.errors[self.name] = "; ".join(snap.errors)
+
+    def close(self) -> None:
+        nv = self.nvml
+        try:
+            if self._events is not None:
+                nv.nvmlEventSetFree(self._events)
+        finally:
+            nv.nvmlShutdown()
+
+    # ---- one sample ----------------------------------------------------------------------------
+
+    def sample(self, now: float) -> _Snapshot:
+        """Read every GPU once (what :meth:`collect` does every ``sample_interval``)."""
+        snap = _Snapshot(now, GpuFrame.empty([g.info for g in self.gpus]))
+        self._drain_xid(snap)
+        for i, g in enumerate(self.gpus):
+            samples: list[Sample] = []
+            try:
+                self._read(i, g, snap.gpu.values[i], samples, snap)
+            except _Lost:
+                snap.gpu.values[i] = np.nan
+                snap.gpu.healthy[i] = False
+                snap.errors.append(f"GPU {i} ({g.info.uuid}, {g.info.pci_bus_id}) is lost (NVML: GPU is lost); "
+                                   "drain and reset it")
+                if i not in self._lost:
+                    log.warning("nvml: %s", snap.errors[-1])
+                self._lost.add(i)
+                continue
+            if i in self._lost:
+                log.info("nvml: GPU %d answers again", i)
+                self._lost.discard(i)
+            snap.samples += samples
+        return snap
+
+    def _get(self, i: int, group: str, snap: _Snapshot, fn: Callable[..., Any], *args: Any) -> Any:
+        """Call NVML; None when unsupported (remembered) or failed (reported); _Lost when the GPU is lost."""
+        if (i, group) in self._skip:
+            return None
+        nv = self.nvml
+        try:
+            return fn(*args)
+        except nv.NVMLError as exc:
+            if exc.value == nv.NVML_ERROR_GPU_IS_LOST:
+                raise _Lost from exc
+            if is_unsupported(nv, exc):
+                self._skip.add((i, group))
+                log.debug("nvml: GPU %d does not support %s (%s); omitted", i, group, exc)
+                return None
+            snap.errors.append(f"GPU {i}: {group}: {exc}")
+            if (i, group, exc.value) not in self._noted:
+                self._noted.add((i, group, exc.value))
+                log.warning("nvml: GPU %d: reading %s failed: %s", i, group, exc)
+            return None
+
+    def _read(self, i: int, g: _Gpu, row: np.ndarray, samples: list[Sample], snap: _Snapshot) -> None:
+        nv, h = self.nvml, g.handle
+        if h is None:
+            raise _Lost
+        util = self._get(i, "utilization", snap, nv.nvmlDeviceGetUtilizationRates, h)
+        if util is not None:
+            row[_F["utilization_ratio"]] = util.gpu / 100.0
+            row[_F["memory_utilization_ratio"]] = util.memory / 100.0
+        mem = self._get(i, "memory", snap, nv.nvmlDeviceGetMemoryInfo, h)
+        if mem is not None:
+            row[_F["memory_used_bytes"]] = mem.used
+            row[_F["memory_total_bytes"]] = mem.total
+        for group, col, fn, args, scale in self._scalars:
+            value = self._get(i, group, snap, fn, h, *args)
+            if value is not None:
+                row[col] = value * scale
+        reasons = self._get(i, "clock_event_reasons", snap, self._clock_event_reasons, h)
+        if reasons is not None:
+            row[_F["throttle_reasons"]] = reasons
+        sbe = self._get(i, "retired_pages", snap, nv.nvmlDeviceGetRetiredPages, h,
+                        nv.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS)
+        dbe = self._get(i, "retired_pages", snap, nv.nvmlDeviceGetRetiredPages, h,
+                        nv.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)
+        if sbe is not None and dbe is not None:
+            row[_F["retired_pages"]] = len(sbe) + len(dbe)
+        rows = self._get(i, "remapped_rows", snap, nv.nvmlDeviceGetRemappedRows, h)
+        if rows is not None:
+            samples.append(gpu_sample("sits_gpu_remapped_rows", g.info, rows[0], kind="correctable"))
+            samples.append(gpu_sample("sits_gpu_remapped_rows", g.info, rows[1], kind="uncorrectable"))
+        if g.xid:
+            row[_F["xid_errors_total"]] = self._xid_count[i]
+            if i in self._last_xid:
+                samples.append(gpu_sample("sits_gpu_last_xid", g.info, self._last_xid[i]))
+        self._read_nvlink(i, g, row, samples, snap)
+        self._read_processes(i, g, samples, snap)
+
+    def _clock_event_reasons(self, handle: Any) -> int:
+        nv = self.nvml
+        try:
+            return nv.nvmlDeviceGetCurrentClocksEventReasons(handle)
+        except nv.NVMLError as exc:
+            if exc.value != nv.NVML_ERROR_FUNCTION_NOT_FOUND:
+                raise
+        return nv.nvmlDeviceGetCurrentClocksThrottleReasons(handle)  # drivers before R535
+
+    def _read_nvlink(self, i: int, g: _Gpu, row: np.ndarray, samples: list[Sample], snap: _Snapshot) -> None:
+        if not g.links:
+            return
+        nv = self.nvml
+        for link in g.links:
+            state = self._get(i, f"nvlink{link}_state", snap, nv.nvmlDeviceGetNvLinkState, g.handle, link)
+            if state is not None:
+                up = 1.0 if state == nv.NVML_FEATURE_ENABLED else 0.0
+                samples.append(gpu_sample("sits_gpu_nvlink_link_up", g.info, up, link=str(link)))
+        ids = [(fid, link) for link in g.links
+               for fid in (nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX)]
+        values = self._get(i, "nvlink_counters", snap, nv.nvmlDeviceGetFieldValues, g.handle, ids)
+        if values is None:
+            return
+        totals = [0.0, 0.0]
+        for (fid, link), v in zip(ids, values):
+            if v.nvmlReturn != nv.NVML_SUCCESS:
+                continue
+            rx = fid == nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
+            nbytes = float(v.value.ullVal) * 1024.0  # KiB
+            totals[0 if rx else 1] += nbytes
+            name = "sits_gpu_nvlink_link_rx_bytes_total" if rx else "sits_gpu_nvlink_link_tx_bytes_total"
+            samples.append(gpu_sample(name, g.info, nbytes, link=str(link)))
+        row[_F["nvlink_rx_bytes_total"]], row[_F["nvlink_tx_bytes_total"]] = totals
+        prev, now = g.nvlink_prev, snap.at
+        if prev is not None and now > prev[0] and totals[0] >= prev[1] and totals[1] >= prev[2]:
+            row[_F["nvlink_rx_bytes_per_second"]] = (totals[0] - prev[1]) / (now - prev[0])
+            row[_F["nvlink_tx_bytes_per_second"]] = (totals[1] - prev[2]) / (now - prev[0])
+        g.nvlink_prev = (now, totals[0], totals[1])
+
+    def _read_processes(self, i: int, g: _Gpu, samples: list[Sample], snap: _Snapshot) -> None:
+        procs = self._get(i, "processes", snap, self.nvml.nvmlDeviceGetComputeRunningProcesses, g.handle)
+        if procs is None:
+            return
+        used: dict[str, float] = {}
+        for p in procs:
+            if p.usedGpuMemory is None:  # not reported (e.g. under some virtualisation)
+                continue
+            workload = self.resolve_workload(int(p.pid)) or OTHER_WORKLOAD
+            used[workload] = used.get(workload, 0.0) + float(p.usedGpuMemory)
+        for workload, nbytes in sorted(used.items()):
+            samples.append(gpu_sample("sits_gpu_process_memory_used_bytes", g.info, nbytes, workload=workload))
+
+    def _drain_xid(self, snap: _Snapshot) -> None:
+        if self._events is None:
+            return
+        nv = self.nvml
+        for _ in range(_MAX_XID_EVENTS):
+            try:
+                event = nv.nvmlEventSetWait_v2(self._events, 0)  # 0 ms: never blocks
+                if not event.eventType & nv.nvmlEventTypeXidCriticalError:
+                    continue
+                i = nv.nvmlDeviceGetIndex(event.device)
+            except nv.NVMLError as exc:
+                if exc.value != nv.NVML_ERROR_TIMEOUT:  # timeout = no event waiting
+                    snap.errors.append(f"XID events: {exc}")
+                return
+            if 0 <= i < len(self.gpus):
+                self._xid_count[i] += 1
+                self._last_xid[i] = int(event.eventData)
+

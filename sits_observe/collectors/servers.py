@@ -1,0 +1,197 @@
+"""Inference-server sources: read vLLM and Triton /metrics pages into request-stage deltas per workload.
+
+Each configured server is one Source (``name = "<kind>:<workload>"``) read every tick.  Cumulative series
+become per-tick deltas; the first page only sets the baseline.  A value lower than on the previous page
+means the server restarted: the delta is then the new value (what accumulated since the restart), never
+negative.  vLLM histograms are re-bucketed onto the exported layout conservatively (each source bucket
+goes to the first exported bucket whose edge is at or above the source bucket's upper edge, so no
+observation lands in a bucket below its true one).  Triton publishes only cumulative durations and
+counts: each tick's requests are put in the bucket of that tick's mean latency, with the exact sum.
+After a failed read the source waits 1, 2, 4 ... 60 s before the next try.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from ..errors import CollectorError
+from ..frame import BucketLayout, Frame
+from .config import ServerConfig
+from .promtext import PageParser, Series, fetch_page, redact
+
+__all__ = ["ServerSource", "rebucket", "Cumulative", "VLLM_STAGES", "TRITON_STAGES"]
+
+# vLLM histogram -> stage; time_to_first_token stands in for prefill on versions without prefill time.
+VLLM_STAGES = (
+    ("vllm:e2e_request_latency_seconds", "e2e"),
+    ("vllm:request_queue_time_seconds", "queue"),
+    ("vllm:request_prefill_time_seconds", "prefill"),
+    ("vllm:request_decode_time_seconds", "decode"),
+)
+VLLM_TTFT = "vllm:time_to_first_token_seconds"
+VLLM_GAUGES = (("vllm:num_requests_running", "running_requests", False),
+               ("vllm:num_requests_waiting", "queue_depth", False),
+               ("vllm:kv_cache_usage_perc", "kv_cache_usage_ratio", True),
+               ("vllm:gpu_cache_usage_perc", "kv_cache_usage_ratio", True))  # name before vLLM V1
+VLLM_COUNTERS = (("vllm:request_success_total", "requests_total"),
+                 ("vllm:num_preemptions_total", "preemptions_total"),
+                 ("vllm:generation_tokens_total", "tokens_generated_total"))
+# Triton cumulative duration (microseconds) -> stage; divided by the successful request count.
+TRITON_STAGES = (
+    ("nv_inference_request_duration_us", "e2e"),
+    ("nv_inference_queue_duration_us", "queue"),
+    ("nv_inference_compute_input_duration_us", "ingress"),
+    ("nv_inference_compute_infer_duration_us", "decode"),
+    ("nv_inference_compute_output_duration_us", "egress"),
+)
+TRITON_SUCCESS, TRITON_FAILURE = "nv_inference_request_success", "nv_inference_request_failure"
+TRITON_COUNTERS = (("nv_inference_count", "inferences_total"), ("nv_inference_exec_count", "executions_total"))
+_MAX_BACKOFF = 60.0
+
+
+def rebucket(src_edges: np.ndarray, src_counts: np.ndarray, layout: BucketLayout) -> np.ndarray:
+    """Per-bucket counts on ``src_edges`` (finite uppers, then +Inf) moved to ``layout``, never lower."""
+    edges = np.asarray(layout.edges)
+    # first exported edge >= the source upper edge; a relative 1e-9 absorbs decimal noise (0.1 vs 0.1000000001)
+    target = np.searchsorted(edges, np.asarray(src_edges) * (1 - 1e-9), side="left")
+    out = np.zeros(layout.n, dtype=np.uint64)
+    np.add.at(out, np.append(target, layout.n - 1), np.asarray(src_counts, dtype=np.uint64))
+    return out
+
+
+class Cumulative:
+    """Turns cumulative values (scalars or vectors) into deltas; a decrease is a restart."""
+
+    def __init__(self) -> None:
+        self._prev: dict[str, np.ndarray] = {}
+        self.resets = 0
+
+    def delta(self, key: str, value: float | np.ndarray) -> np.ndarray | None:
+        """None on the first value (or after the vector changed shape); the increase otherwise."""
+        cur = np.atleast_1d(np.asarray(value, dtype=np.float64))
+        prev = self._prev.get(key)
+        self._prev[key] = cur
+        if prev is None or prev.shape != cur.shape:
+            return None
+        if (cur < prev).any():
+            self.resets += 1
+            return cur
+        return cur - prev
+
+
+class ServerSource:
+    """One vLLM or Triton server (``servers[i]`` in the config)."""
+
+    def __init__(self, config: ServerConfig, layout: BucketLayout, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.layout = layout
+        self.clock = clock
+        self.name = f"{config.kind}:{config.workload}"
+        self.parser = PageParser()
+        self.counters = Cumulative()
+        self._retry_at = -np.inf
+        self._backoff = 0.0
+        self._prefix = "vllm:" if config.kind == "vllm" else "nv_inference_"
+        self._model_label = "model_name" if config.kind == "vllm" else "model"
+
+    def collect(self, frame: Frame) -> None:
+        now = self.clock()
+        if now < self._retry_at:
+            return
+        try:
+            text = fetch_page(self.config.url, self.config.timeout)
+        except CollectorError:
+            self._backoff = min(_MAX_BACKOFF, max(1.0, 2 * self._backoff))
+            self._retry_at = now + self._backoff
+            raise
+        self._backoff = 0.0
+        self.read(text, frame)
+
+    def read(self, text: str, frame: Frame) -> None:
+        """Add one page's part to ``frame`` (deltas against the previous page)."""
+        series = self.parser.parse(text, lambda n: n.startswith(self._prefix), source=redact(self.config.url))
+        if self.config.kind == "vllm":
+            self._vllm(series, frame)
+        else:
+            self._triton(series, frame)
+
+    # ---- helpers -------------------------------------------------------------------------------
+
+    def _entries(self, series: Series, name: str) -> list[tuple[dict[str, str], float]]:
+        model = self.config.model
+        return [(lab, v) for lab, v in series.get(name, ()) if model is None or lab.get(self._model_label) == model]
+
+    def _total(self, series: Series, name: str) -> float | None:
+        entries = self._entries(series, name)
+        return sum(v for _, v in entries) if entries else None
+
+    def _counter(self, series: Series, name: str, frame: Frame, counter: str) -> float | None:
+        """Add the increase of a summed cumulative series to ``frame.counters``; returns it."""
+        total = self._total(series, name)
+        d = None if total is None else self.counters.delta(name, total)
+        if d is None:
+            return None
+        frame.add_counter(counter, self.config.workload, float(d[0]))
+        return float(d[0])
+
+    # ---- vLLM ----------------------------------------------------------------------------------
+
+    def _vllm(self, series: Series, frame: Frame) -> None:
+        wl = self.config.workload
+        stages = list(VLLM_STAGES)
+        if f"{VLLM_STAGES[2][0]}_count" not in series:
+            stages[2] = (VLLM_TTFT, "prefill")
+        for name, stage in stages:
+            self._histogram(series, name, stage, frame)
+        for name, gauge, mean in VLLM_GAUGES:
+            entries = self._entries(series, name)
+            if entries:
+                values = [v for _, v in entries]
+                frame.workload_gauges[(gauge, wl)] = float(np.mean(values) if mean else np.sum(values))
+        for name, counter in VLLM_COUNTERS:
+            self._counter(series, name, frame, counter)
+
+    def _histogram(self, series: Series, name: str, stage: str, frame: Frame) -> None:
+        buckets: dict[float, float] = {}
+        for labels, value in self._entries(series, f"{name}_bucket"):
+            le = float(labels.get("le", "nan"))
+            buckets[le] = buckets.get(le, 0.0) + value
+        total = self._total(series, f"{name}_sum")
+        if not buckets or total is None or np.inf not in buckets:
+            return
+        edges = np.array(sorted(buckets))
+        cum = np.array([buckets[e] for e in edges])
+        d = self.counters.delta(name, np.append(cum, total))
+        if d is None:
+            return
+        per_bucket = np.diff(np.concatenate([[0.0], d[:-1]])).clip(min=0)
+        if per_bucket.sum() > 0:
+            counts = rebucket(edges[:-1], np.rint(per_bucket).astype(np.uint64), self.layout)
+            frame.add_hist(stage, self.config.workload, counts, float(d[-1]))
+
+    # ---- Triton --------------------------------------------------------------------------------
+
+    def _triton(self, series: Series, frame: Frame) -> None:
+        wl = self.config.workload
+        ok = self._counter(series, TRITON_SUCCESS, frame, "requests_total")
+        failed = self._counter(series, TRITON_FAILURE, frame, "requests_total")
+        if failed is not None:
+            frame.add_counter("request_errors_total", wl, failed)
+        for name, counter in TRITON_COUNTERS:
+            self._counter(series, name, frame, counter)
+        pending = self._total(series, "nv_inference_pending_request_count")
+        if pending is not None:
+            frame.workload_gauges[("queue_depth", wl)] = pending
+        for name, stage in TRITON_STAGES:
+            total_us = self._total(series, name)
+            d = None if total_us is None else self.counters.delta(name, total_us)
+            if d is None or not ok or d[0] <= 0:
+                continue
+            seconds = float(d[0]) / 1e6
+            n = int(round(ok))
+            counts = self.layout.counts_of([seconds / n]) * np.uint64(n)
+            frame.add_hist(stage, wl, counts, seconds)

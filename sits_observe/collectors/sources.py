@@ -1,0 +1,40 @@
+"""The collector sources a config asks for (for the daemon's wiring)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..config import Config
+from ..errors import CollectorError
+from ..frame import BucketLayout
+from .dcgm import DcgmSource
+from .nvml import NvmlSource
+from .servers import ServerSource
+
+__all__ = ["build_sources"]
+
+log = logging.getLogger(__name__)
+
+
+def build_sources(config: Config, layout: BucketLayout, *, resolve_workload: Callable[[int], str | None] | None = None,
+                  nvml: Any = None, clock: Callable[[], float] = time.monotonic) -> list[Any]:
+    """The GPU source of ``gpu.backend`` (nvml or dcgm; sim and none add none here) and one per ``servers`` entry.
+
+    NVML that cannot start (no driver) is logged as one line and left out, so everything else still runs.
+    """
+    gpu = config.gpu
+    sources: list[Any] = []
+    if gpu.backend == "nvml":
+        try:
+            sources.append(NvmlSource(nvml, sample_interval=gpu.sample_interval, clock=clock,
+                                      resolve_workload=resolve_workload))
+        except CollectorError as exc:
+            log.warning("%s", exc)
+    elif gpu.backend == "dcgm" and gpu.dcgm_url:
+        sources.append(DcgmSource(gpu.dcgm_url, sample_interval=gpu.sample_interval, timeout=gpu.dcgm_timeout,
+                                  clock=clock))
+    sources += [ServerSource(s, layout, clock=clock) for s in config.servers]
+    return sources
