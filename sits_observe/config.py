@@ -73,11 +73,12 @@ class WorkloadConfig(Section):
 
 class SimConfig(Section):
     topology: str = "nvswitch-8"
-    scenario: str = "mixed"
+    scenario: str = Field("mixed", description="quiet | mixed | stress, or the path of a scenario YAML file")
     trace: Literal["conv", "code"] = "conv"
     speed: float = Field(20.0, gt=0, le=10000)
     seed: int = 1
     trace_path: str | None = Field(None, description="override the packaged Azure trace CSV")
+    rate: float = Field(1.0, gt=0, le=100, description="request-rate multiplier: trace seconds per simulated second")
 
 
 class GpuConfig(Section):

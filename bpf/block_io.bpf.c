@@ -1,0 +1,61 @@
+/* block_io: block request latency, issue to the device -> completion.
+ *
+ * Tracepoints: block:block_rq_issue, block:block_rq_complete (args dev, sector, nr_sector only).
+ * A request is charged to the workload of the task that issues it; requests issued from other tasks
+ * (kernel threads, writeback) go to workload id 0 when BLOCK_UNATTRIBUTED is 1 and are not timed when
+ * it is 0. Requests without sectors (flushes) are not timed: they share sector 0.
+ */
+#include "stage.h"
+#include "block_io.h"
+
+BPF_TABLE("lru_hash", struct rq_key, struct rq_start, rq_start, MAX_REQUESTS);
+
+static __always_inline u32 workload_of(u32 tgid)
+{
+	u32 *wid = workloads.lookup(&tgid);
+
+	return wid ? *wid : 0;
+}
+
+static __always_inline void stage_record(u32 stage, u32 workload, u64 delta_ns)
+{
+	struct stage_key key = stage_key_of(stage, workload, delta_ns);
+	struct series_key series = {.stage = stage, .workload = workload};
+	struct stage_total no_total = {};
+	u64 zero = 0, *count, *dropped;
+	u32 idx = 0;
+
+	count = stage_latency.lookup_or_try_init(&key, &zero);
+	if (stage_add(count, count ? stage_latency_sum.lookup_or_try_init(&series, &no_total) : 0, delta_ns))
+		return;
+	dropped = stage_dropped.lookup(&idx);
+	if (dropped)
+		(*dropped)++;
+}
+
+TRACEPOINT_PROBE(block, block_rq_issue)
+{
+	struct rq_key key = {.dev = args->dev, .sector = args->sector};
+	struct rq_start start = {};
+
+	if (!args->nr_sector)
+		return 0;
+	start.workload = workload_of(bpf_get_current_pid_tgid() >> 32);
+	if (!start.workload && !BLOCK_UNATTRIBUTED)
+		return 0;
+	start.ts = bpf_ktime_get_ns();
+	rq_start.update(&key, &start);
+	return 0;
+}
+
+TRACEPOINT_PROBE(block, block_rq_complete)
+{
+	struct rq_key key = {.dev = args->dev, .sector = args->sector};
+	struct rq_start *start = rq_start.lookup(&key);
+
+	if (!start)
+		return 0;
+	stage_record(STAGE_BLOCK_IO, start->workload, bpf_ktime_get_ns() - start->ts);
+	rq_start.delete(&key);
+	return 0;
+}

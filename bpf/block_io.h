@@ -1,0 +1,18 @@
+/* block_io: structs shared with the user side. */
+#ifndef SITS_BLOCK_IO_H
+#define SITS_BLOCK_IO_H
+
+/* A request in flight on a device, named by (dev, first sector) as the tracepoints print them. */
+struct rq_key {
+	u32 dev;
+	u32 pad;
+	u64 sector;
+};
+
+struct rq_start {
+	u64 ts;
+	u32 workload;
+	u32 pad;
+};
+
+#endif /* SITS_BLOCK_IO_H */

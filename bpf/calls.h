@@ -1,0 +1,12 @@
+/* calls: structs shared with the user side. */
+#ifndef SITS_CALLS_H
+#define SITS_CALLS_H
+
+/* The outermost timed library call a thread is in; depth counts timed calls nested inside it. */
+struct call_start {
+	u64 ts;
+	u32 stage;
+	u32 depth;
+};
+
+#endif /* SITS_CALLS_H */

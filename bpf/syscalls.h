@@ -1,0 +1,27 @@
+/* syscalls: structs shared with the user side. */
+#ifndef SITS_SYSCALLS_H
+#define SITS_SYSCALLS_H
+
+#define SOCK_READ 1
+#define SOCK_WRITE 2
+
+/* A connection a tracked workload accepted: (tgid, fd) -> when, whose, first request read yet. */
+struct conn_key {
+	u32 tgid;
+	u32 fd;
+};
+
+struct conn {
+	u64 accepted_ns;
+	u32 workload;
+	u32 request_read;
+};
+
+/* The socket syscall a thread is in (tid -> call). */
+struct sock_call {
+	u64 ts;
+	u32 fd;
+	u32 kind;
+};
+
+#endif /* SITS_SYSCALLS_H */

@@ -1,0 +1,75 @@
+"""Feature probing before anything is compiled: privileges, bcc, tracefs, kernel headers, BPF stats."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+from pathlib import Path
+
+__all__ = ["environment_problem", "tracepoint_exists", "bpf_stats_enabled", "enable_bpf_stats", "prog_run_stats"]
+
+_TRACEFS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
+_NR_BPF = {"x86_64": 321, "aarch64": 280}
+_BPF_ENABLE_STATS = 32
+_BPF_STATS_RUN_TIME = 0
+
+
+def environment_problem() -> str | None:
+    """Why no probe can load on this machine, or None."""
+    if os.geteuid() != 0:
+        return "not root (loading eBPF programs needs root); run the daemon as root to get kernel histograms"
+    try:
+        import bcc  # noqa: F401
+    except ImportError:
+        return "bcc is not importable; install python3-bpfcc (`make venv` links it into .venv)"
+    if not any((p / "events").is_dir() for p in _TRACEFS):
+        return "tracefs is not mounted; mount -t tracefs tracefs /sys/kernel/tracing"
+    build = Path("/lib/modules") / platform.release() / "build"
+    if not (build / "include").is_dir():
+        return f"no kernel headers at {build}; install linux-headers or run .ci/setup-system.sh"
+    return None
+
+
+def tracepoint_exists(category: str, event: str) -> bool:
+    """bcc's ``BPF.tracepoint_exists``; a tracefs look-up where bcc is missing (``probes --list``)."""
+    try:
+        from bcc import BPF
+    except ImportError:
+        return any((p / "events" / category / event).is_dir() for p in _TRACEFS)
+    return bool(BPF.tracepoint_exists(category, event))
+
+
+def bpf_stats_enabled() -> bool:
+    """True when the kernel counts BPF program run time (``kernel.bpf_stats_enabled``)."""
+    try:
+        return Path("/proc/sys/kernel/bpf_stats_enabled").read_text().strip() == "1"
+    except OSError:
+        return False
+
+
+def enable_bpf_stats() -> int:
+    """Turn BPF run-time stats on for as long as the returned fd stays open (BPF_ENABLE_STATS, 5.8+)."""
+    nr = _NR_BPF.get(platform.machine())
+    if nr is None:
+        raise OSError(0, f"BPF_ENABLE_STATS: unknown syscall number on {platform.machine()}")
+    libc = ctypes.CDLL(None, use_errno=True)
+    attr = (ctypes.c_uint32 * 2)(_BPF_STATS_RUN_TIME, 0)
+    fd = libc.syscall(nr, _BPF_ENABLE_STATS, ctypes.byref(attr), ctypes.sizeof(attr))
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"BPF_ENABLE_STATS: {os.strerror(err)}")
+    return fd
+
+
+def prog_run_stats(prog_fd: int) -> tuple[int, int] | None:
+    """(run_time_ns, run_cnt) of one loaded program from /proc/self/fdinfo, None if not shown."""
+    try:
+        text = Path(f"/proc/self/fdinfo/{prog_fd}").read_text()
+    except OSError:
+        return None
+    vals = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    try:
+        return int(vals["run_time_ns"]), int(vals["run_cnt"])
+    except (KeyError, ValueError):
+        return None

@@ -1,0 +1,116 @@
+"""One compiled BPF object: compile/load, its workload map, draining, uprobe attachment, run stats."""
+
+from __future__ import annotations
+
+import ctypes as ct
+import re
+from pathlib import Path
+from typing import Any
+
+from ..errors import ProbeError
+from ..frame import BucketLayout
+from .drain import SeriesDelta, StageDrain
+from .features import prog_run_stats
+
+__all__ = ["compile_bpf", "Program", "LibraryAttacher"]
+
+
+def compile_bpf(path: Path, flags: list[str]) -> Any:
+    """Compile ``path`` (absolute) with bcc and load it; tracepoint programs attach as they load."""
+    from bcc import BPF
+
+    try:
+        return BPF(src_file=str(path).encode(), cflags=flags)
+    except Exception as exc:  # bcc raises bare Exception for compile, verifier and attach failures
+        raise ProbeError(f"{path.name}: {exc} (clang/verifier output, if any, is on stderr)") from exc
+
+
+class Program:
+    """A loaded program with the shared stage maps of ``bpf/stage.h``."""
+
+    def __init__(self, bpf: Any, layout: BucketLayout) -> None:
+        self.bpf = bpf
+        self._workloads = bpf[b"workloads"]
+        self._dropped = bpf[b"stage_dropped"]
+        self._drain = StageDrain(bpf[b"stage_latency"], bpf[b"stage_latency_sum"], layout)
+        self._tgids: dict[int, int] = {}
+
+    def set_workloads(self, tgids: dict[int, int]) -> None:
+        """Make the kernel's tgid -> workload map equal ``tgids``."""
+        table = self._workloads
+        for tgid in self._tgids.keys() - tgids.keys():
+            try:
+                del table[table.Key(tgid)]
+            except KeyError:
+                pass
+        for tgid, wid in tgids.items():
+            if self._tgids.get(tgid) != wid:
+                table[table.Key(tgid)] = table.Leaf(wid)
+        self._tgids = dict(tgids)
+
+    def drain(self) -> list[SeriesDelta]:
+        return self._drain.drain()
+
+    def dropped(self) -> int:
+        """Events lost because a map was full, all CPUs, since load."""
+        return int(sum(self._dropped[ct.c_int(0)]))
+
+    def run_stats(self) -> tuple[int, int] | None:
+        """(run_time_ns, run_count) summed over the loaded programs, None where not exposed."""
+        stats = [prog_run_stats(fn.fd) for fn in self.bpf.funcs.values()]
+        got = [s for s in stats if s is not None]
+        if not got:
+            return None
+        return sum(s[0] for s in got), sum(s[1] for s in got)
+
+    def close(self) -> None:
+        self.bpf.cleanup()
+
+
+class LibraryAttacher:
+    """Attaches ``enter_<stage>``/``call_return`` to each configured symbol of each library file.
+
+    Files are keyed by inode, so a library mapped by many processes (or via several paths) is attached
+    once; an address named by two symbols is attached once, for the first stage that lists it.
+    """
+
+    def __init__(self, bpf: Any, stages: dict[str, tuple[str, ...]]) -> None:
+        self._bpf = bpf
+        self._stages = stages
+        self.files: dict[tuple[int, int], str] = {}
+        self.missing: dict[str, list[str]] = {}
+        self.probes = 0
+
+    def attach(self, inode: tuple[int, int], path: str, shown: str) -> str | None:
+        """Attach to one file (opened at ``path``, named ``shown`` in reports); returns what to report."""
+        from bcc import BPF
+
+        if inode in self.files:
+            return None
+        self.files[inode] = shown
+        wanted = {sym for syms in self._stages.values() for sym in syms}
+        pattern = "^(" + "|".join(re.escape(s) for s in sorted(wanted)) + ")$"
+        try:
+            found = BPF.get_user_functions_and_addresses(path.encode(), pattern.encode())
+        except Exception as exc:
+            return f"{shown}: cannot read its symbols: {exc}"
+        addr_of = {name.decode(): addr for name, addr in found}
+        done: set[int] = set()
+        problems = []
+        for stage, symbols in self._stages.items():
+            for sym in symbols:
+                addr = addr_of.get(sym)
+                if addr is None or addr in done:
+                    continue
+                try:
+                    self._bpf.attach_uprobe(name=path.encode(), addr=addr, fn_name=f"enter_{stage}".encode())
+                    self._bpf.attach_uretprobe(name=path.encode(), addr=addr, fn_name=b"call_return")
+                except Exception as exc:
+                    problems.append(f"{sym}: attach failed: {exc}")
+                    continue
+                done.add(addr)
+                self.probes += 1
+        self.missing[shown] = sorted(wanted - addr_of.keys())
+        if self.missing[shown]:
+            problems.append("symbols not in the library (skipped): " + ", ".join(self.missing[shown]))
+        return f"{shown}: " + "; ".join(problems) if problems else None

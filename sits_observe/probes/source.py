@@ -1,0 +1,216 @@
+"""ProbeSource: the eBPF probes as a daemon Source (``collect``) and metrics provider (``metrics``).
+
+Each probe loads on its own: one that cannot load or attach (privileges, headers, a missing tracepoint
+or library) is logged once with the reason and the rest run on. Workloads are re-scanned in /proc every
+``probes.scan_interval`` seconds; uprobes attach to library files as workload processes map them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ProbeError
+from ..frame import STAGES, BucketLayout, Frame, Sample
+from . import specs
+from .features import bpf_stats_enabled, enable_bpf_stats, environment_problem, tracepoint_exists
+from .program import LibraryAttacher, Program, compile_bpf
+from .workloads import WorkloadTracker, library_matcher
+
+if TYPE_CHECKING:
+    from ..config import Config
+
+__all__ = ["ProbeState", "ProbeSource"]
+
+log = logging.getLogger("sits_observe.probes")
+
+
+@dataclass
+class ProbeState:
+    """What one probe is doing, for metrics, ``probes --list`` and tests."""
+
+    spec: specs.ProbeSpec
+    enabled: bool
+    program: Program | None = None
+    attacher: LibraryAttacher | None = None
+    library: str | None = None
+    problem: str | None = None
+    missing_tracepoints: tuple[str, ...] = ()
+    errors: int = 0
+    said: set[str] = field(default_factory=set)
+
+    @property
+    def attached(self) -> bool:
+        return self.program is not None and (self.attacher is None or self.attacher.probes > 0)
+
+
+class ProbeSource:
+    """Kernel per-stage histograms for the configured workloads (``name = "probes"``)."""
+
+    name = "probes"
+
+    def __init__(self, config: Config, layout: BucketLayout, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._cfg = config.probes
+        self._layout = layout
+        self._clock = clock
+        self._tracker = WorkloadTracker(config.workloads)
+        self._labels = dict(self._tracker.names)
+        if self._cfg.block_io.unattributed:
+            self._labels[0] = self._cfg.block_io.unattributed
+        self._last_scan = float("-inf")
+        self._stats_fd: int | None = None
+        self.states = {name: ProbeState(spec, getattr(self._cfg, name).enabled and self._cfg.enabled)
+                       for name, spec in specs.SPECS.items()}
+        self.off = self._off_reason(config)
+        if self.off:
+            log.warning("probes: off: %s", self.off)
+            for state in self.states.values():
+                state.problem = self.off
+            return
+        if self._cfg.bpf_stats:
+            try:
+                self._stats_fd = enable_bpf_stats()
+            except OSError as exc:
+                log.warning("probes: cannot turn on BPF run-time stats: %s", exc.strerror)
+        for state in self.states.values():
+            if state.enabled:
+                self._load(state, len(config.workloads))
+            else:
+                state.problem = "disabled in config"
+        if not config.workloads:
+            log.info("probes: no workloads configured; only unattributed block_io is timed")
+        self.rescan()
+
+    def _off_reason(self, config: Config) -> str | None:
+        if not self._cfg.enabled:
+            return "disabled in config (probes.enabled: false)"
+        if not any(s.enabled for s in self.states.values()):
+            return "every probe is disabled in config"
+        return environment_problem()
+
+    def _report(self, state: ProbeState, message: str, *, error: bool = True) -> None:
+        """Log each distinct message of a probe once; count errors for sits_probe_errors_total."""
+        if error:
+            state.errors += 1
+        if message not in state.said:
+            state.said.add(message)
+            log.warning("probe %s: %s", state.spec.name, message)
+
+    def _load(self, state: ProbeState, n_workloads: int) -> None:
+        spec = state.spec
+        plan = specs.plan_tracepoints(spec, tracepoint_exists)
+        state.missing_tracepoints = plan.missing
+        if plan.problem:
+            state.problem = f"not loaded: {plan.problem}"
+            self._report(state, state.problem)
+            return
+        try:
+            bpf = compile_bpf(spec.path, specs.cflags(spec, self._cfg, n_workloads, plan.macros))
+        except ProbeError as exc:
+            state.problem = f"not loaded: {exc}"
+            self._report(state, state.problem)
+            return
+        state.program = Program(bpf, self._layout)
+        if spec.kind == "uprobe":
+            ucfg = getattr(self._cfg, spec.name)
+            state.library = ucfg.library
+            state.attacher = LibraryAttacher(bpf, ucfg.timed())
+        log.info("probe %s: loaded%s", spec.name,
+                 f" (tracepoints missing, skipped: {', '.join(plan.missing)})" if plan.missing else "")
+
+    def rescan(self) -> None:
+        """Re-read /proc: update every program's workload map; attach uprobes to newly mapped libraries."""
+        self._last_scan = self._clock()
+        tgids = self._tracker.scan()
+        for state in self.states.values():
+            if state.program is None:
+                continue
+            try:
+                state.program.set_workloads(tgids)
+            except Exception as exc:  # bcc map writes raise bare Exception
+                self._report(state, f"cannot update the workload map: {exc}")
+            if state.attacher is not None:
+                self._attach_libraries(state, tgids)
+
+    def _attach_libraries(self, state: ProbeState, tgids: dict[int, int]) -> None:
+        assert state.attacher is not None and state.library is not None
+        files = self._tracker.libraries(tgids, library_matcher(state.library))
+        for inode, (path, shown) in files.items():
+            problem = state.attacher.attach(inode, path, shown)
+            if problem:
+                self._report(state, problem)
+        if state.attacher.probes:
+            state.problem = None
+        else:
+            state.problem = (f"not attached: no workload process maps {state.library} (yet)"
+                             if not state.attacher.files
+                             else f"not attached: none of the configured symbols is in {state.library}")
+            self._report(state, state.problem, error=False)
+
+    def collect(self, frame: Frame) -> None:
+        """Add this tick's per-(stage, workload) histogram deltas to ``frame``."""
+        if self._clock() - self._last_scan >= self._cfg.scan_interval:
+            self.rescan()
+        for state in self.states.values():
+            if state.program is None:
+                continue
+            try:
+                series = state.program.drain()
+            except ProbeError as exc:
+                self._report(state, f"drain failed: {exc}")
+                frame.errors[f"probes.{state.spec.name}"] = str(exc)
+                continue
+            for s in series:
+                label = self._labels.get(s.workload)
+                if label is not None and s.stage < len(STAGES):
+                    frame.add_hist(STAGES[s.stage], label, s.counts, s.sum_ns / 1e9)
+
+    def metrics(self) -> Iterator[Sample]:
+        """Self-metrics: attached, errors, dropped events, BPF run time/count where the kernel counts it."""
+        stats_on = self._stats_fd is not None or bpf_stats_enabled()
+        for name, state in self.states.items():
+            lab = (("probe", name),)
+            yield Sample("sits_probe_attached", "gauge", "1 when the probe's BPF programs are loaded and attached.",
+                         lab, float(state.attached))
+            yield Sample("sits_probe_errors_total", "counter",
+                         "Probe load, attach, map and drain failures.", lab, float(state.errors))
+            if state.program is None:
+                continue
+            yield Sample("sits_probe_dropped_events_total", "counter",
+                         "Events not counted because a kernel map was full.", lab, float(state.program.dropped()))
+            run = state.program.run_stats() if stats_on else None
+            if run is not None:
+                yield Sample("sits_probe_run_time_seconds_total", "counter",
+                             "Time spent running the probe's BPF programs (kernel.bpf_stats_enabled).",
+                             lab, run[0] / 1e9)
+                yield Sample("sits_probe_runs_total", "counter",
+                             "Runs of the probe's BPF programs (kernel.bpf_stats_enabled).", lab, float(run[1]))
+
+    def status(self) -> list[dict[str, Any]]:
+        """One row per probe: enabled, attached, problem, what is attached where."""
+        rows = []
+        for name, st in self.states.items():
+            row: dict[str, Any] = {"probe": name, "program": f"{st.spec.program}.bpf.c", "enabled": st.enabled,
+                                   "attached": st.attached, "problem": st.problem,
+                                   "missing_tracepoints": list(st.missing_tracepoints)}
+            if st.attacher is not None:
+                row["library"] = st.library
+                row["files"] = sorted(st.attacher.files.values())
+                row["missing_symbols"] = st.attacher.missing
+            rows.append(row)
+        return rows
+
+    def close(self) -> None:
+        """Detach and unload every program."""
+        for state in self.states.values():
+            if state.program is not None:
+                state.program.close()
+                state.program = None
+        if self._stats_fd is not None:
+            os.close(self._stats_fd)
+            self._stats_fd = None

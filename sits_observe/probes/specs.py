@@ -1,0 +1,151 @@
+"""What each probe loads: its BPF program, its stages and tracepoints, and the ``-D`` flags for it.
+
+The C lives in ``bpf/`` at the repository root (``<program>.bpf.c`` beside ``<program>.h``); it is
+compiled by bcc from its absolute path and specialised only through ``cflags``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from .. import histogram
+from ..frame import STAGES
+from .config import ProbesConfig
+
+__all__ = ["BPF_DIR", "Feature", "ProbeSpec", "SPECS", "TracepointPlan", "plan_tracepoints", "cflags",
+           "source_files", "render_source"]
+
+BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
+# sched_switch prev_state: runnable when no bit below TASK_REPORT_MAX (0x100 since Linux 4.14) is set.
+RUNQ_STATE_MASK = 0xFF
+CALL_STALE_NS = 600 * 10**9
+
+
+@dataclass(frozen=True)
+class Feature:
+    """``-D<macro>`` is passed when every tracepoint (``category:event``) exists."""
+
+    macro: str
+    tracepoints: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    name: str
+    program: str
+    kind: Literal["tracepoint", "uprobe"]
+    stages: tuple[str, ...]
+    features: tuple[Feature, ...] = ()
+    # each group names features of which at least one must be present for the probe to load
+    requires: tuple[tuple[str, ...], ...] = ()
+    defines: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def path(self) -> Path:
+        return BPF_DIR / f"{self.program}.bpf.c"
+
+
+def _syscall(name: str) -> Feature:
+    return Feature(f"HAVE_{name.upper()}", (f"syscalls:sys_enter_{name}", f"syscalls:sys_exit_{name}"))
+
+
+SPECS: dict[str, ProbeSpec] = {
+    "runq": ProbeSpec(
+        "runq", "runq", "tracepoint", ("runq",),
+        features=(Feature("HAVE_SCHED_WAKEUP", ("sched:sched_wakeup",)),
+                  Feature("HAVE_SCHED_SWITCH", ("sched:sched_switch",)),
+                  Feature("HAVE_SCHED_WAKEUP_NEW", ("sched:sched_wakeup_new",)),
+                  Feature("HAVE_SCHED_PROCESS_EXIT", ("sched:sched_process_exit",))),
+        requires=(("HAVE_SCHED_WAKEUP",), ("HAVE_SCHED_SWITCH",)),
+        defines={"RUNQ_STATE_MASK": hex(RUNQ_STATE_MASK)}),
+    "syscalls": ProbeSpec(
+        "syscalls", "syscalls", "tracepoint", ("ingress", "egress"),
+        features=tuple(_syscall(s) for s in ("accept", "accept4", "read", "recvfrom", "recvmsg", "write",
+                                             "sendto", "sendmsg", "close")),
+        requires=(("HAVE_ACCEPT", "HAVE_ACCEPT4"), ("HAVE_READ", "HAVE_RECVFROM", "HAVE_RECVMSG"),
+                  ("HAVE_WRITE", "HAVE_SENDTO", "HAVE_SENDMSG"))),
+    "block_io": ProbeSpec(
+        "block_io", "block_io", "tracepoint", ("block_io",),
+        features=(Feature("HAVE_BLOCK_RQ", ("block:block_rq_issue", "block:block_rq_complete")),),
+        requires=(("HAVE_BLOCK_RQ",),)),
+    "cuda": ProbeSpec("cuda", "calls", "uprobe", ("launch", "h2d", "d2h", "sync", "alloc"),
+                      defines={"CALL_STALE_NS": f"{CALL_STALE_NS}ULL"}),
+    "nccl": ProbeSpec("nccl", "calls", "uprobe", ("collective",),
+                      defines={"CALL_STALE_NS": f"{CALL_STALE_NS}ULL"}),
+}
+
+
+@dataclass(frozen=True)
+class TracepointPlan:
+    macros: tuple[str, ...]
+    missing: tuple[str, ...]
+    problem: str | None
+
+
+def plan_tracepoints(spec: ProbeSpec, exists: Callable[[str, str], bool]) -> TracepointPlan:
+    """Which features the running kernel has; ``problem`` says why the probe cannot load."""
+    macros, missing = [], []
+    for feat in spec.features:
+        gone = [tp for tp in feat.tracepoints if not exists(*tp.split(":", 1))]
+        if gone:
+            missing.extend(gone)
+        else:
+            macros.append(feat.macro)
+    problem = None
+    for group in spec.requires:
+        if not set(group) & set(macros):
+            need = [tp for feat in spec.features if feat.macro in group for tp in feat.tracepoints]
+            problem = f"missing tracepoint(s): needs {' or '.join(need)}"
+            break
+    return TracepointPlan(tuple(macros), tuple(missing), problem)
+
+
+def cflags(spec: ProbeSpec, cfg: ProbesConfig, n_workloads: int, macros: tuple[str, ...] = (),
+           extra: dict[str, str] | None = None) -> list[str]:
+    """The ``-I``/``-D`` flags that specialise ``spec.program`` for this config."""
+    series = len(STAGES) * (n_workloads + 1)
+    defines = {
+        "HIST_SUB_BITS": str(histogram.SUB_BITS),
+        "HIST_MAX_EXP": str(histogram.MAX_EXP),
+        **{f"STAGE_{s.upper()}": str(i) for i, s in enumerate(STAGES)},
+        "MAX_PROCESSES": str(cfg.max_processes),
+        "MAX_THREADS": str(cfg.max_threads),
+        "MAX_CONNS": str(cfg.max_threads),
+        "MAX_REQUESTS": str(cfg.max_threads),
+        "HIST_ENTRIES": str(cfg.hist_entries),
+        "SERIES_ENTRIES": str(max(64, series)),
+        "BLOCK_UNATTRIBUTED": "1" if cfg.block_io.unattributed else "0",
+        **spec.defines,
+        **(extra or {}),
+    }
+    return [f"-I{BPF_DIR}"] + [f"-D{k}={v}" for k, v in defines.items()] + [f"-D{m}" for m in macros]
+
+
+_INCLUDE = re.compile(r'^#include "([^"]+)"', re.M)
+
+
+def source_files(path: Path) -> Iterator[Path]:
+    """``path`` then the local headers it includes, depth first, each once."""
+    seen: set[Path] = set()
+    stack = [path]
+    while stack:
+        p = stack.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        yield p
+        stack.extend(reversed([p.parent / inc for inc in _INCLUDE.findall(p.read_text())
+                               if (p.parent / inc).is_file()]))
+
+
+def render_source(path: Path, flags: list[str]) -> str:
+    """The C bcc compiles for ``path`` with ``flags``, its local headers after it (for ``--print-bpf``)."""
+    out = [f"// bcc src_file: {path}", "// cflags: " + " ".join(flags)]
+    for p in source_files(path):
+        out += ["", f"// ---- {os.path.relpath(p, path.parent)} ----", p.read_text().rstrip()]
+    return "\n".join(out) + "\n"

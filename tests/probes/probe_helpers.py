@@ -1,0 +1,84 @@
+"""Helpers for the probe tests: build stubs, drive workload processes, drain a source into a Frame."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sits_observe.config import parse
+from sits_observe.frame import BucketLayout, Frame
+from sits_observe.probes.source import ProbeSource
+
+HERE = Path(__file__).resolve().parent
+STUB_C = HERE / "stub_libs.c"
+WORKLOAD = HERE / "probe_workload.py"
+OFF = {"enabled": False}
+DEFAULT_LAYOUT = BucketLayout(parse({}).store.snapped())
+
+
+def build_stub(src: Path, out: Path, define: str) -> Path:
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", f"-D{define}", "-o", str(out), str(src)], check=True)
+    return out
+
+
+def make_source(data: dict[str, Any]) -> tuple[ProbeSource, BucketLayout]:
+    cfg = parse(data)
+    layout = BucketLayout(cfg.store.snapped())
+    return ProbeSource(cfg, layout), layout
+
+
+def drain(source: ProbeSource) -> Frame:
+    frame = Frame(ts=0.0, interval=1.0)
+    source.collect(frame)
+    return frame
+
+
+class Workload:
+    """A probe_workload.py process (optionally pinned to one CPU); always use as a context manager."""
+
+    def __init__(self, comm: str, libs: list[Path] = (), cpu: int | None = None) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(WORKLOAD), comm, *map(str, libs)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        if cpu is not None:
+            os.sched_setaffinity(self.proc.pid, {cpu})
+        self.expect("ready")
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def expect(self, want: str) -> str:
+        line = self.proc.stdout.readline().strip()
+        assert line == want, f"workload said {line!r}, wanted {want!r}"
+        return line
+
+    def send(self, *cmd: Any) -> None:
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+
+    def run(self, *cmd: Any) -> None:
+        self.send(*cmd)
+        self.expect("ok")
+
+    def __enter__(self) -> Workload:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stdout.close()
+
+
+def hist_counts(frame: Frame, stage: str, workload: str, n: int) -> np.ndarray:
+    h = frame.hists.get((stage, workload))
+    return np.zeros(n, np.uint64) if h is None else h.counts

@@ -1,0 +1,105 @@
+"""cuda and nccl probes: uprobe/uretprobe pairs on stub libcuda.so.1 / libnccl.so.2 in a workload process."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from probe_helpers import DEFAULT_LAYOUT, OFF, Workload, drain, make_source
+from sits_observe.probes.source import ProbeSource
+
+N = 10
+# stage -> [(symbol, microseconds each call sleeps, calls)]. Each duration sits just above an edge of
+# the default layout, so a sleep that overruns by up to ~1.4 ms (a loaded 2-core CI box) stays in its bucket.
+PLAN = {
+    "launch": [("cuLaunchKernel", 1100, N)],
+    "h2d": [("cuMemcpyHtoD_v2", 2600, N // 2), ("cuMemcpyHtoDAsync_v2", 2600, N - N // 2)],
+    "d2h": [("cuMemcpyDtoH_v2", 5200, N)],
+    "sync": [("cuStreamSynchronize", 10200, N // 2), ("cuCtxSynchronize", 10200, N - N // 2)],
+    "alloc": [("cuMemAlloc_v2", 26000, N)],
+}
+COMM = "sits-t-gpu"
+
+
+@pytest.fixture(scope="module")
+def source() -> Iterator[ProbeSource]:
+    src, _ = make_source({
+        "workloads": [{"name": "gpu", "comm": COMM}],
+        "probes": {"runq": OFF, "syscalls": OFF, "block_io": OFF, "scan_interval": 3600,
+                   "cuda": {"stages": {"launch": {"enabled": True}}}},
+    })
+    yield src
+    src.close()
+
+
+def _only_bucket(source: ProbeSource, us: int) -> int:
+    """Index of the exported bucket holding ``us`` microseconds (the default layout)."""
+    return int(DEFAULT_LAYOUT.counts_of([us / 1e6]).argmax())
+
+
+def test_cuda_counts_every_call_in_its_bucket_and_nccl_reports_missing_library(
+        source: ProbeSource, stubs: dict, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, "sits_observe.probes")
+    with Workload(COMM, [stubs["libcuda.so.1"]]) as wl:
+        source.rescan()
+        drain(source)  # forget anything before the calls
+        for stage, calls in PLAN.items():
+            for sym, us, n in calls:
+                wl.run("call", 0, sym, us, n)
+        frame = drain(source)
+
+    for stage, calls in PLAN.items():
+        hist = frame.hists[(stage, "gpu")]
+        us = calls[0][1]
+        want = np.zeros_like(hist.counts)
+        want[_only_bucket(source, us)] = N
+        assert hist.counts.tolist() == want.tolist(), stage
+        assert hist.sum >= N * us / 1e6
+    assert {s for s, _ in frame.hists} == set(PLAN)
+
+    status = {row["probe"]: row for row in source.status()}
+    assert status["cuda"]["attached"] and status["cuda"]["problem"] is None
+    assert status["nccl"]["attached"] is False
+    assert "no workload process maps libnccl.so.2" in status["nccl"]["problem"]
+    # said once, when the source started; the rescans since did not repeat it
+    assert source.states["nccl"].said == {"not attached: no workload process maps libnccl.so.2 (yet)"}
+    assert not [r for r in caplog.records if r.getMessage().startswith("probe nccl:")]
+    attached = {s.labels: s.value for s in source.metrics() if s.name == "sits_probe_attached"}
+    assert attached[(("probe", "cuda"),)] == 1.0 and attached[(("probe", "nccl"),)] == 0.0
+
+
+def test_unknown_symbols_are_reported_not_fatal(source: ProbeSource, stubs: dict) -> None:
+    status = {row["probe"]: row for row in source.status()}
+    (missing,) = status["cuda"]["missing_symbols"].values()
+    assert "cuMemAllocAsync" in missing and "cuLaunchKernelEx" in missing
+    assert "cuMemAlloc_v2" not in missing
+    assert status["cuda"]["files"][0].endswith("/libcuda.so.1")
+    errors = {s.labels: s.value for s in source.metrics() if s.name == "sits_probe_errors_total"}
+    assert errors[(("probe", "cuda"),)] == 1.0
+
+
+def test_nccl_attaches_when_a_new_process_maps_it(source: ProbeSource, stubs: dict) -> None:
+    with Workload(COMM, [stubs["libcuda.so.1"], stubs["libnccl.so.2"]]) as wl:
+        source.rescan()
+        drain(source)
+        wl.run("call", 1, "ncclAllReduce", 52000, N // 2)
+        wl.run("call", 1, "ncclAllGather", 52000, N - N // 2)
+        wl.run("call", 0, "cuStreamSynchronize", 10200, 3)
+        frame = drain(source)
+    coll = frame.hists[("collective", "gpu")]
+    assert coll.count == N and coll.counts[_only_bucket(source, 52000)] == N
+    assert frame.hists[("sync", "gpu")].count == 3
+    status = {row["probe"]: row for row in source.status()}
+    assert status["nccl"]["attached"] and status["nccl"]["problem"] is None
+
+
+def test_untracked_process_is_not_timed(source: ProbeSource, stubs: dict) -> None:
+    with Workload("sits-t-other", [stubs["libcuda.so.1"]]) as wl:
+        source.rescan()
+        drain(source)
+        wl.run("call", 0, "cuStreamSynchronize", 100, 20)
+        frame = drain(source)
+    assert frame.hists == {}
