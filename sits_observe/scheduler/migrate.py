@@ -25,6 +25,7 @@ __all__ = ["STEPS", "Walker"]
 STEPS = {"stage": (State.PLACED, State.STAGED), "launch": (State.STAGED, State.LAUNCHED),
          "drain": (State.DRAINING, State.RETIRED)}
 _STEP_OF = {src: step for step, (src, _) in STEPS.items()}
+_WALK = (State.PENDING, State.PLACED, State.STAGED, State.LAUNCHED, State.DRAINING, State.RETIRED)
 
 # chooses GPUs for a placement found pending at restart: (gpus, node) or a reason why none fit
 Chooser = Callable[[Placement], "tuple[tuple[int, ...], str] | str"]
@@ -82,8 +83,8 @@ class Walker:
         """Apply an actuator outcome or an orchestrator ack; a repeated ack of a done step is a no-op."""
         p = self.store.placement(o.placement_id)
         if p.step != o.step:
-            if p.step is None and p.state is STEPS[o.step][1]:
-                return p
+            if p.state in _WALK and _WALK.index(p.state) >= _WALK.index(STEPS[o.step][1]):
+                return p  # that step was done already (a repeated ack)
             waiting = f"waiting for step {p.step}" if p.step else "not waiting for any step"
             raise SchedulerError(f"shard {p.shard_id}: placement {p.id}: ack for step {o.step} refused: expected "
                                  f"state {STEPS[o.step][0].value}, actual {p.state.value} ({waiting})")

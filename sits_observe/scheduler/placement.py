@@ -9,8 +9,9 @@ Every candidate GPU set gets five terms in [0, 1] (higher is better) and a weigh
 * ``balance`` 1 - stddev of utilization across all GPUs after the move / 0.5;
 * ``numa``    fraction of the set on the shard's NUMA node (or on the set's most common one).
 
-GPUs where the shard's memory does not fit, unhealthy GPUs and GPUs in an in-flight migration are
-never candidates.  Search is exhaustive when the number of k-subsets is at most ``exact_limit``;
+GPUs where the shard's memory does not fit while its old placement still holds memory (make before
+break), unhealthy GPUs and GPUs in an in-flight migration are never candidates; the terms describe the
+state after the old placement has drained.  Search is exhaustive when the number of k-subsets is at most ``exact_limit``;
 otherwise greedy growth from each of ``seeds`` seed GPUs (the best single GPU of each NUMA node first),
 adding at each step the GPU that scores best, then local improvement by single-GPU swaps on the best
 few sets until no swap helps.  One vectorized scoring function serves both.
@@ -151,12 +152,15 @@ class _Context:
         util = np.nan_to_num(np.asarray(load.util, dtype=np.float64), nan=0.0).copy()
         if req.source:
             util[list(req.source)] = np.maximum(util[list(req.source)] - req.load, 0.0)
-        used_after = np.asarray(load.reserved, dtype=np.float64) + np.asarray(load.foreign, dtype=np.float64)
-        used_after += req.memory
-        self.fits = np.asarray(load.eligible, dtype=bool) & (used_after <= p._total)
+        used = np.asarray(load.reserved, dtype=np.float64) + np.asarray(load.foreign, dtype=np.float64)
+        # fit is checked while the old placement still holds its memory (make before break) ...
+        self.fits = np.asarray(load.eligible, dtype=bool) & (used + req.memory <= p._total)
         if req.exclude:
             self.fits[list(req.exclude)] = False
-        frac = used_after / p._total
+        # ... the terms describe the state after the old placement has drained
+        if req.source:
+            used[list(req.source)] = np.maximum(used[list(req.source)] - req.memory, 0.0)
+        frac = (used + req.memory) / p._total
         # per-GPU additive values: free fraction left, busy fraction, balance delta, NUMA match
         self.free = 1.0 - frac
         self.busy = np.maximum(util + req.load, frac)

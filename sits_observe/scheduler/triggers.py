@@ -124,11 +124,11 @@ class Triggers:
             out.append(Trigger("imbalance", "load_imbalance", True, ts,
                                f"GPU utilization stddev {std:.2f} > {cfg.imbalance_stddev:.2f} for "
                                f"{cfg.imbalance_sustain:g} s; busiest GPU {busiest[0]}", busiest))
-        for g, s in enumerate(self.gpu_memory):
-            if s.update(ts, float(mem_ratio[g])):
-                out.append(Trigger("saturation", "gpu_memory_saturation", True, ts,
-                                   f"GPU {g} memory {mem_ratio[g]:.0%} > {cfg.saturation_ratio:.0%} for "
-                                   f"{cfg.saturation_sustain:g} s", (g,)))
+        full = [g for g, s in enumerate(self.gpu_memory) if s.update(ts, float(mem_ratio[g]))]
+        if full:
+            out.append(Trigger("saturation", "gpu_memory_saturation", True, ts,
+                               f"GPU memory > {cfg.saturation_ratio:.0%} for {cfg.saturation_sustain:g} s on GPUs "
+                               f"{full} (fullest {max(mem_ratio[full]):.0%})", tuple(full)))
         if self.host_cpu.update(ts, host_cpu):
             out.append(Trigger("saturation", "host_cpu_saturation", True, ts,
                                f"host CPU {host_cpu:.0%} > {cfg.saturation_ratio:.0%} for {cfg.saturation_sustain:g} s",

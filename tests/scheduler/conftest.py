@@ -19,6 +19,9 @@ def make_scheduler(tmp_path: Path) -> Iterator[Callable[..., Scheduler]]:
 
     def make(topology: str = "pcie-8", actuator: Any = None, exporter: Any = None, state: str = "state",
              otlp: OtlpConfig | None = None, **cfg: Any) -> Scheduler:
+        """``actuator``: an actuator object, or the name of one for the config (built by the scheduler)."""
+        if isinstance(actuator, str):
+            cfg["actuator"], actuator = actuator, None
         s = Scheduler(SchedulerConfig(**cfg), otlp or OtlpConfig(), preset(topology), tmp_path / state,
                       actuator=actuator, exporter=exporter, clock=lambda: 1000.0)
         made.append(s)

@@ -1,0 +1,172 @@
+"""ShardDecisionSpan over real OTLP/HTTP: a local receiver decodes the protobuf the SDK exporter sends.
+
+The migration is real end to end: the simulated host, the ``sim`` actuator (``sim.migrate``), the
+scheduler walking the placement states, the BatchSpanProcessor and the OTLP/HTTP exporter.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
+from sits_observe.config import SimConfig, parse
+from sits_observe.frame import BucketLayout, Frame
+from sits_observe.rca.verdict import Verdict
+from sits_observe.scheduler.config import OtlpConfig, SchedulerConfig
+from sits_observe.scheduler.engine import Scheduler
+from sits_observe.scheduler.tracing import link_context
+from sits_observe.sim.host import SimulatedHost
+
+ATTRIBUTES = {"shard.id", "shard.strategy", "target.node", "target.gpus", "source.gpus", "decision.score",
+              "decision.trigger", "rca.cause", "rca.confidence", "node.load.cpu"}
+TERMS = {"score.comm", "score.memory", "score.load", "score.balance", "score.numa"}
+
+
+class Receiver:
+    """An OTLP/HTTP trace endpoint on a free loopback port keeping every decoded request."""
+
+    def __init__(self) -> None:
+        self.requests: list[ExportTraceServiceRequest] = []
+        self.got = threading.Event()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server API)
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                req = ExportTraceServiceRequest()
+                req.ParseFromString(body)
+                outer.requests.append(req)
+                outer.got.set()
+                out = ExportTraceServiceResponse().SerializeToString()
+                self.send_response(200 if self.path == "/v1/traces" else 404)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def spans(self) -> list[tuple[dict[str, Any], Any]]:
+        """(resource attributes, span) for every span received."""
+        out = []
+        for req in self.requests:
+            for rs in req.resource_spans:
+                res = {a.key: value(a.value) for a in rs.resource.attributes}
+                out += [(res, span) for ss in rs.scope_spans for span in ss.spans]
+        return out
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def value(v: AnyValue) -> Any:
+    kind = v.WhichOneof("value")
+    if kind == "array_value":
+        return [value(x) for x in v.array_value.values]
+    return getattr(v, kind)
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver()
+    yield r
+    r.close()
+
+
+def test_reshard_span_after_a_simulated_migration(receiver: Receiver, tmp_path: Path) -> None:
+    layout = BucketLayout(parse({}).store.snapped())
+    sim = SimulatedHost(SimConfig(topology="nvswitch-8", scenario="quiet"), layout)
+    sched = Scheduler(SchedulerConfig(actuator="sim", verdict_consecutive=2), OtlpConfig(endpoint=receiver.url,
+                      schedule_delay=0.1), sim.topology, tmp_path, sim=sim, clock=lambda: 1000.0)
+    try:
+        ts = 1000.0
+        verdicts = [Verdict("thermal_throttling", 0.93, ts + i, gpus=(0, 1), trigger="slo_burn", id=f"v{i}")
+                    for i in (3, 4)]
+        for i in range(120):
+            ts += 1.0
+            f = Frame(ts, 1.0)
+            sim.collect(f)
+            for v in verdicts:
+                if v.ts == ts:
+                    sched.on_verdict(v)
+            sched.on_tick(f)
+        shards = {s.id: s.gpus for s in sim.shards()}
+        assert shards["chat-0"] == (6, 7)  # the simulator applied the migration
+        view = next(v for v in sched.shards_state()["shards"] if v["shard"]["id"] == "chat-0")
+        assert (view["state"], view["gpus"], view["migrating"]) == ("launched", [6, 7], False)
+        assert sched.tracer.flush()
+        assert receiver.got.wait(10)
+    finally:
+        sched.close()
+
+    def attributes(span: Any) -> dict[str, Any]:
+        return {a.key: value(a.value) for a in span.attributes}
+
+    moves = [(res, s) for res, s in receiver.spans()
+             if s.name == "shard.reshard" and attributes(s)["decision.action"] == "migrate"]
+    assert len(moves) == 1
+    res, span = moves[0]
+    assert res["service.name"] == "sits-observe" and res["host.name"] == socket.gethostname()
+    attrs = attributes(span)
+    assert ATTRIBUTES <= set(attrs)
+    assert attrs["shard.id"] == "chat-0" and attrs["shard.strategy"] == "topology-aware"
+    assert attrs["target.gpus"] == [6, 7] and attrs["source.gpus"] == [0, 1] and attrs["target.node"] == "localhost"
+    assert attrs["decision.trigger"] == "verdict" and attrs["decision.action"] == "migrate"
+    assert attrs["rca.cause"] == "thermal_throttling" and attrs["rca.confidence"] == pytest.approx(0.93)
+    assert 0 < attrs["decision.score"] <= 1 and 0 <= attrs["node.load.cpu"] <= 1
+    events = [e for e in span.events if e.name == "candidate.scored"]
+    assert events, "one candidate.scored event per candidate"
+    for e in events:
+        ev = {a.key: value(a.value) for a in e.attributes}
+        assert TERMS | {"candidate.gpus", "candidate.score", "candidate.rank"} <= set(ev)
+    best = {a.key: value(a.value) for a in events[0].attributes}
+    assert best["candidate.gpus"] == [6, 7] and best["candidate.score"] == pytest.approx(attrs["decision.score"])
+    (link,) = span.links
+    want = link_context("rca.verdict", "v4")
+    assert int.from_bytes(link.trace_id, "big") == want.trace_id and int.from_bytes(link.span_id, "big") == want.span_id
+    assert {a.key: value(a.value) for a in link.attributes} == {"link.kind": "rca.verdict", "rca.verdict.id": "v4"}
+    # the same decision is in the local ring with the exported ids
+    ring = next(d for d in sched.decisions_state()["decisions"] if d["action"] == "migrate")
+    assert ring["trace_id"] == span.trace_id.hex() and ring["span_id"] == span.span_id.hex()
+    assert sorted(attributes(s)["shard.id"] for _, s in receiver.spans() if s.name == "shard.assign") == [
+        "chat-0", "chat-1", "chat-2"]  # the simulator's shards, adopted at start-up
+
+
+def test_collector_down_never_blocks_and_drops_are_counted(tmp_path: Path) -> None:
+    hung = socket.socket()
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(8)  # accepts connections, never answers
+    try:
+        otlp = OtlpConfig(endpoint=f"http://127.0.0.1:{hung.getsockname()[1]}", timeout=1.0, max_queue=2,
+                          schedule_delay=60)
+        sched = Scheduler(SchedulerConfig(), otlp, SimulatedHost(SimConfig(), BucketLayout((0.1, 1.0))).topology,
+                          tmp_path, clock=lambda: 1000.0)
+        for i in range(5):
+            sched.register_shard({"id": f"s{i}", "gpus": 1, "memory_per_gpu": 2**30})
+        # the queue holds 2; the other 3 were dropped at once, while the collector hangs
+        assert sched.tracer.dropped == 3
+        assert len(sched.decisions_state()["decisions"]) == 5
+        dropped = {s.name: s.value for s in sched.metrics() if s.name == "sits_scheduler_spans_dropped_total"}
+        assert dropped == {"sits_scheduler_spans_dropped_total": 3.0}
+        sched.tracer.flush()  # the 2 queued ones fail against the hung collector (1 s timeout)
+        assert sched.tracer.dropped == 5
+        sched.close()
+    finally:
+        hung.close()
