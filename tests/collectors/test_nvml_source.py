@@ -1,0 +1,330 @@
+"""NvmlSource against the fake NVML: every field, per-link and per-process samples, every error path."""
+
+from __future__ import annotations
+
+import ast
+import logging
+import re
+from pathlib import Path
+
+import numpy as np
+import pynvml
+import pytest
+from fake_nvml import FAKE_CALLS, FakeNvml
+from topologies import fixture
+
+import sits_observe.collectors as collectors_pkg
+from sits_observe.collectors.nvml import NvmlSource, nvml_status
+from sits_observe.collectors.sources import build_sources
+from sits_observe.config import parse
+from sits_observe.errors import CollectorError
+from sits_observe.frame import GPU_FIELD_INDEX, GPU_FIELDS, BucketLayout, Frame
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _frame(src: NvmlSource) -> Frame:
+    frame = Frame(ts=0.0, interval=1.0)
+    src.collect(frame)
+    return frame
+
+
+def _value(frame: Frame, gpu: int, name: str) -> float:
+    return float(frame.gpu.values[gpu, GPU_FIELD_INDEX[name]])
+
+
+def _samples(frame: Frame, name: str, gpu: int) -> dict[tuple[tuple[str, str], ...], float]:
+    """Extra labels (beyond the GPU's) -> value for one sample name and GPU."""
+    return {s.labels[4:]: s.value for s in frame.samples if s.name == name and s.labels[0] == ("gpu", str(gpu))}
+
+
+# field -> expected value for the fake's default script (FakeGpu defaults), in base units
+EXPECTED = {
+    "utilization_ratio": 0.73,
+    "memory_utilization_ratio": 0.41,
+    "memory_used_bytes": 20 * 1024**3,
+    "memory_total_bytes": 85520809984,
+    "sm_clock_hertz": 1980e6,
+    "memory_clock_hertz": 2619e6,
+    "power_watts": 512.345,
+    "temperature_celsius": 61.0,
+    "throttle_reasons": 0x4 | 0x20,
+    "pcie_rx_bytes_per_second": 2000 * 1024.0,
+    "pcie_tx_bytes_per_second": 3000 * 1024.0,
+    "nvlink_rx_bytes_total": 0.0,
+    "nvlink_tx_bytes_total": 0.0,
+    "xid_errors_total": 0.0,
+    "ecc_corrected_errors_total": 5.0,
+    "ecc_uncorrected_errors_total": 1.0,
+    "retired_pages": 3.0,
+}
+
+
+def test_every_field_on_first_sample(fake: FakeNvml) -> None:
+    src = NvmlSource(fake, clock=Clock())
+    frame = _frame(src)
+    assert [g.uuid for g in frame.gpu.info] == [g.uuid for g in fixture("h100-sxm8").gpus]
+    assert frame.gpu.info[3].pci_bus_id == "00000000:5D:00.0"
+    assert frame.gpu.info[0].model == "NVIDIA H100 80GB HBM3"
+    assert frame.gpu.healthy.all() and not frame.errors
+    for gpu in range(8):
+        for name, want in EXPECTED.items():
+            assert _value(frame, gpu, name) == pytest.approx(want), name
+    # rates need two samples: NaN (unknown), not zero, on the first
+    assert np.isnan(_value(frame, 0, "nvlink_rx_bytes_per_second"))
+    assert set(EXPECTED) | {"nvlink_rx_bytes_per_second", "nvlink_tx_bytes_per_second"} == {f.name for f in GPU_FIELDS}
+
+
+def test_nvlink_links_counters_and_rates(fake: FakeNvml) -> None:
+    clock = Clock()
+    src = NvmlSource(fake, clock=clock, sample_interval=5.0)
+    _frame(src)
+    g0 = fake.gpus[0]
+    for k, link in enumerate(g0.links):
+        link.rx_kib += 1000 * (k + 1)
+        link.tx_kib += 500
+    g0.links[3].up = False
+    clock.t += 5.0
+    frame = _frame(src)
+    up = _samples(frame, "sits_gpu_nvlink_link_up", 0)
+    assert len(up) == 18 and up[(("link", "3"),)] == 0.0 and up[(("link", "0"),)] == 1.0
+    rx = _samples(frame, "sits_gpu_nvlink_link_rx_bytes_total", 0)
+    assert rx[(("link", "17"),)] == 18000 * 1024.0
+    total_rx = 1000 * 1024.0 * sum(range(1, 19))
+    assert _value(frame, 0, "nvlink_rx_bytes_total") == total_rx
+    assert _value(frame, 0, "nvlink_tx_bytes_total") == 18 * 500 * 1024.0
+    assert _value(frame, 0, "nvlink_rx_bytes_per_second") == pytest.approx(total_rx / 5.0)
+    assert _value(frame, 1, "nvlink_rx_bytes_per_second") == 0.0
+    # a counter that goes back (driver reload) gives no rate rather than a negative one
+    g0.links[0].rx_kib = 0
+    clock.t += 5.0
+    assert np.isnan(_value(_frame(src), 0, "nvlink_rx_bytes_per_second"))
+
+
+def test_no_nvlink_on_pcie_boards_leaves_fields_empty() -> None:
+    fake = FakeNvml(fixture("pcie-8"))
+    for g in fake.gpus[2:4]:
+        g.links = []
+    frame = _frame(NvmlSource(fake, clock=Clock()))
+    assert len(_samples(frame, "sits_gpu_nvlink_link_up", 0)) == 12
+    assert _samples(frame, "sits_gpu_nvlink_link_up", 2) == {}
+    assert np.isnan(_value(frame, 2, "nvlink_rx_bytes_total")) and not frame.errors
+
+
+def test_xid_events_are_counted_without_blocking(fake: FakeNvml) -> None:
+    clock = Clock()
+    src = NvmlSource(fake, clock=clock)
+    fake.push_xid(2, 79)
+    fake.push_xid(2, 48)
+    fake.push_xid(5, 31)
+    frame = _frame(src)
+    assert _value(frame, 2, "xid_errors_total") == 2 and _value(frame, 5, "xid_errors_total") == 1
+    assert _value(frame, 0, "xid_errors_total") == 0
+    assert _samples(frame, "sits_gpu_last_xid", 2) == {(): 48.0}
+    assert _samples(frame, "sits_gpu_last_xid", 0) == {}
+    clock.t += 5
+    assert _value(_frame(src), 2, "xid_errors_total") == 2  # cumulative
+
+
+def test_xid_wait_is_called_with_zero_timeout(fake: FakeNvml) -> None:
+    src = NvmlSource(fake, clock=Clock())
+    fake.log = []
+    src.sample(1.0)
+    timeouts = {args[1] for name, args in fake.log if name == "nvmlEventSetWait_v2"}
+    assert timeouts == {0}
+
+
+def test_gpu_without_xid_events_has_no_xid_field(fake: FakeNvml) -> None:
+    fake.gpus[4].fail["nvmlDeviceRegisterEvents"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    frame = _frame(NvmlSource(fake, clock=Clock()))
+    assert np.isnan(_value(frame, 4, "xid_errors_total")) and _value(frame, 3, "xid_errors_total") == 0
+
+
+def test_process_memory_by_workload_never_by_pid(fake: FakeNvml) -> None:
+    fake.gpus[0].processes = [(4242, 10 << 30), (4243, 2 << 30), (999, 1 << 30), (1000, 3 << 30), (77, None)]
+    fake.gpus[1].processes = [(999, 5 << 30)]
+    names = {4242: "chat", 4243: "chat", 1000: "batch"}
+    frame = _frame(NvmlSource(fake, clock=Clock(), resolve_workload=names.get))
+    assert _samples(frame, "sits_gpu_process_memory_used_bytes", 0) == {
+        (("workload", "batch"),): float(3 << 30), (("workload", "chat"),): float(12 << 30),
+        (("workload", "other"),): float(1 << 30)}
+    assert _samples(frame, "sits_gpu_process_memory_used_bytes", 1) == {(("workload", "other"),): float(5 << 30)}
+    assert not any(k == "pid" for s in frame.samples for k, _ in s.labels)
+
+
+def test_remapped_rows_samples(fake: FakeNvml) -> None:
+    frame = _frame(NvmlSource(fake, clock=Clock()))
+    assert _samples(frame, "sits_gpu_remapped_rows", 6) == {(("kind", "correctable"),): 2.0,
+                                                            (("kind", "uncorrectable"),): 1.0}
+
+
+@pytest.mark.parametrize("call,fields", [
+    ("nvmlDeviceGetPowerUsage", ["power_watts"]),
+    ("nvmlDeviceGetUtilizationRates", ["utilization_ratio", "memory_utilization_ratio"]),
+    ("nvmlDeviceGetMemoryInfo", ["memory_used_bytes", "memory_total_bytes"]),
+    ("nvmlDeviceGetClockInfo", ["sm_clock_hertz", "memory_clock_hertz"]),
+    ("nvmlDeviceGetTemperature", ["temperature_celsius"]),
+    ("nvmlDeviceGetPcieThroughput", ["pcie_rx_bytes_per_second", "pcie_tx_bytes_per_second"]),
+    ("nvmlDeviceGetTotalEccErrors", ["ecc_corrected_errors_total", "ecc_uncorrected_errors_total"]),
+    ("nvmlDeviceGetRetiredPages", ["retired_pages"]),
+    ("nvmlDeviceGetFieldValues", ["nvlink_rx_bytes_total", "nvlink_tx_bytes_total"]),
+    ("nvmlDeviceGetCurrentClocksEventReasons", ["throttle_reasons"]),
+])
+def test_unsupported_field_is_omitted_for_that_gpu_only(fake: FakeNvml, call: str, fields: list[str]) -> None:
+    fake.gpus[1].fail[call] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    clock = Clock()
+    src = NvmlSource(fake, clock=clock)
+    frame = _frame(src)
+    for name in fields:
+        assert np.isnan(_value(frame, 1, name)), name
+        assert not np.isnan(_value(frame, 0, name)), name
+    assert frame.gpu.healthy.all() and not frame.errors
+    fake.log = []
+    clock.t += 5
+    _frame(src)
+    asked = {args[0].index for name, args in fake.log if name == call}
+    assert asked == {0, 2, 3, 4, 5, 6, 7}  # GPU 1 is not asked again
+
+
+def test_old_driver_without_clock_event_reasons_uses_throttle_reasons(fake: FakeNvml) -> None:
+    for g in fake.gpus:
+        g.fail["nvmlDeviceGetCurrentClocksEventReasons"] = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
+    frame = _frame(NvmlSource(fake, clock=Clock()))
+    assert _value(frame, 0, "throttle_reasons") == 0x24 and fake.calls["nvmlDeviceGetCurrentClocksThrottleReasons"] == 8
+
+
+def test_failing_call_is_reported_and_logged_once(fake: FakeNvml, caplog: pytest.LogCaptureFixture) -> None:
+    fake.gpus[2].fail["nvmlDeviceGetTemperature"] = pynvml.NVML_ERROR_UNKNOWN
+    clock = Clock()
+    src = NvmlSource(fake, clock=clock)
+    with caplog.at_level(logging.WARNING, logger="sits_observe.collectors.nvml"):
+        frame = _frame(src)
+        clock.t += 5
+        again = _frame(src)
+    assert np.isnan(_value(frame, 2, "temperature_celsius")) and _value(frame, 2, "power_watts") > 0
+    assert "GPU 2: temperature: Unknown Error" in frame.errors["nvml"]
+    assert "GPU 2: temperature" in again.errors["nvml"]
+    assert len([r for r in caplog.records if "temperature" in r.getMessage()]) == 1
+    assert frame.gpu.healthy.all()
+
+
+def test_lost_gpu_is_unhealthy_and_reported_while_others_go_on(fake: FakeNvml,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock()
+    src = NvmlSource(fake, clock=clock)
+    _frame(src)
+    fake.gpus[3].lost = True
+    clock.t += 5
+    with caplog.at_level(logging.WARNING, logger="sits_observe.collectors.nvml"):
+        frame = _frame(src)
+        clock.t += 5
+        _frame(src)
+    assert list(frame.gpu.healthy) == [True, True, True, False, True, True, True, True]
+    assert np.isnan(frame.gpu.values[3]).all()
+    assert _value(frame, 4, "power_watts") == pytest.approx(512.345)
+    assert fake.gpus[3].uuid in frame.errors["nvml"] and "lost" in frame.errors["nvml"]
+    assert _samples(frame, "sits_gpu_nvlink_link_up", 3) == {} and len(_samples(frame, "sits_gpu_nvlink_link_up", 4)) == 18
+    assert len([r for r in caplog.records if "lost" in r.getMessage()]) == 1
+    fake.gpus[3].lost = False  # reset by the operator
+    clock.t += 5
+    back = _frame(src)
+    assert back.gpu.healthy.all() and "nvml" not in back.errors
+
+
+def test_gpu_lost_before_start_is_reported_and_others_run(fake: FakeNvml) -> None:
+    fake.gpus[6].lost = True
+    frame = _frame(NvmlSource(fake, clock=Clock()))
+    assert not frame.gpu.healthy[6] and frame.gpu.healthy[:6].all() and frame.gpu.healthy[7]
+    assert "GPU 6" in frame.errors["nvml"]
+    assert _value(frame, 7, "utilization_ratio") == pytest.approx(0.73)
+
+
+@pytest.mark.parametrize("code", [pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, pynvml.NVML_ERROR_DRIVER_NOT_LOADED])
+def test_no_driver_means_source_off_with_one_line(code: int) -> None:
+    fake = FakeNvml(fixture("nvswitch-8"), init_error=code)
+    with pytest.raises(CollectorError) as err:
+        NvmlSource(fake)
+    msg = str(err.value)
+    assert "\n" not in msg and "NVML GPU metrics are off" in msg and "gpu.backend" in msg
+    ok, reason = nvml_status(fake)
+    assert not ok and reason == msg
+
+
+def test_real_pynvml_on_this_gpu_less_machine() -> None:
+    ok, reason = nvml_status()
+    assert not ok and "NVIDIA driver not available" in reason
+
+
+def test_nvml_status_names_the_gpus(fake: FakeNvml) -> None:
+    assert nvml_status(fake) == (True, "NVML driver 550.90.07: 8 GPU(s): 8 x NVIDIA H100 80GB HBM3")
+    assert fake.initialised == 0
+
+
+def test_sample_interval_reuses_the_last_sample(fake: FakeNvml) -> None:
+    clock = Clock()
+    src = NvmlSource(fake, clock=clock, sample_interval=5.0)
+    first = _frame(src)
+    asked = fake.calls["nvmlDeviceGetPowerUsage"]
+    fake.gpus[0].power_mw = 100_000
+    for dt in (1.0, 2.0, 4.9):
+        clock.t = 100.0 + dt
+        frame = _frame(src)
+        assert _value(frame, 0, "power_watts") == pytest.approx(512.345)
+        assert len(frame.samples) == len(first.samples)
+    assert fake.calls["nvmlDeviceGetPowerUsage"] == asked
+    clock.t = 105.0
+    assert _value(_frame(src), 0, "power_watts") == pytest.approx(100.0)
+    frame.gpu.values[:] = 0  # a consumer writing into its frame does not change the kept sample
+    clock.t = 106.0
+    assert _value(_frame(src), 0, "power_watts") == pytest.approx(100.0)
+
+
+def test_close_shuts_nvml_down(fake: FakeNvml) -> None:
+    src = NvmlSource(fake)
+    src.close()
+    assert fake.initialised == 0 and fake.calls["nvmlEventSetFree"] == 1
+
+
+def test_backend_nvml_without_driver_leaves_nvml_out_and_runs_the_rest(caplog: pytest.LogCaptureFixture) -> None:
+    cfg = parse({"gpu": {"backend": "nvml"},
+                 "servers": [{"kind": "vllm", "url": "http://127.0.0.1:1/metrics", "workload": "chat"}]}, env={})
+    with caplog.at_level(logging.WARNING):
+        sources = build_sources(cfg, BucketLayout(cfg.store.snapped()))  # the real pynvml: no driver here
+    assert [s.name for s in sources] == ["vllm:chat"]
+    lines = [r.getMessage() for r in caplog.records if "nvml" in r.getMessage()]
+    assert len(lines) == 1 and "NVIDIA driver not available" in lines[0]
+
+
+def test_backend_nvml_with_a_driver_and_dcgm(fake: FakeNvml) -> None:
+    cfg = parse({"gpu": {"backend": "nvml", "sample_interval": 2}}, env={})
+    (src,) = build_sources(cfg, BucketLayout(cfg.store.snapped()), nvml=fake)
+    assert src.name == "nvml" and src.sample_interval == 2
+    cfg = parse({"gpu": {"backend": "dcgm", "dcgm_url": "http://127.0.0.1:9400/metrics"}}, env={})
+    (src,) = build_sources(cfg, BucketLayout(cfg.store.snapped()))
+    assert src.name == "dcgm" and src.url == "http://127.0.0.1:9400/metrics"
+
+
+def _nvml_calls_in_package() -> set[str]:
+    """``nv.nvmlX`` / ``nvml.nvmlX`` attributes and "nvmlX" names in tables, over sits_observe/collectors."""
+    names = set()
+    for path in Path(collectors_pkg.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in ("nv", "nvml"):
+                names.add(node.attr)
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) and node.value.attr == "nvml":
+                names.add(node.attr)
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and re.fullmatch(r"nvml[A-Z]\w+", node.value):
+                names.add(node.value)
+    return {n for n in names if n.startswith("nvml") and not n.startswith("nvmlEventType")}
+
+
+def test_fake_implements_exactly_the_calls_the_collectors_make() -> None:
+    used = _nvml_calls_in_package()
+    assert used == set(FAKE_CALLS)
+    assert all(callable(getattr(pynvml, name)) for name in used)

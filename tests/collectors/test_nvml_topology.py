@@ -1,0 +1,195 @@
+"""Topology from NVML on the three fixtures (link kind and bandwidth per pair, NUMA per GPU) and `topo`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+import pynvml
+import pytest
+from fake_nvml import FakeNvml
+from topologies import FIXTURES, H100_TEXT, fixture
+
+from sits_observe.collectors.commands import format_topology, register
+from sits_observe.collectors.nvml_topology import (
+    ancestor_kind,
+    format_cpulist,
+    nvlink_per_link,
+    parse_cpulist,
+    pcie_bandwidth,
+    topology_from_nvml,
+)
+from sits_observe.errors import CollectorError
+from sits_observe.topology import LinkKind, Topology
+
+GB = 1e9
+NVS, NVL = LinkKind.NVSWITCH, LinkKind.NVLINK
+PHB, SYS = LinkKind.PCIE_HOST_BRIDGE, LinkKind.NUMA_INTERCONNECT
+
+
+def _pcie8_pair(a: int, b: int) -> tuple[LinkKind, float]:
+    if a // 2 == b // 2:
+        return NVL, 12 * 25 * GB
+    return (PHB, 40 * GB) if a // 4 == b // 4 else (SYS, 20 * GB)
+
+
+# fixture -> (pair -> (kind, bandwidth), NUMA node per GPU, CPUs of GPU 0 and GPU 7)
+EXPECTED = {
+    "nvswitch-8": (lambda a, b: (NVS, 18 * 25 * GB), [0, 0, 0, 0, 1, 1, 1, 1], (range(0, 48), range(48, 96))),
+    "pcie-8": (_pcie8_pair, [0, 0, 0, 0, 1, 1, 1, 1], (range(0, 32), range(32, 64))),
+    "h100-sxm8": (lambda a, b: (NVS, 450 * GB), [0, 0, 0, 0, 1, 1, 1, 1],
+                  ([*range(0, 56), *range(112, 168)], [*range(56, 112), *range(168, 224)])),
+}
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_every_pair_and_every_gpu(name: str, tmp_path) -> None:
+    fake = FakeNvml(fixture(name))
+    topo = topology_from_nvml(fake, sysfs=tmp_path)
+    pair, numa, (cpus0, cpus7) = EXPECTED[name]
+    assert topo.n == 8
+    for a in range(8):
+        for b in range(8):
+            if a == b:
+                assert topo.kinds[a][b] == LinkKind.SELF
+                continue
+            kind, bw = pair(a, b)
+            assert (topo.kinds[a][b], topo.bandwidth[a, b]) == (kind, pytest.approx(bw)), (a, b)
+            assert topo.nvlinks[a, b] == (int(round(bw / (25 * GB))) if kind in (NVS, NVL) else 0)
+    assert [g.numa_node for g in topo.gpus] == numa
+    assert topo.gpus[0].cpu_affinity == tuple(cpus0) and topo.gpus[7].cpu_affinity == tuple(cpus7)
+    # the same answer the fixture itself gives: one Topology type for simulator and real boxes
+    want = fixture(name)
+    assert topo.kinds == want.kinds and np.array_equal(topo.nvlinks, want.nvlinks)
+    assert np.allclose(topo.bandwidth, want.bandwidth) and topo.gpus == want.gpus
+    assert fake.initialised == 0
+
+
+def test_h100_fixture_has_real_bus_ids_and_memory() -> None:
+    topo = topology_from_nvml(FakeNvml(fixture("h100-sxm8")))
+    assert [g.pci_bus_id[9:11] for g in topo.gpus] == ["18", "2A", "3A", "5D", "9A", "AB", "BA", "DB"]
+    assert {g.memory_total_bytes for g in topo.gpus} == {85520809984}
+
+
+def test_from_nvml_delegates(fake: FakeNvml) -> None:
+    assert Topology.from_nvml(fake).kinds == fixture("h100-sxm8").kinds
+
+
+def test_nvlink_generation_sets_bandwidth() -> None:
+    topo = topology_from_nvml(FakeNvml(fixture("nvswitch-8"), nvlink_version=pynvml.NVML_NVLINK_VERSION_5_0))
+    assert topo.bandwidth[0, 1] == 18 * 50 * GB
+    topo = topology_from_nvml(FakeNvml(fixture("pcie-8"), nvlink_version=pynvml.NVML_NVLINK_VERSION_3_0))
+    assert topo.bandwidth[0, 1] == 12 * 25 * GB
+
+
+def test_slow_pcie_link_caps_pcie_paths() -> None:
+    fake = FakeNvml(fixture("pcie-8"))
+    fake.gpus[2].pcie_gen, fake.gpus[2].pcie_width = 4, 8
+    topo = topology_from_nvml(fake)
+    assert topo.bandwidth[2, 0] == pytest.approx(8 * 1.969 * GB) and topo.bandwidth[0, 2] == topo.bandwidth[2, 0]
+    assert topo.bandwidth[0, 4] == 20 * GB and topo.bandwidth[2, 3] == 300 * GB  # NVLink unchanged
+
+
+def test_old_driver_fallbacks_sysfs_and_remote_type(tmp_path) -> None:
+    fake = FakeNvml(fixture("pcie-8"))
+    for g in fake.gpus:
+        for call in ("nvmlDeviceGetNumaNodeId", "nvmlDeviceGetCpuAffinity", "nvmlDeviceGetNvLinkRemoteDeviceType"):
+            g.fail[call] = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
+        dev = tmp_path / "bus/pci/devices" / g.bus_id[4:].lower()
+        dev.mkdir(parents=True)
+        dev.joinpath("numa_node").write_text(f"{g.numa_node}\n")
+        dev.joinpath("local_cpulist").write_text(format_cpulist(g.cpus) + "\n")
+    for g in fake.gpus:  # remote PCI info in NVML's 4-digit-domain lower-case form still matches
+        for link in g.links:
+            link.remote_bus = link.remote_bus[4:].lower()
+    topo = topology_from_nvml(fake, sysfs=tmp_path)
+    want = fixture("pcie-8")
+    assert topo.kinds == want.kinds and topo.gpus == want.gpus
+
+
+def test_gpus_without_any_numa_answer_are_node_0(tmp_path) -> None:
+    fake = FakeNvml(fixture("nvswitch-8"))
+    for g in fake.gpus:
+        g.numa_node = -1
+    assert {g.numa_node for g in topology_from_nvml(fake, sysfs=tmp_path).gpus} == {0}
+
+
+def test_no_driver_and_failing_driver(fake: FakeNvml) -> None:
+    with pytest.raises(CollectorError, match="NVIDIA driver not available"):
+        topology_from_nvml(FakeNvml(fixture("pcie-8"), init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND))
+    fake.gpus[1].fail["nvmlDeviceGetMemoryInfo"] = pynvml.NVML_ERROR_UNKNOWN
+    with pytest.raises(CollectorError, match="cannot read the GPU topology: Unknown Error"):
+        topology_from_nvml(fake)
+    assert fake.initialised == 0
+
+
+@pytest.mark.parametrize("level,kind", [
+    ("NVML_TOPOLOGY_INTERNAL", LinkKind.PCIE_SWITCH), ("NVML_TOPOLOGY_SINGLE", LinkKind.PCIE_SWITCH),
+    ("NVML_TOPOLOGY_MULTIPLE", LinkKind.PCIE_SWITCH), ("NVML_TOPOLOGY_HOSTBRIDGE", LinkKind.PCIE_HOST_BRIDGE),
+    ("NVML_TOPOLOGY_NODE", LinkKind.PCIE_HOST_BRIDGE), ("NVML_TOPOLOGY_SYSTEM", LinkKind.NUMA_INTERCONNECT),
+])
+def test_ancestor_levels(level: str, kind: LinkKind) -> None:
+    assert ancestor_kind(pynvml, getattr(pynvml, level)) == kind
+
+
+@pytest.mark.parametrize("version,rate", [
+    ("NVML_NVLINK_VERSION_1_0", 20), ("NVML_NVLINK_VERSION_2_0", 25), ("NVML_NVLINK_VERSION_3_0", 25),
+    ("NVML_NVLINK_VERSION_4_0", 25), ("NVML_NVLINK_VERSION_5_0", 50), ("NVML_NVLINK_VERSION_INVALID", 25),
+])
+def test_nvlink_rates(version: str, rate: float) -> None:
+    assert nvlink_per_link(pynvml, getattr(pynvml, version)) == rate * GB
+
+
+@pytest.mark.parametrize("gen,width,gbs", [(3, 16, 15.76), (4, 16, 31.504), (5, 16, 63.008), (4, 8, 15.752)])
+def test_pcie_rates(gen: int, width: int, gbs: float) -> None:
+    assert pcie_bandwidth(gen, width) == pytest.approx(gbs * GB)
+
+
+@pytest.mark.parametrize("text,cpus", [("0-3,8", (0, 1, 2, 3, 8)), ("5", (5,)), ("", ()),
+                                       ("0-55,112-167", (*range(56), *range(112, 168)))])
+def test_cpulist_round_trip(text: str, cpus: tuple[int, ...]) -> None:
+    assert parse_cpulist(text) == cpus and format_cpulist(cpus) == text
+
+
+def _topo_cli(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    return parser.parse_args(argv)
+
+
+def _matrix(text: str) -> dict[str, list[str]]:
+    """GPU row -> cells (GPU columns, CPU affinity, NUMA affinity) of a topo -m style text."""
+    rows = {}
+    for line in text.splitlines():
+        if line.startswith("GPU") and "\t" in line and not rows.get(line.split("\t")[0]):
+            cells = [c.strip() for c in line.split("\t")]
+            rows[cells[0]] = cells[1:9] + [c for c in cells[9:] if c and c[0].isdigit()][-2:]
+    return rows
+
+
+def test_topo_prints_what_nvidia_smi_prints_for_the_h100_box(fake: FakeNvml) -> None:
+    ours = format_topology(topology_from_nvml(fake))
+    want = _matrix(H100_TEXT.read_text())
+    assert _matrix(ours) == want
+    assert "GPU0\t-\t450\t450" in ours and "NV#" in ours
+
+
+def test_topo_command_preset_and_json(capsys: pytest.CaptureFixture[str]) -> None:
+    args = _topo_cli(["topo", "--preset", "pcie-8"])
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    rows = _matrix(out)
+    assert rows["GPU0"][:8] == ["X", "NV12", "PHB", "PHB", "SYS", "SYS", "SYS", "SYS"]
+    assert rows["GPU5"][8:] == ["32-63", "1"]
+    args = _topo_cli(["topo", "--preset", "nvswitch-8", "--json"])
+    args.func(args)
+    back = Topology.from_dict(json.loads(capsys.readouterr().out))
+    assert back.kinds == fixture("nvswitch-8").kinds
+
+
+def test_topo_command_without_a_driver_fails_with_one_line() -> None:
+    args = _topo_cli(["topo"])
+    with pytest.raises(CollectorError) as err:
+        args.func(args)  # the real pynvml: no driver on this machine
+    assert "\n" not in str(err.value)

@@ -1,0 +1,322 @@
+"""dcgm-exporter, vLLM and Triton pages served over loopback HTTP, scraped into Frames."""
+
+from __future__ import annotations
+
+import bisect
+import socket
+
+import numpy as np
+import pytest
+from conftest import DATA, PageServer
+from prometheus_client.parser import text_string_to_metric_families
+
+from sits_observe.collectors.config import ServerConfig
+from sits_observe.collectors.dcgm import DcgmSource
+from sits_observe.collectors.promtext import PageParser, redact
+from sits_observe.collectors.servers import Cumulative, ServerSource, rebucket
+from sits_observe.config import parse
+from sits_observe.errors import CollectorError, ConfigError
+from sits_observe.frame import GPU_FIELD_INDEX, BucketLayout, Frame
+
+MIB = 1024.0**2
+LAYOUT = BucketLayout(parse({}, env={}).store.snapped())
+PAGES = ("dcgm_exporter_page.txt", "vllm_page1.txt", "vllm_page2.txt", "triton_page1.txt", "triton_page2.txt")
+
+
+def _page(name: str) -> str:
+    return (DATA / name).read_text()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+# ---- dcgm-exporter ------------------------------------------------------------------------------
+
+DCGM_EXPECTED = {  # field -> (GPU 0, GPU 1) from the recorded page
+    "utilization_ratio": (0.73, 0.18),
+    "memory_utilization_ratio": (0.41, 0.06),
+    "memory_used_bytes": (20480 * MIB, 1992 * MIB),  # GPU 1's MIG-instance series is not the device's
+    "memory_total_bytes": (81559 * MIB, 81559 * MIB),
+    "sm_clock_hertz": (1980e6, 1755e6),
+    "memory_clock_hertz": (2619e6, 2619e6),
+    "power_watts": (512.345, 398.1),
+    "temperature_celsius": (61, 57),
+    "throttle_reasons": (0x24, 0x1),
+    "pcie_rx_bytes_per_second": (2097152, 524288),
+    "pcie_tx_bytes_per_second": (3145728, 1048576),
+    "nvlink_rx_bytes_per_second": (6291456000, 0),
+    "nvlink_tx_bytes_per_second": (7340032000, 0),
+    "ecc_corrected_errors_total": (5, 0),
+    "ecc_uncorrected_errors_total": (1, 0),
+    "retired_pages": (3, 0),
+}
+
+
+def test_dcgm_page_fills_the_gpu_fields(pages: PageServer) -> None:
+    pages.pages["/metrics"] = _page("dcgm_exporter_page.txt")
+    clock = Clock()
+    src = DcgmSource(pages.url("/metrics"), sample_interval=5.0, clock=clock)
+    frame = Frame(0.0, 1.0)
+    src.collect(frame)
+    gpu = frame.gpu
+    assert [(g.index, g.uuid[-4:], g.pci_bus_id) for g in gpu.info] == [
+        (0, "89ab", "00000000:18:00.0"), (1, "89ab", "00000000:2A:00.0")]
+    assert {g.model for g in gpu.info} == {"NVIDIA H100 80GB HBM3"}
+    for name, want in DCGM_EXPECTED.items():
+        assert list(gpu.values[:, GPU_FIELD_INDEX[name]]) == pytest.approx(list(want)), name
+    for name in ("nvlink_rx_bytes_total", "nvlink_tx_bytes_total", "xid_errors_total"):
+        assert np.isnan(gpu.values[:, GPU_FIELD_INDEX[name]]).all()  # not on a dcgm-exporter page
+    detail = {(s.name, s.labels[0][1], s.labels[4:]): s.value for s in frame.samples}
+    assert detail[("sits_gpu_last_xid", "1", ())] == 79
+    assert detail[("sits_gpu_remapped_rows", "0", (("kind", "uncorrectable"),))] == 1
+    # the next ticks within sample_interval reuse the page
+    clock.t = 4.0
+    again = Frame(4.0, 1.0)
+    src.collect(again)
+    assert pages.hits["/metrics"] == 1 and np.array_equal(again.gpu.values, gpu.values, equal_nan=True)
+    clock.t = 5.0
+    src.collect(Frame(5.0, 1.0))
+    assert pages.hits["/metrics"] == 2
+
+
+def test_dcgm_failures_name_the_url(pages: PageServer) -> None:
+    pages.pages["/metrics"] = "internal error\n"
+    pages.status["/metrics"] = 500
+    src = DcgmSource(pages.url("/metrics"), clock=Clock())
+    frame = Frame(0.0, 1.0)
+    with pytest.raises(CollectorError, match=r"127\.0\.0\.1:\d+/metrics: HTTP 500"):
+        src.collect(frame)
+    assert frame.gpu is None
+    pages.pages["/node"] = _page("vllm_page1.txt")
+    with pytest.raises(CollectorError, match="no DCGM_FI_"):
+        DcgmSource(pages.url("/node"), clock=Clock()).collect(Frame(0.0, 1.0))
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(CollectorError, match="cannot fetch the metrics page"):
+        DcgmSource(f"http://127.0.0.1:{port}/metrics", timeout=1.0, clock=Clock()).collect(Frame(0.0, 1.0))
+
+
+def test_dcgm_good_page_after_a_bad_one(pages: PageServer) -> None:
+    clock = Clock()
+    pages.pages["/metrics"] = "DCGM_FI_DEV_GPU_UTIL{gpu=\"0\"} not-a-number\n"
+    src = DcgmSource(pages.url("/metrics"), sample_interval=5.0, clock=clock)
+    with pytest.raises(CollectorError, match="line 1: not Prometheus text format"):
+        src.collect(Frame(0.0, 1.0))
+    clock.t = 1.0
+    idle = Frame(1.0, 1.0)
+    src.collect(idle)  # waits for the next sample: no stale data, no new request
+    assert idle.gpu is None and pages.hits["/metrics"] == 1
+    pages.pages["/metrics"] = _page("dcgm_exporter_page.txt")
+    clock.t = 5.0
+    frame = Frame(5.0, 1.0)
+    src.collect(frame)
+    assert frame.gpu.values[0, GPU_FIELD_INDEX["utilization_ratio"]] == pytest.approx(0.73)
+
+
+# ---- vLLM ---------------------------------------------------------------------------------------
+
+VLLM_EDGES = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+              480.0, 960.0, 1920.0, 7680.0]
+TTFT_EDGES = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+              80.0, 160.0, 640.0, 2560.0]
+# observations between vllm_page1 and vllm_page2 (how the recorded pages were made)
+VLLM_NEW = {"e2e": [0.25, 0.7, 1.2, 3.0, 3.0], "queue": [0.004, 0.3, 0.02, 0.02, 0.6],
+            "prefill": [0.03, 0.09, 0.11, 0.5, 0.07], "decode": [0.2, 0.3, 1.05, 2.4, 2.3]}
+TTFT_NEW = [0.034, 0.39, 0.13, 0.52, 0.67]
+
+
+def _conservative(values: list[float], src_edges: list[float]) -> dict[float, int]:
+    """Exported bucket upper edge -> count, placing each value at its source bucket's upper edge."""
+    out: dict[float, int] = {}
+    for v in values:
+        upper = src_edges[bisect.bisect_left(src_edges, v)]
+        ours = LAYOUT.uppers()[bisect.bisect_left(list(LAYOUT.edges), upper)]
+        out[float(ours)] = out.get(float(ours), 0) + 1
+    return out
+
+
+def _buckets(frame: Frame, stage: str, workload: str = "chat") -> dict[float, int]:
+    counts = frame.hists[(stage, workload)].counts
+    return {float(LAYOUT.uppers()[i]): int(c) for i, c in enumerate(counts) if c}
+
+
+def _server(pages: PageServer, kind: str, **extra: object) -> ServerSource:
+    cfg = ServerConfig(kind=kind, url=pages.url(f"/{kind}"), workload="chat", **extra)
+    return ServerSource(cfg, LAYOUT, clock=Clock())
+
+
+def _two_pages(pages: PageServer, src: ServerSource, first: str, second: str) -> tuple[Frame, Frame]:
+    frames = []
+    for text in (first, second):
+        pages.pages[f"/{src.config.kind}"] = text
+        frame = Frame(float(len(frames)), 1.0)
+        src.collect(frame)
+        frames.append(frame)
+    return frames[0], frames[1]
+
+
+def test_vllm_stage_deltas_gauges_and_counters(pages: PageServer) -> None:
+    src = _server(pages, "vllm")
+    first, second = _two_pages(pages, src, _page("vllm_page1.txt"), _page("vllm_page2.txt"))
+    assert first.hists == {} and first.counters == {}  # the first page is the baseline
+    assert first.workload_gauges == {("running_requests", "chat"): 12, ("queue_depth", "chat"): 3,
+                                     ("kv_cache_usage_ratio", "chat"): 0.42}
+    for stage, values in VLLM_NEW.items():
+        assert _buckets(second, stage) == _conservative(values, VLLM_EDGES), stage
+        assert second.hists[(stage, "chat")].sum == pytest.approx(sum(values))
+    assert set(second.hists) == {(s, "chat") for s in VLLM_NEW}
+    assert second.counters == {("requests_total", "chat"): 5, ("preemptions_total", "chat"): 2,
+                               ("tokens_generated_total", "chat"): 1500}
+    assert second.workload_gauges[("queue_depth", "chat")] == 0
+    assert second.workload_gauges[("kv_cache_usage_ratio", "chat")] == pytest.approx(0.37)
+
+
+def test_vllm_without_prefill_histogram_uses_time_to_first_token(pages: PageServer) -> None:
+    def old(text: str) -> str:
+        return "".join(line + "\n" for line in text.splitlines() if "request_prefill_time" not in line)
+
+    src = _server(pages, "vllm")
+    _, second = _two_pages(pages, src, old(_page("vllm_page1.txt")), old(_page("vllm_page2.txt")))
+    assert _buckets(second, "prefill") == _conservative(TTFT_NEW, TTFT_EDGES)
+
+
+def test_vllm_restart_is_not_a_negative_rate(pages: PageServer) -> None:
+    src = _server(pages, "vllm")
+    _, after = _two_pages(pages, src, _page("vllm_page2.txt"), _page("vllm_page1.txt"))
+    # page1 after page2: counters went down -> the server restarted; the delta is page1's own values
+    assert after.counters[("requests_total", "chat")] == 8
+    assert after.counters[("preemptions_total", "chat")] == 7
+    assert after.hists[("e2e", "chat")].count == 8
+    assert all(v >= 0 for v in after.counters.values()) and src.counters.resets > 0
+
+
+def test_model_filter_that_matches_nothing_adds_nothing(pages: PageServer) -> None:
+    pages.pages["/vllm"] = _page("vllm_page1.txt")
+    other = _server(pages, "vllm", model="some/other-model")
+    frame = Frame(0.0, 1.0)
+    other.collect(frame)
+    assert frame.workload_gauges == {}
+
+
+# ---- Triton -------------------------------------------------------------------------------------
+
+def _mean_bucket(mean: float) -> float:
+    return float(LAYOUT.uppers()[bisect.bisect_left(list(LAYOUT.edges), mean)])
+
+
+def test_triton_counters_become_mean_latency_per_interval(pages: PageServer) -> None:
+    src = _server(pages, "triton", model="llama")
+    first, second = _two_pages(pages, src, _page("triton_page1.txt"), _page("triton_page2.txt"))
+    assert first.hists == {} and first.workload_gauges == {("queue_depth", "chat"): 4}
+    # llama: 10 successful requests; durations grew by 1.5 s, 0.05 s, 0.01 s, 1.2 s, 0.02 s
+    for stage, total in (("e2e", 1.5), ("queue", 0.05), ("ingress", 0.01), ("decode", 1.2), ("egress", 0.02)):
+        hist = second.hists[(stage, "chat")]
+        assert hist.count == 10 and hist.sum == pytest.approx(total), stage
+        assert _buckets(second, stage) == {_mean_bucket(total / 10): 10}, stage
+    assert second.counters == {("requests_total", "chat"): 11, ("request_errors_total", "chat"): 1,
+                               ("inferences_total", "chat"): 10, ("executions_total", "chat"): 3}
+    assert second.workload_gauges == {("queue_depth", "chat"): 6}
+
+
+def test_triton_all_models_are_summed(pages: PageServer) -> None:
+    src = _server(pages, "triton")
+    _, second = _two_pages(pages, src, _page("triton_page1.txt"), _page("triton_page2.txt"))
+    assert second.counters[("requests_total", "chat")] == 411
+    assert second.hists[("e2e", "chat")].count == 410
+    assert second.hists[("e2e", "chat")].sum == pytest.approx(1.5 + 2.4)
+
+
+def test_triton_restart(pages: PageServer) -> None:
+    src = _server(pages, "triton", model="llama")
+    _, after = _two_pages(pages, src, _page("triton_page2.txt"), _page("triton_page1.txt"))
+    assert after.counters[("requests_total", "chat")] == 1002
+    assert after.hists[("e2e", "chat")].count == 1000
+    assert after.hists[("e2e", "chat")].sum == pytest.approx(151.0)
+
+
+def test_unreachable_server_backs_off(pages: PageServer) -> None:
+    pages.pages["/vllm"] = "overloaded\n"
+    pages.status["/vllm"] = 503
+    src = _server(pages, "vllm")
+    clock = src.clock
+    with pytest.raises(CollectorError, match="HTTP 503"):
+        src.collect(Frame(0.0, 1.0))
+    clock.t = 0.5
+    src.collect(Frame(0.5, 1.0))  # within the back-off: not asked
+    assert pages.hits["/vllm"] == 1
+    clock.t = 1.0
+    with pytest.raises(CollectorError):
+        src.collect(Frame(1.0, 1.0))
+    clock.t = 2.5  # back-off doubled to 2 s
+    src.collect(Frame(2.5, 1.0))
+    assert pages.hits["/vllm"] == 2
+    pages.status["/vllm"] = 200
+    pages.pages["/vllm"] = _page("vllm_page1.txt")
+    clock.t = 3.0
+    frame = Frame(3.0, 1.0)
+    src.collect(frame)
+    assert frame.workload_gauges[("running_requests", "chat")] == 12
+
+
+# ---- reading pages ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", PAGES)
+def test_page_parser_agrees_with_prometheus_client(name: str) -> None:
+    text = _page(name)
+    ours = PageParser().parse(text, lambda n: True)
+    theirs: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            key = s.name if s.name in ours else s.name.removesuffix("_total")  # counters without _total
+            theirs.setdefault(key, []).append((s.labels, s.value))
+    assert ours == theirs
+
+
+def test_redact_hides_credentials() -> None:
+    assert redact("http://admin:s3cret@gpu-host:9400/metrics") == "http://gpu-host:9400/metrics"
+    assert redact("https://127.0.0.1/metrics") == "https://127.0.0.1/metrics"
+    with pytest.raises(CollectorError) as err:
+        DcgmSource("http://admin:s3cret@127.0.0.1:1/metrics", timeout=0.5, clock=Clock()).collect(Frame(0.0, 1.0))
+    assert "s3cret" not in str(err.value)
+
+
+@pytest.mark.parametrize("src_edges,counts,want", [
+    ([0.1], [3, 2], {0.100663296: 3, np.inf: 2}),  # 0.1 <= our 0.10066: same bucket
+    ([0.3], [4, 0], {0.50331648: 4}),  # between our edges: the next one up, never the one below
+    ([0.25165824], [1, 0], {0.25165824: 1}),  # an edge equal to ours stays
+    ([0.000001, 120.0], [1, 1, 1], {3.968e-06: 1, np.inf: 2}),  # beyond our last edge: +Inf
+])
+def test_rebucket_never_lands_low(src_edges: list[float], counts: list[int], want: dict[float, int]) -> None:
+    out = rebucket(np.array(src_edges), np.array(counts), LAYOUT)
+    assert {float(LAYOUT.uppers()[i]): int(c) for i, c in enumerate(out) if c} == pytest.approx(want)
+    assert out.sum() == sum(counts)
+
+
+def test_cumulative_deltas_and_resets() -> None:
+    c = Cumulative()
+    assert c.delta("x", 10) is None
+    assert list(c.delta("x", 15)) == [5]
+    assert list(c.delta("x", 3)) == [3] and c.resets == 1  # restart
+    assert c.delta("v", np.array([1, 2])) is None
+    assert list(c.delta("v", np.array([2, 5]))) == [1, 3]
+    assert c.delta("v", np.array([2, 5, 9])) is None  # bucket layout changed: new baseline
+
+
+@pytest.mark.parametrize("section,message", [
+    ({"servers": [{"kind": "tgi", "url": "http://a/metrics", "workload": "w"}]}, "servers[0].kind: Input should be"),
+    ({"servers": [{"kind": "vllm", "url": "localhost:8000", "workload": "w"}]}, "servers[0].url: must be an http"),
+    ({"servers": [{"kind": "vllm", "url": "http://a/metrics", "workload": "w", "timeout": 0}]}, "servers[0].timeout"),
+    ({"servers": [{"kind": "vllm", "url": "http://a/metrics"}]}, "servers[0].workload: Field required"),
+    ({"gpu": {"backend": "dcgm"}}, "gpu: backend dcgm needs gpu.dcgm_url"),
+    ({"gpu": {"dcgm_url": "ftp://h/metrics"}}, "gpu.dcgm_url: must be an http"),
+])
+def test_config_errors_name_the_field(section: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse(section, "sits.yaml", env={})
+    assert str(err.value).startswith(f"sits.yaml: {message}")
