@@ -1,0 +1,97 @@
+"""The Dash app mounted at ``/`` on the daemon's Flask server: a header, a status line, the pages.
+
+Page URLs take query parameters (``/load?field=temperature&range=15m``); they are checked before the
+page is served, so a bad one is answered 400 (unknown page 404) with the reason, as JSON like the API.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from dash import Dash, Input, Output, dcc, html
+from flask import Flask, request
+from werkzeug.exceptions import BadRequest, NotFound
+
+from . import parts
+from .context import UiContext
+from .pages import DEFAULT, PAGES
+from .params import parse_query
+
+__all__ = ["create_dash"]
+
+INDEX_ENDPOINTS = ("/", "/<path:path>")  # Dash's index and catch-all routes (endpoint = rule)
+
+
+def create_dash(server: Flask, daemon: Any, *, incremental: bool = True) -> Dash:
+    """Mount the UI on ``server``; ``incremental=False`` is the full-recompute baseline of ``bench ui``."""
+    ctx = UiContext(daemon, incremental=incremental)
+    app = Dash("sits_observe.ui", server=server, url_base_pathname="/", title="sits-observe", update_title=None,
+               suppress_callback_exceptions=True, serve_locally=True)
+    app.layout = _shell(ctx)
+    for page in PAGES.values():
+        page.register(app, ctx)
+
+    @server.before_request
+    def check_page_url() -> None:
+        if request.endpoint in INDEX_ENDPOINTS:
+            try:
+                search = request.query_string.decode()
+            except UnicodeDecodeError:
+                raise BadRequest("query string is not UTF-8") from None
+            _options(ctx, request.path, search)
+
+    @app.callback(Output("page", "children"), Input("url", "pathname"), Input("url", "search"))
+    def route(path: str | None, search: str | None) -> Any:
+        page, opts = _options(ctx, path or "/", search)
+        return page.layout(ctx, opts)
+
+    @app.callback(Output("status", "children"), Input("status-tick", "n_intervals"))
+    def status(_n: int | None) -> list[Any]:
+        return _status(ctx)
+
+    return app
+
+
+def _options(ctx: UiContext, path: str, search: str | None) -> tuple[Any, dict[str, Any]]:
+    page = PAGES.get(DEFAULT if path == "/" else path)
+    if page is None:
+        raise NotFound(f"no UI page {path[:80]!r}; pages: {', '.join(PAGES)}")
+    return page, page.options(ctx, parse_query(search, page.PARAMS, page.PATH))
+
+
+def _shell(ctx: UiContext) -> html.Div:
+    topo = ctx.daemon.topology
+    host = f"{topo.name}, {topo.n} GPUs" if topo is not None else "no GPU topology"
+    return html.Div([
+        dcc.Location(id="url", refresh=False),
+        html.Header([
+            html.Span("sits-observe", className="brand"),
+            html.Span(host, className="host"),
+            html.Nav([dcc.Link(p.TITLE, href=path, className="nav") for path, p in PAGES.items()]),
+        ]),
+        html.Div(_status(ctx), id="status", className="status"),
+        dcc.Interval(id="status-tick", interval=ctx.interval_ms),
+        html.Main(id="page"),
+    ])
+
+
+def _status(ctx: UiContext) -> list[Any]:
+    """One line that answers "is anything wrong, why, and what did the daemon do" on every page."""
+    store = ctx.store
+    if not store.ticks:
+        return [html.Span("waiting for the first tick", className="item")]
+    clock = time.strftime("%H:%M:%S", time.gmtime(store.latest_ts))
+    items = [html.Span(f"tick {store.ticks} · {clock} (source clock)", className="item")]
+    firing = parts.alerts(ctx)
+    items.append(html.Span(f"{len(firing)} alert{'s' if len(firing) != 1 else ''} firing",
+                           className="item bad" if firing else "item ok"))
+    v = parts.verdicts(ctx, 1)
+    if v:
+        items.append(html.Span(f"likely cause: {v[0].get('cause')} ({float(v[0].get('confidence', 0)):.2f})",
+                               className="item"))
+    d = parts.decisions(ctx, 1)
+    if d:
+        items.append(html.Span(f"last decision: {d[0].get('action')} {d[0].get('shard_id') or ''}".rstrip(),
+                               className="item"))
+    return items

@@ -1,0 +1,121 @@
+"""``sits-observe bench ui``: first render and live-update time of every page in headless Chromium.
+
+A daemon with 8 GPUs and a full hour of history (the simulated host, ticked as fast as it goes) serves
+the UI twice on loopback: the real one (incremental caches, patched updates) and a baseline that
+recomputes every figure from the store and replaces it on each update.  While pages are open, new
+ticks arrive at the real rate relative to the update interval (one tick per ``tick_interval``).
+Targets (issue 8): first render <= 1.5 s, interval update <= 300 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from ..config import parse
+from ..export.http import Server, create_app
+from .app import create_dash
+from .browser import chromium, load_page, screenshot, wait_updates
+
+__all__ = ["add_arguments", "run", "GRAPHS"]
+
+GRAPHS = {"/topology": 2, "/load": 1, "/stages": 2, "/slos": 2, "/causes": 1}  # graphs drawn per page
+TARGETS = {"first_render_ms": 1500.0, "update_ms": 300.0}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--topology", default="nvswitch-8", help="simulated topology (default nvswitch-8: 8 GPUs)")
+    p.add_argument("--history", type=int, default=3600, help="ticks of history filled before measuring (1 h)")
+    p.add_argument("--updates", type=int, default=5, help="live updates measured per page and variant")
+    p.add_argument("--interval", type=float, default=1.0, help="ui.update_interval for the run, seconds")
+    p.add_argument("--out", type=Path, help="directory for screenshots (default: a temporary directory)")
+
+
+def _daemon(topology: str, history: int, interval: float) -> Any:
+    from ..wiring import build_daemon
+
+    state = tempfile.mkdtemp(prefix="sits-bench-ui-")
+    cfg = parse({"state_dir": state, "store": {"history": history}, "ui": {"update_interval": interval,
+                 "history": float(history)}, "sim": {"topology": topology, "scenario": "mixed", "speed": 1000}})
+    daemon = build_daemon(cfg)
+    for _ in range(history):
+        daemon.tick()
+    return daemon
+
+
+def _feed(daemon: Any, every: float, stop: threading.Event) -> None:
+    while not stop.wait(every):
+        daemon.tick()
+
+
+def _serve(daemon: Any, incremental: bool) -> Server:
+    app = create_app(daemon, ui=False)
+    create_dash(app, daemon, incremental=incremental)
+    server = Server(app, "127.0.0.1", 0)
+    server.start()
+    return server
+
+
+def _summary(updates: list[dict[str, float]]) -> dict[str, Any]:
+    if not updates:
+        return {"updates": 0}
+    ms = sorted(u["ms"] for u in updates)
+    return {"updates": len(ms), "update_ms_p50": round(statistics.median(ms), 1), "update_ms_max": round(ms[-1], 1),
+            "update_server_ms_p50": round(statistics.median(u["server_ms"] for u in updates), 1),
+            "update_bytes_p50": int(statistics.median(u["bytes"] for u in updates))}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    daemon = _daemon(args.topology, args.history, args.interval)
+    fill_s = time.perf_counter() - t0
+    out = args.out or Path(tempfile.mkdtemp(prefix="sits-bench-ui-shots-"))
+    servers = {"patched": _serve(daemon, True), "baseline_full": _serve(daemon, False)}
+    stop = threading.Event()
+    feeder = threading.Thread(target=_feed, args=(daemon, daemon.config.tick_interval * args.interval /
+                                                  daemon.config.ui.update_interval, stop), daemon=True)
+    with tempfile.TemporaryDirectory(prefix="sits-bench-ui-profile-") as profile:
+        browser = chromium(Path(profile))
+        try:
+            base = f"http://127.0.0.1:{servers['patched'].port}"
+            cold = load_page(browser, f"{base}/topology", GRAPHS["/topology"])  # bundles fetched once, then cached
+            feeder.start()
+            pages: dict[str, Any] = {}
+            for path in (p for p in GRAPHS if p in _paths()):
+                entry: dict[str, Any] = {}
+                for variant, server in servers.items():
+                    url = f"http://127.0.0.1:{server.port}{path}"
+                    first = load_page(browser, url, GRAPHS[path])
+                    res = {"first_render_ms": round(first, 1), **_summary(
+                        wait_updates(browser, args.updates, timeout=(args.updates + 3) * args.interval + 30))}
+                    if variant == "patched":
+                        res["screenshot"] = screenshot(browser, out / f"{path.strip('/')}.png")
+                    entry[variant] = res
+                pages[path.strip("/")] = entry
+        finally:
+            stop.set()
+            browser.quit()
+            for s in servers.values():
+                s.close()
+            daemon.close()
+    worst_first = max(p["patched"]["first_render_ms"] for p in pages.values())
+    worst_update = max(p["patched"].get("update_ms_p50", float("inf")) for p in pages.values())
+    return {
+        "machine_note": "headless Chromium on this host; times from navigation start / update request",
+        "gpus": daemon.topology.n, "history_ticks": args.history, "fill_seconds": round(fill_s, 1),
+        "update_interval_s": args.interval, "cold_first_load_ms": round(cold, 1), "pages": pages,
+        "screenshots_dir": str(out), "targets": TARGETS,
+        "worst_first_render_ms": worst_first, "worst_update_ms_p50": worst_update,
+        "meets_targets": worst_first <= TARGETS["first_render_ms"] and worst_update <= TARGETS["update_ms"],
+    }
+
+
+def _paths() -> set[str]:
+    from .pages import PAGES
+
+    return set(PAGES)

@@ -1,0 +1,82 @@
+"""What every page reads: the daemon's parts, the UI settings and the shared column caches."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from werkzeug.exceptions import BadRequest
+
+from .cache import MAX_COLUMNS, CacheSet, ColumnCache, Read
+from .config import UiConfig
+from .params import parse_range
+
+__all__ = ["UiContext", "Window"]
+
+
+@dataclass(frozen=True)
+class Window:
+    """The time span a page shows: seconds (source clock), ticks, ticks per column and columns."""
+
+    seconds: float
+    ticks: int
+
+    @property
+    def bin(self) -> int:
+        return max(1, -(-self.ticks // MAX_COLUMNS))
+
+    @property
+    def columns(self) -> int:
+        return max(1, self.ticks // self.bin)
+
+
+@dataclass
+class UiContext:
+    """``incremental=False`` makes every update recompute from the store (the bench's baseline)."""
+
+    daemon: Any
+    incremental: bool = True
+    caches: CacheSet = field(default_factory=CacheSet)
+
+    @property
+    def cfg(self) -> UiConfig:
+        return self.daemon.config.ui
+
+    @property
+    def store(self) -> Any:
+        return self.daemon.store
+
+    @property
+    def tick_interval(self) -> float:
+        return float(self.daemon.config.tick_interval)
+
+    @property
+    def interval_ms(self) -> int:
+        return int(self.cfg.update_interval * 1000)
+
+    @property
+    def n_gpus(self) -> int:
+        topo = self.daemon.topology
+        return topo.n if topo is not None else len(self.store.gpu_info())
+
+    def part(self, name: str) -> Any:
+        """An optional subsystem (``slo``, ``rca``, ``scheduler``) or None when not enabled."""
+        return getattr(self.daemon, name, None)
+
+    def window(self, query: Mapping[str, str]) -> Window:
+        """The ``range`` parameter (default ``ui.history``), bounded by the history the store keeps."""
+        kept = self.store.history * self.tick_interval
+        seconds = parse_range(query.get("range"), self.cfg.history, kept)
+        return Window(seconds, max(1, int(round(seconds / self.tick_interval))))
+
+    def held_window(self, raw: Any) -> Window:
+        """The window (seconds) a page's browser-side state carries, checked like ``range``."""
+        if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+            raise BadRequest(f"window: expected seconds from the page's state, got {str(raw)[:60]!r}; reload the page")
+        return self.window({"range": f"{float(raw):.3f}"})
+
+    def cache(self, key: Hashable, rows: tuple[str, ...], read: Read, bin: int) -> ColumnCache:
+        """The shared cache of one derived series at one bin size."""
+        return self.caches.get((key, rows, bin), lambda: ColumnCache(self.store, rows, read, self.store.history, bin,
+                                                                     self.incremental))

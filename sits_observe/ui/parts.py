@@ -1,0 +1,67 @@
+"""What the pages read from the optional subsystems (SLO engine, classifier, scheduler), in one place.
+
+Each reader returns plain data and an empty answer when the subsystem is not enabled, so a page never
+needs to know which parts a daemon runs.  The shapes are those of the subsystems' ``*_state()``
+methods, which also back the REST API.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .context import UiContext
+
+__all__ = ["Move", "migrations", "slos", "alerts", "verdicts", "decisions"]
+
+IN_FLIGHT = ("pending", "placed", "staged", "launched")
+
+
+@dataclass(frozen=True)
+class Move:
+    """A migration in flight: the shard, the GPUs it leaves and the GPUs it moves to."""
+
+    shard: str
+    source: tuple[int, ...]
+    target: tuple[int, ...]
+    state: str
+
+
+def _records(data: Any, key: str) -> list[dict[str, Any]]:
+    if isinstance(data, dict):
+        data = data.get(key, [])
+    return [d for d in data or [] if isinstance(d, dict)]
+
+
+def migrations(ctx: UiContext) -> list[Move]:
+    sched = ctx.part("scheduler")
+    if sched is None:
+        return []
+    out = []
+    for m in _records(sched.migrations_state(), "migrations"):
+        out.append(Move(str(m.get("shard_id", "?")), tuple(m.get("source_gpus", ())), tuple(m.get("target_gpus", ())),
+                        str(m.get("state", "?"))))
+    return out
+
+
+def slos(ctx: UiContext) -> list[dict[str, Any]]:
+    slo = ctx.part("slo")
+    return [] if slo is None else _records(slo.slos_state(), "slos")
+
+
+def alerts(ctx: UiContext) -> list[dict[str, Any]]:
+    slo = ctx.part("slo")
+    return [] if slo is None else _records(slo.alerts_state(), "alerts")
+
+
+def verdicts(ctx: UiContext, limit: int) -> list[dict[str, Any]]:
+    """Newest first."""
+    rca = ctx.part("rca")
+    return [] if rca is None else _records(rca.verdicts_state(limit), "verdicts")
+
+
+def decisions(ctx: UiContext, limit: int) -> list[dict[str, Any]]:
+    """Newest first."""
+    sched = ctx.part("scheduler")
+    return [] if sched is None else _records(sched.decisions_state(limit), "decisions")
