@@ -59,37 +59,37 @@ _BY_METRIC: dict[str, list[tuple[int, float, bool]]] = {
 _WANTED = frozenset(_BY_METRIC) | frozenset(DCGM_SAMPLES)
 
 
-def _info(labels: dict[str, str]) -> GpuInfo:
-    return GpuInfo(int(labels["gpu"]), labels.get("UUID", ""), labels.get("modelName", ""), labels.get("pci_bus_id", ""))
-
-
 def frame_part(series: Series) -> tuple[GpuFrame, list[Sample]]:
     """The GPU fields and detail samples of one parsed dcgm-exporter page (GPUs ordered by index)."""
-    infos: dict[int, GpuInfo] = {}
-    rows: list[tuple[int, str, dict[str, str], float]] = []
+    infos: dict[str, GpuInfo] = {}
+    rows: list[tuple[GpuInfo, str, float]] = []
     for metric, entries in series.items():
         for labels, value in entries:
-            if labels.get("GPU_I_ID") or "gpu" not in labels or not labels["gpu"].isdigit():
+            gpu = labels.get("gpu")
+            if gpu is None or labels.get("GPU_I_ID") or not gpu.isdigit():
                 continue
-            info = infos.setdefault(int(labels["gpu"]), _info(labels))
-            rows.append((info.index, metric, labels, value))
-    order = sorted(infos)
-    pos = {gpu: i for i, gpu in enumerate(order)}
-    gpu = GpuFrame.empty([infos[g] for g in order])
-    summed = np.zeros_like(gpu.values, dtype=bool)
+            info = infos.get(gpu)
+            if info is None:
+                info = infos[gpu] = GpuInfo(int(gpu), labels.get("UUID", ""), labels.get("modelName", ""),
+                                            labels.get("pci_bus_id", ""))
+            rows.append((info, metric, value))
+    order = sorted(infos.values(), key=lambda g: g.index)
+    pos = {g.index: i for i, g in enumerate(order)}
+    frame = GpuFrame.empty(order)
+    values, summed = frame.values, np.zeros(frame.values.shape, dtype=bool)
     samples = []
-    for index, metric, _, value in rows:
-        i = pos[index]
+    for info, metric, value in rows:
+        i = pos[info.index]
         for col, scale, add in _BY_METRIC.get(metric, ()):
             if add and summed[i, col]:
-                gpu.values[i, col] += value * scale
+                values[i, col] += value * scale
             else:
-                gpu.values[i, col] = value * scale
+                values[i, col] = value * scale
                 summed[i, col] = add
         if metric in DCGM_SAMPLES:
             name, extra = DCGM_SAMPLES[metric]
-            samples.append(gpu_sample(name, infos[index], value, **extra))
-    return gpu, samples
+            samples.append(gpu_sample(name, info, value, **extra))
+    return frame, samples
 
 
 @dataclass

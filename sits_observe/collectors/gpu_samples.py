@@ -6,7 +6,7 @@ from typing import Literal
 
 from ..frame import GpuInfo, Sample
 
-__all__ = ["SAMPLE_SPECS", "gpu_labels", "gpu_sample"]
+__all__ = ["SAMPLE_SPECS", "gpu_labels", "gpu_sample", "detail"]
 
 # name -> (kind, help); every name carries gpu, uuid, model, pci_bus_id and the extra label shown.
 SAMPLE_SPECS: dict[str, tuple[Literal["gauge", "counter"], str]] = {
@@ -20,11 +20,17 @@ SAMPLE_SPECS: dict[str, tuple[Literal["gauge", "counter"], str]] = {
 }
 
 
-def gpu_labels(info: GpuInfo) -> tuple[tuple[str, str], ...]:
-    return (("gpu", str(info.index)), ("uuid", info.uuid), ("model", info.model), ("pci_bus_id", info.pci_bus_id))
+def gpu_labels(info: GpuInfo, *extra: tuple[str, str]) -> tuple[tuple[str, str], ...]:
+    return (("gpu", str(info.index)), ("uuid", info.uuid), ("model", info.model), ("pci_bus_id", info.pci_bus_id),
+            *extra)
+
+
+def detail(name: str, labels: tuple[tuple[str, str], ...], value: float) -> Sample:
+    """One sample named in :data:`SAMPLE_SPECS` with ready-made labels (see :func:`gpu_labels`)."""
+    kind, help_ = SAMPLE_SPECS[name]
+    return Sample(name, kind, help_, labels, float(value))
 
 
 def gpu_sample(name: str, info: GpuInfo, value: float, **extra: str) -> Sample:
-    """One sample named in :data:`SAMPLE_SPECS` for ``info``'s GPU."""
-    kind, help_ = SAMPLE_SPECS[name]
-    return Sample(name, kind, help_, gpu_labels(info) + tuple(extra.items()), float(value))
+    """One sample named in :data:`SAMPLE_SPECS` for ``info``'s GPU, plus ``extra`` labels."""
+    return detail(name, gpu_labels(info, *extra.items()), value)

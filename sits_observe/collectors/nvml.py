@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import CollectorError
 from ..frame import GPU_FIELD_INDEX, Frame, GpuFrame, GpuInfo, Sample
-from .gpu_samples import gpu_sample
+from .gpu_samples import detail, gpu_labels, gpu_sample
 
 __all__ = ["NvmlSource", "load_nvml", "nvml_status", "is_unsupported", "OTHER_WORKLOAD"]
 
@@ -45,6 +45,7 @@ _SCALARS: tuple[tuple[str, str, str, tuple[str, ...], float], ...] = (
      ("NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_VOLATILE_ECC"), 1.0),
 )
 _F = GPU_FIELD_INDEX
+_LINK_BYTES = ("sits_gpu_nvlink_link_rx_bytes_total", "sits_gpu_nvlink_link_tx_bytes_total")
 
 
 def is_unsupported(nvml: Any, exc: Any) -> bool:
@@ -90,6 +91,8 @@ class _Gpu:
     info: GpuInfo
     handle: Any
     links: tuple[int, ...] = ()
+    link_labels: tuple[tuple[tuple[str, str], ...], ...] = ()
+    field_ids: list[tuple[int, int]] = field(default_factory=list)  # (RX, link), (TX, link) per link
     xid: bool = False  # registered for XID events
     nvlink_prev: tuple[float, float, float] | None = None  # (time, rx, tx) at the previous sample
 
@@ -120,6 +123,7 @@ class NvmlSource:
         nv = self.nvml
         self._scalars = [(g, _F[f], getattr(nv, fn), tuple(getattr(nv, a) for a in args), s)
                          for g, f, fn, args, s in _SCALARS]
+        self._enabled, self._success = nv.NVML_FEATURE_ENABLED, nv.NVML_SUCCESS
         try:
             self.gpus = [self._open(i) for i in range(nv.nvmlDeviceGetCount())]
             self._events = self._register_xid()
@@ -149,7 +153,9 @@ class NvmlSource:
                     raise
                 continue
             links.append(link)
-        return _Gpu(info, h, tuple(links))
+        ids = [(fid, link) for link in links
+               for fid in (nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX)]
+        return _Gpu(info, h, tuple(links), tuple(gpu_labels(info, ("link", str(k))) for k in links), ids)
 
     def _register_xid(self) -> Any:
         nv = self.nvml
@@ -282,25 +288,19 @@ class NvmlSource:
         if not g.links:
             return
         nv = self.nvml
-        for link in g.links:
-            state = self._get(i, f"nvlink{link}_state", snap, nv.nvmlDeviceGetNvLinkState, g.handle, link)
+        for link, labels in zip(g.links, g.link_labels):
+            state = self._get(i, "nvlink_state", snap, nv.nvmlDeviceGetNvLinkState, g.handle, link)
             if state is not None:
-                up = 1.0 if state == nv.NVML_FEATURE_ENABLED else 0.0
-                samples.append(gpu_sample("sits_gpu_nvlink_link_up", g.info, up, link=str(link)))
-        ids = [(fid, link) for link in g.links
-               for fid in (nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX)]
-        values = self._get(i, "nvlink_counters", snap, nv.nvmlDeviceGetFieldValues, g.handle, ids)
+                samples.append(detail("sits_gpu_nvlink_link_up", labels, state == self._enabled))
+        values = self._get(i, "nvlink_counters", snap, nv.nvmlDeviceGetFieldValues, g.handle, g.field_ids)
         if values is None:
             return
         totals = [0.0, 0.0]
-        for (fid, link), v in zip(ids, values):
-            if v.nvmlReturn != nv.NVML_SUCCESS:
-                continue
-            rx = fid == nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
-            nbytes = float(v.value.ullVal) * 1024.0  # KiB
-            totals[0 if rx else 1] += nbytes
-            name = "sits_gpu_nvlink_link_rx_bytes_total" if rx else "sits_gpu_nvlink_link_tx_bytes_total"
-            samples.append(gpu_sample(name, g.info, nbytes, link=str(link)))
+        for k, v in enumerate(values):  # RX, TX, RX, TX ... link by link
+            if v.nvmlReturn == self._success:
+                nbytes = float(v.value.ullVal) * 1024.0  # KiB
+                totals[k & 1] += nbytes
+                samples.append(detail(_LINK_BYTES[k & 1], g.link_labels[k >> 1], nbytes))
         row[_F["nvlink_rx_bytes_total"]], row[_F["nvlink_tx_bytes_total"]] = totals
         prev, now = g.nvlink_prev, snap.at
         if prev is not None and now > prev[0] and totals[0] >= prev[1] and totals[1] >= prev[2]:

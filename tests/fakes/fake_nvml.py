@@ -98,7 +98,9 @@ class FakeNvml:
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith(("NVML_", "nvmlEventType")) or name == "NVMLError":
-            return getattr(_real, name)
+            value = getattr(_real, name)
+            setattr(self, name, value)  # looked up once, like a module attribute afterwards
+            return value
         raise AttributeError(f"FakeNvml does not implement {name}")
 
     # ---- plumbing ------------------------------------------------------------------------------
