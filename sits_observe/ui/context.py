@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from werkzeug.exceptions import BadRequest
 
 from .cache import MAX_COLUMNS, CacheSet, ColumnCache, Read
-from .config import UiConfig
 from .params import parse_range
+
+if TYPE_CHECKING:
+    from .config import UiConfig
 
 __all__ = ["UiContext", "Window"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from dash import Patch, no_update
@@ -18,7 +18,8 @@ from dash import Patch, no_update
 from .cache import ColumnCache, Columns, cells, times_ms
 from .context import Window
 
-__all__ = ["DARK_LOW", "HeatSpec", "heat_update", "base_layout", "fmt_seconds", "fmt_count", "significant"]
+__all__ = ["DARK_LOW", "HeatSpec", "SeriesSpec", "series_update", "time_range", "base_layout", "fmt_seconds",
+           "fmt_count", "significant"]
 
 FONT = {"family": "system-ui, -apple-system, 'Segoe UI', sans-serif", "size": 12, "color": "#222"}
 # plotly.js draws these sequential scales dark at the low end; reversed, high values are the dark ones
@@ -102,7 +103,7 @@ class HeatSpec:
             trace.update(zmin=self.zmin, zmax=self.zmax)
         layout = base_layout(self.title, self.height,
                              xaxis={"type": "date", "title": {"text": "time (source clock, UTC)"},
-                                    "range": _range(cols, window_s), "tickformat": "%H:%M:%S"},
+                                    "range": time_range(cols, window_s), "tickformat": "%H:%M:%S"},
                              yaxis={"title": {"text": self.ytitle}, "type": "category", **self.yorder})
         return {"data": [trace], "layout": layout}
 
@@ -112,11 +113,11 @@ class HeatSpec:
         for key, rows in self._z(cols.values).items():
             for i in range(n_rows):
                 p["data"][0][key][i].extend(rows[i])
-        p["layout"]["xaxis"]["range"] = _range(cols, window_s)
+        p["layout"]["xaxis"]["range"] = time_range(cols, window_s)
         return p
 
 
-def _range(cols: Columns, window_s: float) -> list[float] | None:
+def time_range(cols: Columns, window_s: float) -> list[float] | None:
     if not len(cols.ts):
         return None
     end = float(cols.ts[-1]) * 1000.0
@@ -133,7 +134,15 @@ def _held(held: Any, rows: list[str], limit: int) -> tuple[int | None, int]:
     return tick, n
 
 
-def heat_update(spec: HeatSpec, cache: ColumnCache, held: Any, w: Window) -> tuple[Any, dict[str, Any]]:
+class SeriesSpec(Protocol):
+    """Draws one cache's rows over time: a whole figure, or a patch appending columns."""
+
+    def figure(self, rows: Sequence[str], cols: Columns, window_s: float) -> dict[str, Any]: ...
+
+    def patch(self, cols: Columns, window_s: float, n_rows: int) -> Patch: ...
+
+
+def series_update(spec: SeriesSpec, cache: ColumnCache, held: Any, w: Window) -> tuple[Any, dict[str, Any]]:
     """Figure or patch for a browser holding ``held`` (``{"tick", "n", "rows", "limit"}``) -> (output, new held)."""
     rows = list(cache.rows)
     limit = w.columns

@@ -15,8 +15,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Move", "migrations", "slos", "alerts", "verdicts", "decisions"]
 
-IN_FLIGHT = ("pending", "placed", "staged", "launched")
-
 
 @dataclass(frozen=True)
 class Move:
@@ -35,24 +33,31 @@ def _records(data: Any, key: str) -> list[dict[str, Any]]:
 
 
 def migrations(ctx: UiContext) -> list[Move]:
+    """Shards with a placement on its way: oldest live placement -> newest (no source on a first assignment)."""
     sched = ctx.part("scheduler")
     if sched is None:
         return []
     out = []
-    for m in _records(sched.migrations_state(), "migrations"):
-        out.append(Move(str(m.get("shard_id", "?")), tuple(m.get("source_gpus", ())), tuple(m.get("target_gpus", ())),
-                        str(m.get("state", "?"))))
+    for shard in _records(sched.shards_state(), "shards"):
+        live = _records(shard.get("placements"), "placements")
+        if not shard.get("migrating") or not live:
+            continue
+        source = tuple(live[0].get("gpus", ())) if len(live) > 1 else ()
+        spec = shard.get("shard") or {}
+        out.append(Move(str(spec.get("id", "?")), source, tuple(live[-1].get("gpus", ())), str(shard.get("state"))))
     return out
 
 
 def slos(ctx: UiContext) -> list[dict[str, Any]]:
+    """Each SLO's state: objective, windows (sli, burn_rate), error_budget, tiers, firing."""
     slo = ctx.part("slo")
     return [] if slo is None else _records(slo.slos_state(), "slos")
 
 
 def alerts(ctx: UiContext) -> list[dict[str, Any]]:
+    """Alerts firing now (``labels``, ``annotations``, ``starts_at``)."""
     slo = ctx.part("slo")
-    return [] if slo is None else _records(slo.alerts_state(), "alerts")
+    return [] if slo is None else _records(slo.alerts_state(), "firing")
 
 
 def verdicts(ctx: UiContext, limit: int) -> list[dict[str, Any]]:

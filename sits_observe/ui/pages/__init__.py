@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import load, stages, topology
+from . import causes, load, slos, stages, topology
 
-PAGES: dict[str, ModuleType] = {m.PATH: m for m in (topology, load, stages)}
+PAGES: dict[str, ModuleType] = {m.PATH: m for m in (topology, load, stages, slos, causes)}
 DEFAULT = topology.PATH

@@ -11,7 +11,7 @@ from dash import Dash, Input, Output, State, ctx as dash_ctx, dcc, html
 
 from ..cache import binned_mean
 from ..context import UiContext
-from ..figures import HeatSpec, heat_update
+from ..figures import HeatSpec, series_update
 from ..params import parse_choice
 
 PATH = "/load"
@@ -70,7 +70,7 @@ def _update(ctx: UiContext, name: str, seconds: float, held: dict[str, Any] | No
     read, store = FIELDS[name].read, ctx.store
     rows = _gpu_rows(ctx)
     cache = ctx.cache(("gpu", name), rows, lambda t, k, b: binned_mean(lambda n: read(store, n), t, k, b), w.bin)
-    fig, heat_held = heat_update(_spec(name, len(rows)), cache, held, w)
+    fig, heat_held = series_update(_spec(name, len(rows)), cache, held, w)
     return fig, {"heat": heat_held, "field": name, "window": w.seconds}
 
 

@@ -11,7 +11,7 @@ from dash import Dash, Input, Output, State, ctx as dash_ctx, dcc, html
 from ...frame import STAGES
 from ..context import UiContext, Window
 from ..cache import binned_counts, binned_quantile
-from ..figures import HeatSpec, fmt_count, fmt_seconds, heat_update
+from ..figures import HeatSpec, fmt_count, fmt_seconds, series_update
 from ..params import fmt_range, parse_choice
 
 PATH = "/stages"
@@ -67,9 +67,9 @@ def _hist_spec(stage: str, w: Window) -> HeatSpec:
 
 def _update(ctx: UiContext, stage: str, w: Window, held: dict[str, Any] | None) -> tuple[Any, Any, dict[str, Any]]:
     held = held or {}
-    p99, p99_held = heat_update(P99, _p99_cache(ctx, w), held.get("p99"), w)
+    p99, p99_held = series_update(P99, _p99_cache(ctx, w), held.get("p99"), w)
     hist_held = held.get("hist") if held.get("stage") == stage else None
-    hist, hist_held = heat_update(_hist_spec(stage, w), _hist_cache(ctx, stage, w), hist_held, w)
+    hist, hist_held = series_update(_hist_spec(stage, w), _hist_cache(ctx, stage, w), hist_held, w)
     return p99, hist, {"p99": p99_held, "hist": hist_held, "stage": stage, "window": w.seconds}
 
 

@@ -1,0 +1,182 @@
+"""Causes and decisions: each SLO's burn rate over time above the classifier's verdicts (same time axis),
+and the scheduler's decision log (trigger, shard, from -> to GPUs, score, span id)."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from dash import Dash, Input, Output, Patch, State, dcc, html, no_update
+
+from ...rca.verdict import CAUSES, UNKNOWN
+from ...slo.sli import threshold_index
+from .. import parts
+from ..cache import Columns, binned_counts, cells, times_ms
+from ..context import UiContext, Window
+from ..figures import base_layout, series_update, time_range
+
+PATH = "/causes"
+TITLE = "Causes & decisions"
+PARAMS = ("range",)
+VERDICTS_KEPT = 500  # newest verdicts drawn on the timeline (the classifier keeps its own log)
+DECISIONS_SHOWN = 50
+
+
+def options(ctx: UiContext, q: Mapping[str, str]) -> dict[str, Any]:
+    return {"window": ctx.window(q)}
+
+
+def _bad_total(spec: Any, store: Any, buckets: Sequence[float]) -> Any:
+    """``(ticks, skip, bin) -> (bad, total)`` events per bin of one SLO's SLI, from the store's windows."""
+    if spec.latency is not None:
+        sli, idx = spec.latency, threshold_index(spec.latency.threshold, buckets)
+
+        def latency(t: int, k: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+            sums = binned_counts([lambda n: store.hist_window(sli.stage, sli.workload, n)], t, k, b)
+            total = sums.sum(axis=1).astype(np.float64)
+            return total - sums[:, : idx + 1].sum(axis=1), total  # good: buckets at or under the threshold
+
+        return latency
+    r = spec.ratio
+
+    def ratio(t: int, k: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+        sums = binned_counts([lambda n: np.column_stack([store.counter_window(r.bad or r.good, r.workload, n),
+                                                         store.counter_window(r.total, r.workload, n)])], t, k, b)
+        total = sums[:, 1]
+        return (sums[:, 0] if r.bad else total - sums[:, 0]), total
+
+    return ratio
+
+
+def _burn_read(ctx: UiContext) -> tuple[tuple[str, ...], Any]:
+    """Rows (SLO names) and a reader of each SLO's burn rate per bin (error ratio / error budget)."""
+    cfg = ctx.daemon.config
+    specs = list(getattr(cfg, "slos", []))
+    readers = [(_bad_total(s, ctx.store, cfg.store.buckets), 1.0 - s.objective) for s in specs]
+
+    def read(t: int, k: int, b: int) -> np.ndarray:
+        out = []
+        for bad_total, budget in readers:
+            bad, total = bad_total(t, k, b)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                out.append(np.where(total > 0, bad / total, np.nan) / budget)
+        return np.column_stack(out) if out else np.zeros((t // b, 0))
+
+    return tuple(s.name for s in specs), read
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Burn-rate lines (top) and the verdict markers (bottom) on one time axis."""
+
+    verdicts: list[dict[str, Any]]
+
+    def figure(self, rows: Sequence[str], cols: Columns, window_s: float) -> dict[str, Any]:
+        x = times_ms(cols.ts)
+        lines = [{"type": "scatter", "mode": "lines", "name": name, "x": x, "y": cells(cols.values[:, i], 4),
+                  "xaxis": "x", "yaxis": "y", "connectgaps": False,
+                  "hovertemplate": f"{name}<br>%{{x|%H:%M:%S}}: burn %{{y:.3g}}x<extra></extra>"}
+                 for i, name in enumerate(rows)]
+        layout = base_layout("SLO burn rate (per column) and likely cause", 560, showlegend=True,
+                             legend={"orientation": "h", "y": 1.08},
+                             xaxis={"type": "date", "title": {"text": "time (source clock, UTC)"}, "anchor": "y2",
+                                    "range": time_range(cols, window_s), "tickformat": "%H:%M:%S"},
+                             yaxis={"domain": [0.5, 1], "type": "log", "title": {"text": "burn rate (x budget)"}},
+                             yaxis2={"domain": [0, 0.42], "type": "category", "title": {"text": "verdict"},
+                                     "categoryorder": "array", "categoryarray": list(CAUSES) + [UNKNOWN]},
+                             shapes=[{"type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": "y", "y0": 1, "y1": 1,
+                                      "line": {"color": "#6b7280", "dash": "dot", "width": 1}}])
+        return {"data": [*lines, verdict_trace(self.verdicts)], "layout": layout}
+
+    def patch(self, cols: Columns, window_s: float, n_rows: int) -> Patch:
+        p = Patch()
+        x = times_ms(cols.ts)
+        for i in range(n_rows):
+            p["data"][i]["x"].extend(x)
+            p["data"][i]["y"].extend(cells(cols.values[:, i], 4))
+        p["layout"]["xaxis"]["range"] = time_range(cols, window_s)
+        return p
+
+
+def verdict_trace(verdicts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Markers: one per verdict, colour = confidence; hover names the GPUs and stages implicated."""
+    vs = sorted(verdicts, key=lambda v: v.get("ts", 0))
+    hover = [f"{v.get('cause')} ({float(v.get('confidence', 0)):.2f}), trigger {v.get('trigger', '?')}<br>"
+             f"GPUs {', '.join(map(str, v.get('gpus') or [])) or '-'}; stages {', '.join(v.get('stages') or []) or '-'}"
+             for v in vs]
+    return {"type": "scatter", "mode": "markers", "name": "verdict", "xaxis": "x", "yaxis": "y2", "showlegend": False,
+            "x": [round(float(v.get("ts", 0)) * 1000) for v in vs], "y": [v.get("cause") for v in vs],
+            "text": hover, "hovertemplate": "%{x|%H:%M:%S}<br>%{text}<extra></extra>",
+            "marker": {"size": 9, "color": [float(v.get("confidence", 0)) for v in vs], "cmin": 0, "cmax": 1,
+                       "colorscale": "Viridis", "line": {"width": 0.5, "color": "#333"},
+                       "colorbar": {"title": {"text": "confidence"}, "thickness": 12, "len": 0.42, "y": 0.21}}}
+
+
+def _in_window(verdicts: list[dict[str, Any]], latest: float, w: Window) -> list[dict[str, Any]]:
+    return [v for v in verdicts if float(v.get("ts", 0)) >= latest - w.seconds] if math.isfinite(latest) else verdicts
+
+
+def _update(ctx: UiContext, w: Window, held: dict[str, Any] | None) -> tuple[Any, Any, dict[str, Any]]:
+    held = held or {}
+    rows, read = _burn_read(ctx)
+    cache = ctx.cache("slo-burn", rows, read, w.bin)
+    verdicts = parts.verdicts(ctx, VERDICTS_KEPT)
+    newest_v = verdicts[0].get("id") if verdicts else None
+    timeline = Timeline(_in_window(verdicts, ctx.store.latest_ts, w))
+    fig, series_held = series_update(timeline, cache, held.get("series"), w)
+    if newest_v != held.get("verdict") and not isinstance(fig, dict):
+        fig = fig if isinstance(fig, Patch) else Patch()
+        fig["data"][len(rows)] = verdict_trace(timeline.verdicts)
+    decisions = parts.decisions(ctx, DECISIONS_SHOWN)
+    newest_d = decisions[0].get("id") if decisions else None
+    table = decision_table(decisions) if newest_d != held.get("decision") or not held else no_update
+    return fig, table, {"series": series_held, "verdict": newest_v, "decision": newest_d, "window": w.seconds}
+
+
+def _gpus(g: Any) -> str:
+    return ",".join(str(x) for x in g) if g else "-"
+
+
+def decision_table(decisions: list[dict[str, Any]]) -> Any:
+    if not decisions:
+        return html.P("No scheduler decision yet.", className="note")
+    head = html.Tr([html.Th(h) for h in ("time (source clock)", "action", "trigger", "shard", "from → to GPUs",
+                                         "score", "cause (confidence)", "reason", "span id")])
+    rows = []
+    for d in decisions:
+        ts = d.get("ts")
+        when = time.strftime("%H:%M:%S", time.gmtime(ts)) if isinstance(ts, (int, float)) and math.isfinite(ts) else "-"
+        cause = d.get("cause") or "none"
+        rows.append(html.Tr([
+            html.Td(when), html.Td(d.get("action", "?"), className="hot" if d.get("action") == "migrate" else ""),
+            html.Td(d.get("trigger", "?")), html.Td(d.get("shard_id") or "-"),
+            html.Td(f"{_gpus(d.get('source_gpus'))} → {_gpus(d.get('target_gpus'))}"),
+            html.Td(f"{float(d.get('score') or 0):.3f}"),
+            html.Td(f"{cause} ({float(d.get('confidence') or 0):.2f})" if cause != "none" else "-"),
+            html.Td(d.get("reason") or ""), html.Td(d.get("span_id") or "-", className="mono")],
+            className="decision", **{"data-shard": d.get("shard_id") or "", "data-span": d.get("span_id") or ""}))
+    return html.Table([html.Thead(head), html.Tbody(rows)], className="grid")
+
+
+def layout(ctx: UiContext, opts: dict[str, Any]) -> Any:
+    fig, table, held = _update(ctx, opts["window"], None)
+    return html.Div([
+        dcc.Graph(id="causes-timeline", figure=fig, config={"displaylogo": False}),
+        html.H2("Scheduler decisions (newest first)"),
+        html.Div(table, id="causes-decisions"),
+        dcc.Store(id="causes-held", data=held),
+        dcc.Interval(id="causes-tick", interval=ctx.interval_ms),
+    ])
+
+
+def register(app: Dash, ctx: UiContext) -> None:
+    @app.callback(Output("causes-timeline", "figure"), Output("causes-decisions", "children"),
+                  Output("causes-held", "data"), Input("causes-tick", "n_intervals"), State("causes-held", "data"),
+                  prevent_initial_call=True)
+    def update(_n: int, held: Any) -> tuple[Any, Any, dict[str, Any]]:
+        held = held if isinstance(held, dict) else {}
+        return _update(ctx, ctx.held_window(held.get("window")), held)

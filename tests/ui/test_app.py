@@ -1,0 +1,154 @@
+"""The UI over HTTP (Flask test client, the same app the daemon serves): page URLs, bad inputs, and
+live updates whose patches rebuild exactly the figure a fresh page load would draw."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from sits_observe.daemon import Daemon
+from sits_observe.export.http import create_app
+
+
+def dash_call(client: Any, outputs: list[str], inputs: list[tuple[str, Any]], state: list[tuple[str, Any]] = (),
+              changed: str | None = None) -> Any:
+    """POST one callback as dash-renderer does; ids are ``component.property``."""
+    def item(spec: str, value: Any = None, with_value: bool = True) -> dict[str, Any]:
+        cid, prop = spec.rsplit(".", 1)
+        return {"id": cid, "property": prop, **({"value": value} if with_value else {})}
+
+    body = {"output": outputs[0] if len(outputs) == 1 else "..%s.." % "...".join(outputs),
+            "outputs": [item(o, with_value=False) for o in outputs] if len(outputs) > 1 else item(outputs[0], with_value=False),
+            "inputs": [item(i, v) for i, v in inputs], "state": [item(s, v) for s, v in state],
+            "changedPropIds": [changed or inputs[0][0]]}
+    return client.post("/_dash-update-component", json=body)
+
+
+def page(client: Any, path: str, search: str = "") -> Any:
+    r = dash_call(client, ["page.children"], [("url.pathname", path), ("url.search", search)])
+    assert r.status_code == 200, r.get_data(as_text=True)
+    return r.get_json()["response"]["page"]["children"]
+
+
+def find(tree: Any, cid: str) -> dict[str, Any]:
+    """The props of the component with id ``cid`` in a serialized layout."""
+    if isinstance(tree, dict):
+        props = tree.get("props", {})
+        if props.get("id") == cid:
+            return props
+        for v in props.values():
+            if isinstance(v, (dict, list)) and (hit := find(v, cid)):
+                return hit
+    elif isinstance(tree, list):
+        for v in tree:
+            if hit := find(v, cid):
+                return hit
+    return {}
+
+
+def apply_patch(obj: Any, patch: dict[str, Any]) -> Any:
+    """Apply dash Patch operations (the ones the UI sends: Assign, Extend) to a JSON object."""
+    obj = copy.deepcopy(obj)
+    for op in patch["operations"]:
+        *path, last = op["location"]
+        target = obj
+        for key in path:
+            target = target[key]
+        if op["operation"] == "Assign":
+            target[last] = op["params"]["value"]
+        elif op["operation"] == "Extend":
+            target[last].extend(op["params"]["value"])
+        else:
+            raise AssertionError(f"unexpected patch operation {op['operation']}")
+    return obj
+
+
+@pytest.mark.parametrize(("url", "status", "says"), [
+    ("/topology?gpu=99", 400, "gpu: no GPU 99 on this host; GPUs are 0-7"),
+    ("/topology?gpu=-1", 400, "gpu: expected a GPU index"),
+    ("/load?range=abc", 400, "range: expected a duration"),
+    ("/load?range=10y", 400, "range: expected a duration"),
+    ("/stages?range=30d", 400, "range: this daemon keeps 10m of history"),
+    ("/stages?range=1e400", 400, "range: expected a duration"),
+    ("/load?field=fan", 400, "field: unknown value 'fan'"),
+    ("/stages?stage=nope", 400, "stage: unknown value 'nope'"),
+    ("/slos?x=1", 400, "unknown parameter 'x'"),
+    ("/load?range=1m&range=2m", 400, "given 2 times"),
+    ("/load?" + "a" * 5000, 400, "at most 512"),
+    ("/no-such-page", 404, "no UI page '/no-such-page'; pages: /topology, /load"),
+    ("/favicon.ico", 404, "no UI page"),
+])
+def test_bad_page_urls_get_a_reason(client: Any, url: str, status: int, says: str) -> None:
+    r = client.get(url)
+    assert r.status_code == status
+    assert says in r.get_json()["error"]
+    assert "Traceback" not in r.get_data(as_text=True)
+
+
+def test_pages_and_metrics_after_a_flood_of_bad_requests(client: Any) -> None:
+    for _ in range(200):
+        client.get("/stages?range=99999999h")
+        client.get(b"/load?field=%ff%fe".decode("latin-1"))
+    for url in ("/", "/topology?gpu=3", "/load?field=temperature&range=5m", "/stages?stage=decode", "/slos",
+                "/causes?range=90s"):
+        r = client.get(url)
+        assert r.status_code == 200 and b"_dash-config" in r.data, url
+    m = client.get("/metrics")
+    assert m.status_code == 200 and b"sits_stage_latency_seconds_bucket" in m.data
+
+
+def test_crafted_callback_inputs_are_refused(client: Any) -> None:
+    r = dash_call(client, ["page.children"], [("url.pathname", "/topology"), ("url.search", "?gpu=12")])
+    assert r.status_code == 400 and "no GPU 12" in r.get_json()["error"]
+    held = {"p99": None, "hist": None, "stage": "e2e", "window": 1e12}
+    r = dash_call(client, ["stages-p99.figure", "stages-hist.figure", "stages-held.data"],
+                  [("stages-tick.n_intervals", 1), ("stages-stage.value", "e2e")], [("stages-held.data", held)])
+    assert r.status_code == 400 and "range: this daemon keeps" in r.get_json()["error"]
+    r = dash_call(client, ["load-heat.figure", "load-held.data"], [("load-tick.n_intervals", 1),
+                  ("load-field.value", "../../etc")], [("load-held.data", {"window": 60})])
+    assert r.status_code == 400 and "field: unknown value" in r.get_json()["error"]
+    # junk where the browser's figure state should be: answered with a whole new figure, not an error
+    r = dash_call(client, ["load-heat.figure", "load-held.data"], [("load-tick.n_intervals", 1),
+                  ("load-field.value", "power")], [("load-held.data", {"window": 60, "heat": {"tick": "x"}})])
+    assert r.status_code == 200 and "data" in r.get_json()["response"]["load-heat"]["figure"]
+
+
+@pytest.mark.parametrize(("ticks", "history", "search"), [(300, 600, "?range=5m"), (1000, 1000, "")])
+def test_live_updates_patch_to_the_fresh_figure(make_daemon: Callable[..., Daemon], ticks: int, history: int,
+                                                search: str) -> None:
+    d = make_daemon(ticks=ticks, store={"history": history}, ui={"history": history})
+    client = create_app(d).test_client()
+    tree = page(client, "/stages", search)
+    figs = {g: find(tree, g)["figure"] for g in ("stages-p99", "stages-hist")}
+    held = find(tree, "stages-held")["data"]
+    patched = 0
+    for step in (1, 3, 4, 10):
+        for _ in range(step):
+            d.tick()
+        r = dash_call(client, ["stages-p99.figure", "stages-hist.figure", "stages-held.data"],
+                      [("stages-tick.n_intervals", step), ("stages-stage.value", "e2e")], [("stages-held.data", held)])
+        assert r.status_code in (200, 204)
+        if r.status_code == 204:
+            continue
+        out = r.get_json()["response"]
+        held = out["stages-held"]["data"]
+        for g in figs:
+            new = out.get(g, {}).get("figure")
+            if isinstance(new, dict) and "operations" in new:
+                figs[g] = apply_patch(figs[g], new)
+                patched += 1
+            elif new is not None:
+                figs[g] = new
+        fresh = page(client, "/stages", search)
+        for g, fig in figs.items():
+            want = find(fresh, g)["figure"]
+            n = len(want["data"][0]["x"])
+            got_trace, want_trace = fig["data"][0], want["data"][0]
+            assert got_trace["x"][-n:] == want_trace["x"]
+            for key in ("z", "customdata"):
+                assert [row[-n:] for row in got_trace[key]] == want_trace[key], (g, key, step)
+            assert fig["layout"]["xaxis"]["range"] == want["layout"]["xaxis"]["range"]
+    assert patched >= 4
