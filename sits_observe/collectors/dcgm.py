@@ -62,8 +62,11 @@ _WANTED = frozenset(_BY_METRIC) | frozenset(DCGM_SAMPLES)
 def frame_part(series: Series) -> tuple[GpuFrame, list[Sample]]:
     """The GPU fields and detail samples of one parsed dcgm-exporter page (GPUs ordered by index)."""
     infos: dict[str, GpuInfo] = {}
-    rows: list[tuple[GpuInfo, str, float]] = []
+    cells: dict[tuple[str, int], float] = {}  # (gpu label, field column) -> value
+    samples = []
     for metric, entries in series.items():
+        targets = _BY_METRIC.get(metric, ())
+        detail = DCGM_SAMPLES.get(metric)
         for labels, value in entries:
             gpu = labels.get("gpu")
             if gpu is None or labels.get("GPU_I_ID") or not gpu.isdigit():
@@ -72,23 +75,16 @@ def frame_part(series: Series) -> tuple[GpuFrame, list[Sample]]:
             if info is None:
                 info = infos[gpu] = GpuInfo(int(gpu), labels.get("UUID", ""), labels.get("modelName", ""),
                                             labels.get("pci_bus_id", ""))
-            rows.append((info, metric, value))
-    order = sorted(infos.values(), key=lambda g: g.index)
-    pos = {g.index: i for i, g in enumerate(order)}
-    frame = GpuFrame.empty(order)
-    values, summed = frame.values, np.zeros(frame.values.shape, dtype=bool)
-    samples = []
-    for info, metric, value in rows:
-        i = pos[info.index]
-        for col, scale, add in _BY_METRIC.get(metric, ()):
-            if add and summed[i, col]:
-                values[i, col] += value * scale
-            else:
-                values[i, col] = value * scale
-                summed[i, col] = add
-        if metric in DCGM_SAMPLES:
-            name, extra = DCGM_SAMPLES[metric]
-            samples.append(gpu_sample(name, info, value, **extra))
+            for col, scale, add in targets:
+                key = (gpu, col)
+                cells[key] = cells.get(key, 0.0) + value * scale if add else value * scale
+            if detail is not None:
+                samples.append(gpu_sample(detail[0], info, value, **detail[1]))
+    order = sorted(infos, key=lambda gpu: infos[gpu].index)
+    pos = {gpu: i for i, gpu in enumerate(order)}
+    frame = GpuFrame.empty([infos[gpu] for gpu in order])
+    for (gpu, col), value in cells.items():
+        frame.values[pos[gpu], col] = value
     return frame, samples
 
 

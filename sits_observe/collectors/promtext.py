@@ -23,8 +23,10 @@ __all__ = ["Series", "PageParser", "fetch_page", "redact"]
 
 Series = dict[str, list[tuple[dict[str, str], float]]]  # sample name -> [(labels, value)]
 _CACHE_MAX = 8192
-# name, label block (up to the line's last "}"), value; an optional timestamp follows
-_SAMPLE = re.compile(r"^[ \t]*([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?[ \t]+(\S+)(?:[ \t]+-?\d+)?[ \t\r]*$", re.M)
+# Every line: blank, a comment, or a sample (name, label block up to the line's last "}", value, and an
+# optional timestamp).
+_LINE = re.compile(r"^(?:[ \t]*(?:#.*)?|[ \t]*([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?[ \t]+(\S+)(?:[ \t]+-?\d+)?)[ \t\r]*$",
+                   re.M)
 
 
 def redact(url: str) -> str:
@@ -56,37 +58,37 @@ class PageParser:
         self._labels: dict[str, dict[str, str]] = {}
 
     def _parse_labels(self, block: str) -> dict[str, str]:
-        labels = self._labels.get(block)
-        if labels is None:
-            family = next(text_string_to_metric_families("m{" + block + "} 0\n"))
-            labels = family.samples[0].labels
-            if len(self._labels) >= _CACHE_MAX:
-                self._labels.clear()
-            self._labels[block] = labels
+        family = next(text_string_to_metric_families("m{" + block + "} 0\n"))
+        if len(self._labels) >= _CACHE_MAX:
+            self._labels.clear()
+        labels = self._labels[block] = family.samples[0].labels
         return labels
 
     def parse(self, text: str, wanted: Callable[[str], bool], source: str = "page") -> Series:
         """Samples whose name passes ``wanted``; CollectorError naming the line when one is malformed."""
         out: Series = {}
-        matched = 0
-        for m in _SAMPLE.finditer(text):
-            matched += 1
+        cache = self._labels
+        expect = 0  # where the next line starts; a match elsewhere means a line matched nothing
+        for m in _LINE.finditer(text):
+            if m.start() != expect:
+                raise _malformed(text, expect, source)
+            expect = m.end() + 1
             name, block, value = m.groups()
-            if not wanted(name):
+            if name is None or not wanted(name):
                 continue
             try:
-                out.setdefault(name, []).append((self._parse_labels(block) if block else {}, float(value)))
+                labels = cache.get(block) if block else {}
+                if labels is None:
+                    labels = self._parse_labels(block)
+                out.setdefault(name, []).append((labels, float(value)))
             except (ValueError, StopIteration) as exc:
-                lineno = text.count("\n", 0, m.start()) + 1
-                raise CollectorError(f"{source}: line {lineno}: not Prometheus text format: {m.group(0)[:120]!r}") from exc
-        if matched != _sample_lines(text):  # some line is neither a comment nor a sample (or is indented)
-            for lineno, line in enumerate(text.splitlines(), 1):
-                if line.strip() and not line.lstrip().startswith("#") and not _SAMPLE.match(line):
-                    raise CollectorError(f"{source}: line {lineno}: not Prometheus text format: {line[:120]!r}")
+                raise _malformed(text, m.start(), source) from exc
+        if expect < len(text):
+            raise _malformed(text, expect, source)
         return out
 
 
-def _sample_lines(text: str) -> int:
-    """Lines that are not blank and not comments (str.count only: fast on large pages)."""
-    lines = text.count("\n") + (not text.endswith("\n"))
-    return lines - text.count("\n#") - text.startswith("#") - text.count("\n\n") - text.startswith("\n")
+def _malformed(text: str, pos: int, source: str) -> CollectorError:
+    end = text.find("\n", pos)
+    line = text[pos:] if end < 0 else text[pos:end]
+    return CollectorError(f"{source}: line {text.count(chr(10), 0, pos) + 1}: not Prometheus text format: {line[:120]!r}")
