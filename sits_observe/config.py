@@ -78,7 +78,7 @@ class SimConfig(Section):
     speed: float = Field(20.0, gt=0, le=10000)
     seed: int = 1
     trace_path: str | None = Field(None, description="override the packaged Azure trace CSV")
-    rate: float = Field(1.0, gt=0, le=100, description="request-rate multiplier: trace seconds per simulated second")
+    rate: float = Field(0.75, gt=0, le=100, description="request-rate multiplier: trace seconds per simulated second")
 
 
 class GpuConfig(Section):
