@@ -9,8 +9,6 @@ actuator, never on the tick.  Steps may be sent twice after a restart; receivers
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import logging
 import queue
@@ -23,14 +21,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ..alerting.formats import sign
 from ..errors import ConfigError, SimError
 from .config import SchedulerConfig
 
 __all__ = ["StepOutcome", "Actuator", "LogActuator", "WebhookActuator", "CommandActuator", "SimActuator",
-           "sign", "build_actuator"]
+           "build_actuator"]
 
 log = logging.getLogger("sits_observe.scheduler.actuator")
-SIGNATURE_HEADER = "X-Sits-Signature"
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,11 +47,6 @@ class Actuator(Protocol):
     def poll(self) -> list[StepOutcome]: ...
 
     def close(self) -> None: ...
-
-
-def sign(body: bytes, secret: str) -> str:
-    """``sha256=<hex HMAC-SHA256 of the body>``, the value of the X-Sits-Signature header."""
-    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
 
 
 def _ok(plan: dict[str, Any], reason: str = "") -> StepOutcome:
@@ -116,7 +109,9 @@ class _Worker:
 
 
 class WebhookActuator(_Worker):
-    """POSTs the plan JSON (signed) to the orchestrator; the step completes when it acks via the API."""
+    """POSTs the plan JSON to the orchestrator, signed as alert webhooks are (``X-Sits-Timestamp``,
+    ``X-Sits-Signature: sha256=HMAC(secret, timestamp + "." + body)``); the step completes when the
+    orchestrator acks it through the API."""
 
     name = "webhook"
 
@@ -126,11 +121,12 @@ class WebhookActuator(_Worker):
 
     def _post(self, plan: dict[str, Any]) -> StepOutcome | None:
         body = json.dumps(plan, sort_keys=True).encode()
-        headers = {"Content-Type": "application/json", "User-Agent": "sits-observe-scheduler"}
-        if self.secret:
-            headers[SIGNATURE_HEADER] = sign(body, self.secret)
         why = ""
         for attempt in range(self.retries + 1):
+            headers = {"Content-Type": "application/json", "User-Agent": "sits-observe-scheduler"}
+            if self.secret:
+                ts = str(int(time.time()))
+                headers |= {"X-Sits-Timestamp": ts, "X-Sits-Signature": sign(self.secret.encode(), ts, body)}
             try:
                 req = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
                 with urllib.request.urlopen(req, timeout=self.timeout) as resp:

@@ -29,7 +29,7 @@ from ..topology import Topology
 from .actuators import Actuator, StepOutcome, build_actuator
 from .config import OtlpConfig, SchedulerConfig, ShardSpec
 from .migrate import Walker
-from .placement import Candidate, Planner, Result
+from .placement import Candidate, GpuLoad, Planner, Result
 from .states import NotFound, State
 from .store import Placement, PlacementStore
 from .tracing import Decision, DecisionTracer
@@ -215,7 +215,7 @@ class Scheduler:
     def _views(self) -> dict[str, ShardView]:
         return shard_views(self.store.shards(), self.store.placements(live=True))
 
-    def _load(self, views: dict[str, ShardView]) -> Any:
+    def _load(self, views: dict[str, ShardView]) -> GpuLoad:
         return gpu_load(views, self._util, self._mem, self._healthy)
 
     def _node(self, gpus: Iterable[int]) -> str:
@@ -325,6 +325,21 @@ class Scheduler:
                          (("state", state.value),), float(n))
         yield Sample("sits_scheduler_spans_dropped_total", "counter",
                      "ShardDecisionSpans dropped (export queue full or export failed).", (), float(self.tracer.dropped))
+
+    def reload(self, config: Any) -> None:
+        """SIGHUP: new thresholds, strategy, timeouts and shards apply now (trigger windows start afresh);
+        a different actuator or ``otlp`` section needs a restart."""
+        new: SchedulerConfig = config.scheduler
+        keep = {"actuator": self.cfg.actuator, "webhook": self.cfg.webhook, "command": self.cfg.command}
+        if any(getattr(new, k) != v for k, v in keep.items()):
+            log.warning("SIGHUP: scheduler actuator settings changed; they take effect after a restart")
+        with self._lock:
+            self.cfg = new = new.model_copy(update=keep)
+            self.planner = Planner(self.topo, new.score_weights(), new.exact_limit, new.seeds)
+            self.triggers = Triggers(new, self.topo.n)
+            self.walker.step_timeout = new.step_timeout
+            for spec in new.shards:
+                self._ensure(spec, "config")
 
     def close(self) -> None:
         self.actuator.close()

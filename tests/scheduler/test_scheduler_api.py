@@ -29,7 +29,7 @@ GiB = 2**30
 
 
 class Orchestrator:
-    """Receives the webhook actuator's plans; checks their HMAC-SHA256 signature."""
+    """Receives the webhook actuator's plans; checks their signature as an alert receiver would."""
 
     def __init__(self, secret: str) -> None:
         self.plans: list[dict[str, Any]] = []
@@ -40,7 +40,8 @@ class Orchestrator:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802
                 body = self.rfile.read(int(self.headers["Content-Length"]))
-                want = "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+                signed = self.headers.get("X-Sits-Timestamp", "").encode() + b"." + body
+                want = "sha256=" + hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()
                 with outer.cond:
                     if hmac.compare_digest(self.headers.get("X-Sits-Signature", ""), want):
                         outer.plans.append(json.loads(body))

@@ -147,3 +147,17 @@ def test_imbalance_moves_only_for_a_real_gain(make_scheduler: Callable[..., Sche
     d = s.decisions_state()["decisions"][0]
     assert (d["trigger"], d["action"], d["source_gpus"]) == ("imbalance", "migrate", (0,))
     assert d["target_gpus"] != (0,) and d["score"] > 0
+
+
+def test_reload_applies_thresholds_and_new_shards(make_scheduler: Callable[..., Scheduler]) -> None:
+    from sits_observe.config import parse
+
+    s = make_scheduler(verdict_consecutive=5)
+    _place_two(s)
+    s.reload(parse({"scheduler": {"verdict_consecutive": 1, "actuator": "command", "command": {"argv": ["true"]},
+                                  "shards": [{"id": "c", "gpus": 1, "memory_per_gpu": 2**30}]}}))
+    assert s.actuator.name == "log"  # the actuator changes only on restart
+    s.on_verdict(verdict("thermal_throttling", 0.9, 1000.0, gpus=(0,)))
+    s.on_tick(frame(1000.0, BUSY))
+    assert s.decisions_state()["decisions"][0]["action"] == "migrate"
+    assert live_gpus(s)["c"][0] == "launched"
