@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,16 +20,14 @@ import numpy as np
 from ..errors import CollectorError
 from ..frame import GPU_FIELD_INDEX, Frame, GpuFrame, GpuInfo, Sample
 from .gpu_samples import detail, gpu_labels, gpu_sample
+from .nvml_driver import is_unsupported, load_nvml, nvml_status
 
-__all__ = ["NvmlSource", "load_nvml", "nvml_status", "is_unsupported", "OTHER_WORKLOAD"]
+__all__ = ["NvmlSource", "nvml_status", "OTHER_WORKLOAD"]  # nvml_status: `doctor` calls it from here
 
 log = logging.getLogger(__name__)
 
 OTHER_WORKLOAD = "other"  # processes that match no configured workload
 _MAX_XID_EVENTS = 256  # drained per sample; the rest wait for the next one
-# Error codes that mean "this GPU or driver does not offer it": the field is omitted, not an error.
-_UNSUPPORTED = ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT_FOUND", "NVML_ERROR_NO_PERMISSION",
-                "NVML_ERROR_INVALID_ARGUMENT")
 # group, GPU field, pynvml function, names of its extra constant arguments, scale to base units
 _SCALARS: tuple[tuple[str, str, str, tuple[str, ...], float], ...] = (
     ("sm_clock", "sm_clock_hertz", "nvmlDeviceGetClockInfo", ("NVML_CLOCK_SM",), 1e6),
@@ -46,40 +43,6 @@ _SCALARS: tuple[tuple[str, str, str, tuple[str, ...], float], ...] = (
 )
 _F = GPU_FIELD_INDEX
 _LINK_BYTES = ("sits_gpu_nvlink_link_rx_bytes_total", "sits_gpu_nvlink_link_tx_bytes_total")
-
-
-def is_unsupported(nvml: Any, exc: Any) -> bool:
-    return exc.value in {getattr(nvml, name) for name in _UNSUPPORTED}
-
-
-def load_nvml(nvml: Any = None) -> Any:
-    """Initialise NVML (``pynvml`` unless a stand-in is given); one-line CollectorError when it cannot start."""
-    if nvml is None:
-        import pynvml as nvml
-    try:
-        nvml.nvmlInit()
-    except nvml.NVMLError as exc:
-        raise CollectorError(
-            f"nvml: NVIDIA driver not available ({exc}); NVML GPU metrics are off. Load the NVIDIA driver, "
-            "or set gpu.backend to dcgm (with gpu.dcgm_url), sim or none") from exc
-    return nvml
-
-
-def nvml_status(nvml: Any = None) -> tuple[bool, str]:
-    """For ``doctor``: is the driver loadable, and which GPUs does it see (or why not)."""
-    try:
-        nv = load_nvml(nvml)
-    except CollectorError as exc:
-        return False, str(exc)
-    try:
-        driver = nv.nvmlSystemGetDriverVersion()
-        names = Counter(nv.nvmlDeviceGetName(nv.nvmlDeviceGetHandleByIndex(i)) for i in range(nv.nvmlDeviceGetCount()))
-        gpus = ", ".join(f"{n} x {name}" for name, n in names.items()) or "no GPUs"
-        return True, f"NVML driver {driver}: {sum(names.values())} GPU(s): {gpus}"
-    except nv.NVMLError as exc:
-        return False, f"nvml: driver loaded but GPUs cannot be listed: {exc}"
-    finally:
-        nv.nvmlShutdown()
 
 
 class _Lost(Exception):

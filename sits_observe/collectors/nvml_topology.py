@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import CollectorError
 from ..topology import DEFAULT_BANDWIDTH, GB, NVLINK4_PER_LINK, Gpu, LinkKind, Topology
-from .nvml import is_unsupported, load_nvml
+from .nvml_driver import is_unsupported, load_nvml
 
 __all__ = ["topology_from_nvml", "ancestor_kind", "nvlink_per_link", "pcie_bandwidth", "parse_cpulist",
            "format_cpulist"]

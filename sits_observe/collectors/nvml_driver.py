@@ -1,0 +1,49 @@
+"""Loading NVML (pynvml, or a stand-in in tests) and the driver check `sits-observe doctor` shows."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from ..errors import CollectorError
+
+__all__ = ["load_nvml", "nvml_status", "is_unsupported"]
+
+# Error codes that mean "this GPU or driver does not offer it": the field is omitted, not an error.
+_UNSUPPORTED = ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT_FOUND", "NVML_ERROR_NO_PERMISSION",
+                "NVML_ERROR_INVALID_ARGUMENT")
+
+
+def is_unsupported(nvml: Any, exc: Any) -> bool:
+    """Whether an NVMLError means the GPU or driver does not offer the call."""
+    return exc.value in {getattr(nvml, name) for name in _UNSUPPORTED}
+
+
+def load_nvml(nvml: Any = None) -> Any:
+    """Initialise NVML (``pynvml`` unless a stand-in is given); one-line CollectorError when it cannot start."""
+    if nvml is None:
+        import pynvml as nvml
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as exc:
+        raise CollectorError(
+            f"nvml: NVIDIA driver not available ({exc}); NVML GPU metrics are off. Load the NVIDIA driver, "
+            "or set gpu.backend to dcgm (with gpu.dcgm_url), sim or none") from exc
+    return nvml
+
+
+def nvml_status(nvml: Any = None) -> tuple[bool, str]:
+    """For ``doctor``: is the driver loadable, and which GPUs does it see (or why not)."""
+    try:
+        nv = load_nvml(nvml)
+    except CollectorError as exc:
+        return False, str(exc)
+    try:
+        driver = nv.nvmlSystemGetDriverVersion()
+        names = Counter(nv.nvmlDeviceGetName(nv.nvmlDeviceGetHandleByIndex(i)) for i in range(nv.nvmlDeviceGetCount()))
+        gpus = ", ".join(f"{n} x {name}" for name, n in names.items()) or "no GPUs"
+        return True, f"NVML driver {driver}: {sum(names.values())} GPU(s): {gpus}"
+    except nv.NVMLError as exc:
+        return False, f"nvml: driver loaded but GPUs cannot be listed: {exc}"
+    finally:
+        nv.nvmlShutdown()
