@@ -1,8 +1,9 @@
 """Build a :class:`~sits_observe.daemon.Daemon` from a Config: which sources, consumers and actuators.
 
-Each subsystem is imported only when the config enables it, so a host without torch-heavy parts
-configured does not pay for them, and a part that cannot start (no NVML, no privileges, no model)
-says why once and the daemon runs on without it.
+Each subsystem is imported only when the config enables it.  A part that cannot start (no NVML, no
+privileges, no model) says why once and the daemon runs on without it.  The subsystems meet here and
+nowhere else: the SLO engine tells the classifier when a tier burns, the classifier annotates firing
+alerts and hands verdicts to the scheduler, and the scheduler links its decision spans to the alerts.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from .config import Config
 from .daemon import Daemon, SimClock, WallClock
@@ -41,12 +44,12 @@ def build_daemon(config: Config) -> Daemon:
     else:
         clock = WallClock(config.tick_interval)
     daemon = Daemon(config=config, clock=clock)
-    _add_gpu_source(daemon)
-    _add_probes(daemon)
+    _add_sources(daemon)
+    _add_consumers(daemon)
     return daemon
 
 
-def _add_gpu_source(daemon: Daemon) -> None:
+def _add_sources(daemon: Daemon) -> None:
     cfg = daemon.config
     if cfg.gpu.backend == "sim":
         from .sim.host import SimulatedHost
@@ -54,15 +57,63 @@ def _add_gpu_source(daemon: Daemon) -> None:
         daemon.sim = SimulatedHost(cfg.sim, daemon.layout)
         daemon.topology = daemon.sim.topology
         daemon.sources.append(daemon.sim)
-
-
-def _add_probes(daemon: Daemon) -> None:
-    probes_cfg = getattr(daemon.config, "probes", None)
-    if probes_cfg is None or not probes_cfg.enabled or not daemon.config.workloads:
-        return
-    try:
+    if cfg.workloads and cfg.probes.enabled:
         from .probes.source import ProbeSource
 
-        daemon.sources.append(ProbeSource(daemon.config, daemon.layout))
+        daemon.sources.append(ProbeSource(cfg, daemon.layout))
+    from .collectors.sources import build_sources
+    from .probes.workloads import WorkloadTracker
+
+    resolve = WorkloadTracker(cfg.workloads).workload_of if cfg.workloads else None
+    for src in build_sources(cfg, daemon.layout, resolve_workload=resolve):
+        daemon.sources.append(src)
+        if src.name == "nvml" and daemon.topology is None:
+            daemon.topology = _nvml_topology(src)
+
+
+def _nvml_topology(src: Any) -> Any:
+    from .topology import Topology
+
+    try:
+        return Topology.from_nvml(src.nvml)
     except SitsError as exc:
-        log.warning("eBPF probes are off: %s", exc)
+        log.warning("GPU topology unavailable: %s", exc)
+        return None
+
+
+def _add_consumers(daemon: Daemon) -> None:
+    cfg = daemon.config
+    from .slo.evaluate import SloEngine
+
+    daemon.slo = SloEngine.from_config(cfg)
+    if daemon.slo is not None:
+        daemon.consumers.append(daemon.slo)
+    if daemon.topology is not None and cfg.scheduler.enabled:
+        from .scheduler.engine import Scheduler
+
+        daemon.scheduler = Scheduler(cfg.scheduler, cfg.otlp, daemon.topology, cfg.state_dir, sim=daemon.sim,
+                                     annotate=lambda notes: _annotate_firing(daemon, notes),
+                                     alerts=lambda: _firing_names(daemon))
+    if cfg.rca.enabled:
+        from .rca.engine import RcaEngine
+
+        daemon.rca = RcaEngine(cfg.rca, cfg.state_dir,
+                               burning=lambda: bool(_firing_names(daemon)),
+                               annotate=lambda notes: _annotate_firing(daemon, notes),
+                               on_verdict=daemon.scheduler.on_verdict if daemon.scheduler else None)
+        daemon.consumers.append(daemon.rca)
+    if daemon.scheduler is not None:  # after the classifier: this tick's verdicts are seen this tick
+        daemon.consumers.append(daemon.scheduler)
+
+
+def _firing_names(daemon: Daemon) -> list[str]:
+    slo = daemon.slo
+    if slo is None:
+        return []
+    return [spec.name for spec, tier in zip(slo.specs, slo.firing) if tier is not None]
+
+
+def _annotate_firing(daemon: Daemon, notes: Mapping[str, Any]) -> None:
+    """Add the classifier's or scheduler's words to every firing SLO alert."""
+    for name in _firing_names(daemon):
+        daemon.slo.annotate(name, dict(notes))

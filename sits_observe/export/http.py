@@ -79,6 +79,10 @@ def create_app(daemon: Daemon, *, ui: bool = True) -> Flask:
         return jsonify({"ready": ready}), 200 if ready else 503
 
     register_api(app, daemon)
+    if daemon.scheduler is not None:
+        from .scheduler_api import scheduler_blueprint
+
+        app.register_blueprint(scheduler_blueprint(daemon.scheduler, require_token(daemon)))
 
     @app.errorhandler(ApiError)
     def api_error(exc: ApiError) -> tuple[Response, int]:
