@@ -68,6 +68,13 @@ class WorkloadTracker:
             return wid
         return 0
 
+    def workload_of(self, pid: int) -> str | None:
+        """The workload name of ``pid`` (None when no group matches or the process left)."""
+        try:
+            return self.names.get(self._match(pid))
+        except OSError:
+            return None
+
     def scan(self) -> dict[int, int]:
         """tgid -> workload id of every live process of a configured workload."""
         if not self._rules:
