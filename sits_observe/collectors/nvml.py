@@ -103,22 +103,24 @@ class NvmlSource:
         try:
             h = nv.nvmlDeviceGetHandleByIndex(index)
             info = GpuInfo(index, nv.nvmlDeviceGetUUID(h), nv.nvmlDeviceGetName(h), nv.nvmlDeviceGetPciInfo(h).busId)
+            links = tuple(link for link in range(nv.NVML_NVLINK_MAX_LINKS) if self._has_link(h, link))
         except nv.NVMLError as exc:
             if exc.value != nv.NVML_ERROR_GPU_IS_LOST:
                 raise
-            return _Gpu(GpuInfo(index, "", "", ""), None)  # lost before we met it: reported every sample
-        links = []
-        for link in range(nv.NVML_NVLINK_MAX_LINKS):
-            try:
-                nv.nvmlDeviceGetNvLinkState(h, link)
-            except nv.NVMLError as exc:
-                if not is_unsupported(nv, exc):
-                    raise
-                continue
-            links.append(link)
+            return _Gpu(GpuInfo(index, "", "", ""), None)  # lost before start: reported every sample
         ids = [(fid, link) for link in links
                for fid in (nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX)]
-        return _Gpu(info, h, tuple(links), tuple(gpu_labels(info, ("link", str(k))) for k in links), ids)
+        return _Gpu(info, h, links, tuple(gpu_labels(info, ("link", str(k))) for k in links), ids)
+
+    def _has_link(self, handle: Any, link: int) -> bool:
+        nv = self.nvml
+        try:
+            nv.nvmlDeviceGetNvLinkState(handle, link)
+        except nv.NVMLError as exc:
+            if not is_unsupported(nv, exc):
+                raise
+            return False
+        return True
 
     def _register_xid(self) -> Any:
         nv = self.nvml

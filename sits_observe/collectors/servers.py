@@ -158,8 +158,9 @@ class ServerSource:
     def _histogram(self, series: Series, name: str, stage: str, frame: Frame) -> None:
         buckets: dict[float, float] = {}
         for labels, value in self._entries(series, f"{name}_bucket"):
-            le = float(labels.get("le", "nan"))
-            buckets[le] = buckets.get(le, 0.0) + value
+            if "le" in labels:
+                le = float(labels["le"])
+                buckets[le] = buckets.get(le, 0.0) + value
         total = self._total(series, f"{name}_sum")
         if not buckets or total is None or np.inf not in buckets:
             return
