@@ -1,0 +1,116 @@
+"""The command line as a user meets it: one-line errors with exit 2, clean SIGTERM, SIGHUP reload."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+CLI = [sys.executable, "-m", "sits_observe"]
+
+
+def _run(args, **kw):
+    return subprocess.run(CLI + args, capture_output=True, text=True, timeout=120, **kw)
+
+
+def _one_line_error(res, *needles):
+    assert res.returncode == 2, res.stderr
+    assert "Traceback" not in res.stderr
+    errors = [line for line in res.stderr.splitlines() if line.startswith("sits-observe: error:")]
+    assert errors, res.stderr
+    for needle in needles:
+        assert any(needle in line for line in errors), res.stderr
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_check_config_lists_errors_and_exits_2(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("listen: 1.2.3.4\nsim:\n  speed: 0\n")
+    res = _run(["check-config", str(bad)])
+    _one_line_error(res, f"{bad}: listen: must be host:port", f"{bad}: sim.speed:")
+    good = tmp_path / "good.yaml"
+    good.write_text("")
+    assert _run(["check-config", str(good)]).returncode == 0
+
+
+def test_example_config_is_valid():
+    res = _run(["check-config", str(Path(__file__).parents[2] / "docs" / "example-config.yaml")])
+    assert res.returncode == 0, res.stderr
+
+
+def test_bad_config_file_for_run_exits_2(tmp_path):
+    _one_line_error(_run(["run", "--config", str(tmp_path / "missing.yaml")]), "cannot read config file")
+
+
+def test_unknown_scenario_and_unreadable_trace_exit_2(tmp_path):
+    _one_line_error(_run(["demo", "--scenario", "nope", "--duration", "1", "--listen", f"127.0.0.1:{_free_port()}"]),
+                    "nope")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"sim:\n  trace_path: {tmp_path / 'no-such-trace.csv'}\n")
+    _one_line_error(_run(["demo", "--config", str(cfg), "--duration", "1", "--listen", f"127.0.0.1:{_free_port()}"]),
+                    "no-such-trace.csv")
+
+
+def test_port_in_use_exits_2(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        res = _run(["demo", "--duration", "1", "--listen", f"127.0.0.1:{port}"],
+                   env={**os.environ, "SITS_STATE_DIR": str(tmp_path)})
+    _one_line_error(res, f"listen: 127.0.0.1:{port} is in use")
+
+
+def _wait_ready(port, proc, deadline=90):
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        assert proc.poll() is None, proc.stderr.read()
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.3)
+    pytest.fail("daemon did not become ready")
+
+
+def test_sigterm_exits_cleanly_and_sighup_keeps_old_config_on_error(tmp_path):
+    port = _free_port()
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"listen: 127.0.0.1:{port}\nstate_dir: {tmp_path / 'state'}\ngpu:\n  backend: none\n")
+    proc = subprocess.Popen(CLI + ["run", "--config", str(cfg)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_ready(port, proc)
+        cfg.write_text("listen: [not, valid\n")
+        proc.send_signal(signal.SIGHUP)
+        time.sleep(1.0)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            assert b"sits_build_info" in r.read()
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = proc.stderr.read()
+    assert rc == 0, err
+    assert "new config rejected, keeping the old one" in err and "Traceback" not in err
+
+
+def test_bench_prints_one_json_object():
+    res = _run(["bench", "pipeline", "--json", "--gpus", "8", "--ticks", "5", "--scrapes", "2",
+                "--events-per-second", "1000"])
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["bench"] == "pipeline" and out["results"][0]["gpus"] == 8
