@@ -28,12 +28,6 @@ def _one_line_error(res, *needles):
         assert any(needle in line for line in errors), res.stderr
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_check_config_lists_errors_and_exits_2(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("listen: 1.2.3.4\nsim:\n  speed: 0\n")
@@ -53,12 +47,12 @@ def test_bad_config_file_for_run_exits_2(tmp_path):
     _one_line_error(_run(["run", "--config", str(tmp_path / "missing.yaml")]), "cannot read config file")
 
 
-def test_unknown_scenario_and_unreadable_trace_exit_2(tmp_path):
-    _one_line_error(_run(["demo", "--scenario", "nope", "--duration", "1", "--listen", f"127.0.0.1:{_free_port()}"]),
+def test_unknown_scenario_and_unreadable_trace_exit_2(tmp_path, free_port):
+    _one_line_error(_run(["demo", "--scenario", "nope", "--duration", "1", "--listen", f"127.0.0.1:{free_port()}"]),
                     "nope")
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"sim:\n  trace_path: {tmp_path / 'no-such-trace.csv'}\n")
-    _one_line_error(_run(["demo", "--config", str(cfg), "--duration", "1", "--listen", f"127.0.0.1:{_free_port()}"]),
+    _one_line_error(_run(["demo", "--config", str(cfg), "--duration", "1", "--listen", f"127.0.0.1:{free_port()}"]),
                     "no-such-trace.csv")
 
 
@@ -72,27 +66,14 @@ def test_port_in_use_exits_2(tmp_path):
     _one_line_error(res, f"listen: 127.0.0.1:{port} is in use")
 
 
-def _wait_ready(port, proc, deadline=90):
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        assert proc.poll() is None, proc.stderr.read()
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.3)
-    pytest.fail("daemon did not become ready")
-
-
-def test_sigterm_exits_cleanly_and_sighup_keeps_old_config_on_error(tmp_path):
-    port = _free_port()
+def test_sigterm_exits_cleanly_and_sighup_keeps_old_config_on_error(tmp_path, free_port, wait_ready):
+    port = free_port()
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"listen: 127.0.0.1:{port}\nstate_dir: {tmp_path / 'state'}\ngpu:\n  backend: none\n")
     proc = subprocess.Popen(CLI + ["run", "--config", str(cfg)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
-        _wait_ready(port, proc)
+        wait_ready(port, proc)
         cfg.write_text("listen: [not, valid\n")
         proc.send_signal(signal.SIGHUP)
         time.sleep(1.0)
