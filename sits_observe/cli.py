@@ -36,6 +36,7 @@ COMMAND_MODULES = (
     "sits_observe.runtime",
     "sits_observe.doctor",
     "sits_observe.rca.commands",
+    "sits_observe.slo.commands",
 )
 
 

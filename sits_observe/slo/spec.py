@@ -30,11 +30,13 @@ __all__ = [
     "Tier",
     "DEFAULT_TIERS",
     "TIER_NAMES",
+    "ALERT_NAME",
     "TierOverride",
     "LatencySli",
     "RatioSli",
     "SloSpec",
     "SloList",
+    "error_budget",
     "parse_duration",
     "format_duration",
 ]
@@ -87,6 +89,15 @@ class Tier:
         """Burn rate that spends ``budget`` of the error budget in ``long`` seconds of a ``window`` SLO."""
         return self.budget * window / self.long
 
+    def threshold(self, window: int, objective: float) -> float:
+        """Error ratio both windows must exceed: ``factor * (1 - objective)``, to 12 significant digits."""
+        return float(f"{self.factor(window) * error_budget(objective):.12g}")
+
+
+def error_budget(objective: float) -> float:
+    """``1 - objective`` to 12 significant digits (0.001 for 0.999, not 0.0010000000000000009)."""
+    return float(f"{1.0 - objective:.12g}")
+
 
 # Fastest first: a firing tier inhibits every tier after it for the same SLO.
 DEFAULT_TIERS: tuple[Tier, ...] = (
@@ -96,6 +107,7 @@ DEFAULT_TIERS: tuple[Tier, ...] = (
     Tier("ticket_slow", "ticket", 259200, 21600, 0.10),
 )
 TIER_NAMES = tuple(t.name for t in DEFAULT_TIERS)
+ALERT_NAME = "SitsSloBurnRate"
 TierName = Literal["page_fast", "page_slow", "ticket_fast", "ticket_slow"]
 
 
@@ -237,6 +249,23 @@ class SloSpec(Section):
     def alert_windows(self) -> tuple[int, ...]:
         """Every distinct alert window (seconds), ascending."""
         return tuple(sorted({w for t in self.enabled_tiers() for w in (t.short, t.long)}))
+
+    def alert_labels(self, tier: Tier) -> dict[str, str]:
+        """Labels of this SLO's alert for ``tier`` (the same in the daemon and in generated rules)."""
+        return {**self.labels, "alertname": ALERT_NAME, "slo": self.name, "severity": tier.severity,
+                "burn_tier": tier.name}
+
+    def alert_annotations(self, tier: Tier) -> dict[str, str]:
+        long, short = format_duration(tier.long), format_duration(tier.short)
+        text = (f"Objective {self.objective:g} over {format_duration(self.window)}; at this burn rate "
+                f"{tier.budget:.0%} of the error budget is spent in {long}.")
+        return {"summary": f"{self.name}: error budget burning over {tier.factor(self.window):.4g}x "
+                           f"in the last {long} and {short}",
+                "description": f"{self.description.rstrip('. ')}. {text}" if self.description else text}
+
+    def sli_key(self) -> str:
+        """What the SLI counts; stored beside persisted budgets so a changed SLI starts afresh."""
+        return (self.latency or self.ratio).model_dump_json()  # type: ignore[union-attr]
 
 
 def _apply(overrides: dict[str, TierOverride], enabled_only: bool = False) -> tuple[Tier, ...]:

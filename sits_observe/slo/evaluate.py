@@ -1,0 +1,250 @@
+"""In-daemon SLO evaluation: a Consumer (``name = "slo"``) and a metrics provider.
+
+Each tick the engine adds the Frame's good/total events of every SLO to its window rings
+(:mod:`.window`, on the source clock ``frame.ts``), computes the error ratio and burn rate of every
+alert window and the error budget left over the SLO window, and decides per SLO which burn tier
+fires: a tier is active when its long and short windows both burn faster than its factor and the short
+window saw at least ``min_rate`` events/s.  Only the fastest active tier fires; slower ones are held
+while a faster one is active and stay held until their own condition clears (:func:`.burn.inhibit`),
+so an incident is one alert, not one per tier.  State changes go to the alert outbox (:mod:`sits_observe.alerting`)
+before they are recorded in ``state_dir/slo.db``, so a crash in between re-announces the change and
+the outbox drops the duplicate.
+
+Hooks for other parts:
+
+* ``annotate(slo_name, {"likely_cause": ..., "confidence": ...})`` (the RCA consumer): adds annotations
+  to the SLO's firing alert.  A delivery still queued is updated in place; one already delivered is
+  sent again with the new annotations.  Made while nothing fires, they ride on the SLO's next alert.
+  They are dropped when the incident resolves.
+* ``slos_state()`` and ``alerts_state()``: JSON-ready bodies of ``GET /api/v1/slos`` and ``/api/v1/alerts``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..alerting.config import AlertingConfig
+from ..alerting.formats import Alert
+from ..alerting.sender import Dispatcher
+from ..errors import SloError
+from ..frame import Frame, Sample
+from .burn import budget_remaining, burn_rate, error_ratio, inhibit, tier_active
+from .sli import SliReader
+from .spec import TIER_NAMES, SloSpec, Tier, error_budget
+from .state import SloState
+from .views import alerts_view, metrics_of, slo_view
+from .window import Levels, WindowRing
+
+if TYPE_CHECKING:
+    from ..config import Config
+
+__all__ = ["SloEngine", "Evaluation"]
+
+log = logging.getLogger("sits_observe.slo")
+RECENT_KEPT = 50
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    """One tick's results: per window pair ``sums (2, P)``; per SLO and tier ``active``, ``firing``, ``held (n, T)``."""
+
+    ts: float
+    sums: np.ndarray
+    err: np.ndarray
+    burn: np.ndarray
+    rate: np.ndarray
+    active: np.ndarray
+    firing: np.ndarray
+    held: np.ndarray
+    budget: np.ndarray
+
+
+class SloEngine:
+    """Evaluates every configured SLO each tick and sends alert state changes to the dispatcher."""
+
+    name = "slo"
+
+    def __init__(self, specs: Sequence[SloSpec], buckets: Sequence[float], state_dir: Path | str,
+                 alerting: AlertingConfig | None = None, *, dispatcher: Dispatcher | None = None) -> None:
+        if not specs:
+            raise SloError("no SLOs configured")
+        self.specs = list(specs)
+        self.reader = SliReader(self.specs, buckets)
+        self.external = dict(alerting.external_labels) if alerting else {}
+        n, T = len(self.specs), len(TIER_NAMES)
+        pairs = [(i, w) for i, s in enumerate(self.specs) for w in sorted({*s.alert_windows(), s.window})]
+        self.pair_of = {p: k for k, p in enumerate(pairs)}
+        self.slo_pairs = [[k for k, (row, _) in enumerate(pairs) if row == i] for i in range(n)]
+        self.rows = np.array([i for i, _ in pairs])
+        self.windows = np.array([w for _, w in pairs], dtype=np.float64)
+        self.levels = Levels.for_windows(self.windows.min(), self.windows.max())
+        self.pair_levels = np.array([self.levels.level_of(w) for w in self.windows])
+        self.tiers: list[dict[str, Tier]] = [{t.name: t for t in s.enabled_tiers()} for s in self.specs]
+        self.t_long = np.zeros((n, T), dtype=np.int64)
+        self.t_short = np.zeros((n, T), dtype=np.int64)
+        self.t_threshold = np.full((n, T), np.inf)
+        for i, s in enumerate(self.specs):
+            for j, name in enumerate(TIER_NAMES):
+                t = self.tiers[i].get(name)
+                if t is not None:
+                    self.t_long[i, j], self.t_short[i, j] = self.pair_of[(i, t.long)], self.pair_of[(i, t.short)]
+                    self.t_threshold[i, j] = t.threshold(s.window, s.objective)
+        self.budget = np.array([error_budget(s.objective) for s in self.specs])
+        self.min_rate = np.array([s.min_rate for s in self.specs])[:, None]
+        self.budget_pair = np.array([self.pair_of[(i, s.window)] for i, s in enumerate(self.specs)])
+        self.state = SloState(Path(state_dir) / "slo.db", [s.name for s in self.specs],
+                              [s.sli_key() for s in self.specs], self.levels.res)
+        self.ring = WindowRing(n, self.levels)
+        self._restore()
+        if dispatcher is None and alerting is not None and alerting.receivers:
+            dispatcher = Dispatcher(alerting, Path(state_dir))
+        self.dispatcher = dispatcher
+        self.last: Evaluation | None = None
+        self.recent: deque[Alert] = deque(maxlen=RECENT_KEPT)
+        self._lock = threading.Lock()
+        self._started = False
+
+    @classmethod
+    def from_config(cls, config: Config) -> SloEngine | None:
+        """The engine for ``config.slos`` (None when there are none)."""
+        if not config.slos:
+            return None
+        return cls(config.slos, config.store.buckets, config.state_dir, config.alerting)
+
+    def _restore(self) -> None:
+        for lvl in range(len(self.levels.res)):
+            stored = self.state.edges(lvl)
+            if stored is not None:
+                self.ring.restore(lvl, *stored)
+        self.notes = self.state.notes()
+        self.firing: list[str | None] = [None] * len(self.specs)
+        self.alerts: dict[int, Alert] = {}
+        index = {s.name: i for i, s in enumerate(self.specs)}
+        self.held = np.zeros((len(self.specs), len(TIER_NAMES)), dtype=bool)
+        for name, tiers in self.state.held().items():
+            self.held[index[name]] = [t in tiers for t in TIER_NAMES]
+        for name, (tier, since) in self.state.alerts().items():
+            i = index[name]
+            if tier in self.tiers[i]:
+                self.firing[i] = tier
+                self.alerts[i] = self._alert(i, self.tiers[i][tier], since)
+
+    def start(self) -> None:
+        """Start delivering alerts (done by the first tick if not before)."""
+        if not self._started and self.dispatcher is not None:
+            self.dispatcher.start()
+        self._started = True
+
+    # ---- one tick ------------------------------------------------------------------------------
+
+    def on_tick(self, frame: Frame, store: Any = None) -> None:
+        self.start()
+        good, total = self.reader.read(frame)
+        with self._lock:
+            try:
+                written = self.ring.add(frame.ts, good, total)
+            except SloError as exc:
+                log.warning("%s: SLO windows and budgets start afresh", exc)
+                self.state.clear_edges()
+                self.ring = WindowRing(len(self.specs), self.levels)
+                written = self.ring.add(frame.ts, good, total)
+            self.last = ev = self._evaluate(frame.ts if self.ring.ts is None else self.ring.ts)
+            prune = [(lvl, idx - self.levels.slots + 1) for lvl, idx, _ in written]
+            self.state.save(written, prune)
+            for i in np.flatnonzero((ev.held != self.held).any(axis=1)):
+                self.state.set_held(self.specs[i].name, [t for t, h in zip(TIER_NAMES, ev.held[i]) if h])
+            self.held = ev.held
+            for i in np.flatnonzero(ev.firing.any(axis=1) | np.array([f is not None for f in self.firing])):
+                j = np.flatnonzero(ev.firing[i])
+                tier = TIER_NAMES[j[0]] if len(j) else None
+                if tier != self.firing[i]:
+                    self._transition(int(i), tier, ev.ts)
+            if self.dispatcher is not None and self.alerts:
+                self.dispatcher.refresh(list(self.alerts.values()))
+
+    def _evaluate(self, ts: float) -> Evaluation:
+        sums = self.ring.sums(ts, self.rows, self.windows, self.pair_levels)
+        err = error_ratio(sums[0], sums[1])
+        rate = sums[1] / self.windows
+        active = tier_active(err[self.t_long], err[self.t_short], rate[self.t_short], self.t_threshold, self.min_rate)
+        firing, held = inhibit(active, self.held)
+        return Evaluation(ts, sums, err, burn_rate(err, self.budget[self.rows]), rate, active, firing, held,
+                          budget_remaining(err[self.budget_pair], self.budget))
+
+    def _alert(self, i: int, tier: Tier, since: float) -> Alert:
+        spec = self.specs[i]
+        return Alert({**self.external, **spec.alert_labels(tier)},
+                     {**spec.alert_annotations(tier), **self.notes.get(spec.name, {})}, "firing", since)
+
+    def _transition(self, i: int, tier: str | None, ts: float) -> None:
+        """Announce a change of the SLO's firing tier (outbox first, then our own record)."""
+        name = self.specs[i].name
+        old = self.alerts.pop(i, None)
+        if tier is not None:
+            self.alerts[i] = self._alert(i, self.tiers[i][tier], ts)
+            self._notify(self.alerts[i])
+        if old is not None:
+            resolved = replace(old, status="resolved", ends_at=ts)
+            self._notify(resolved)
+            self.recent.append(resolved)
+        if tier is None:
+            self.notes.pop(name, None)
+        log.info("SLO %s: %s", name, f"{tier} firing" if tier else "resolved")
+        self.state.set_alert(name, tier, ts)
+        self.firing[i] = tier
+
+    def _notify(self, alert: Alert) -> None:
+        if self.dispatcher is not None:
+            self.dispatcher.notify(alert)
+
+    # ---- hooks ---------------------------------------------------------------------------------
+
+    def annotate(self, slo_name: str, annotations: dict[str, Any]) -> None:
+        """Add annotations (e.g. ``likely_cause``, ``confidence``) to the SLO's current or next alert."""
+        with self._lock:
+            index = {s.name: i for i, s in enumerate(self.specs)}
+            if slo_name not in index:
+                raise SloError(f"annotate: unknown SLO {slo_name!r}; configured: {sorted(index)}")
+            i = index[slo_name]
+            notes = {**self.notes.get(slo_name, {}), **{str(k): str(v) for k, v in annotations.items()}}
+            self.notes[slo_name] = notes
+            self.state.set_notes(slo_name, notes)
+            if i in self.alerts:
+                self.alerts[i] = replace(self.alerts[i], annotations={**self.alerts[i].annotations, **notes})
+                self._notify(self.alerts[i])
+
+    def metrics(self) -> Iterable[Sample]:
+        with self._lock:
+            out = metrics_of(self)
+        if self.dispatcher is not None:
+            out += list(self.dispatcher.metrics())
+        return out
+
+    def slos_state(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [slo_view(self, i) for i in range(len(self.specs))]
+
+    def alerts_state(self) -> dict[str, Any]:
+        with self._lock:
+            out = alerts_view(self)
+        if self.dispatcher is not None:
+            out.update(self.dispatcher.state())
+        return out
+
+    def reload(self, config: Config) -> None:
+        """SLOs and receivers are fixed at start-up; say so when a reloaded config changes them."""
+        if config.slos != self.specs or (self.dispatcher and config.alerting != self.dispatcher.cfg):
+            log.warning("SIGHUP: slos or alerting changed; these take effect after a restart")
+
+    def close(self) -> None:
+        if self.dispatcher is not None:
+            self.dispatcher.close()
+        self.state.close()

@@ -1,0 +1,132 @@
+"""What the SLO engine keeps across restarts, in ``state_dir/slo.db`` (SQLite, WAL).
+
+* ``edges``: the window rings' cumulative counts per SLO, level and edge (so a restart remembers the
+  budget already burned); dropped for an SLO whose SLI changed, and for all when the ring levels change;
+* ``alerts``: the firing alert of each SLO (tier and start), so a restart neither re-pages nor forgets
+  to resolve;
+* ``held``: the tiers held quiet because a faster tier took over the incident;
+* ``notes``: annotations added through ``annotate()`` (likely cause) for the current incident.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import SloError
+
+__all__ = ["SloState"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS slis (slo TEXT PRIMARY KEY, sli TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS edges (
+    slo TEXT NOT NULL, level INTEGER NOT NULL, idx INTEGER NOT NULL, good REAL NOT NULL, total REAL NOT NULL,
+    PRIMARY KEY (slo, level, idx)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS alerts (slo TEXT PRIMARY KEY, tier TEXT NOT NULL, since REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS notes (slo TEXT PRIMARY KEY, annotations TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS held (slo TEXT PRIMARY KEY, tiers TEXT NOT NULL);
+"""
+
+
+class SloState:
+    """Persistence for one engine; ``names[i]`` is row ``i`` of the engine's arrays."""
+
+    def __init__(self, path: Path, names: Sequence[str], sli_keys: Sequence[str], levels: Sequence[float]) -> None:
+        self.path = Path(path)
+        self.names = list(names)
+        try:
+            self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.executescript(_SCHEMA)
+            self._tx(self._reconcile, sli_keys, json.dumps([float(r) for r in levels]))
+        except sqlite3.Error as exc:
+            raise SloError(f"SLO state {self.path}: {exc}; check state_dir") from exc
+
+    def _tx(self, fn, *args):  # type: ignore[no-untyped-def]
+        try:
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                out = fn(*args)
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+            self.db.execute("COMMIT")
+            return out
+        except sqlite3.Error as exc:
+            raise SloError(f"SLO state {self.path}: {exc}") from exc
+
+    def _reconcile(self, sli_keys: Sequence[str], levels: str) -> None:
+        db = self.db
+        row = db.execute("SELECT value FROM meta WHERE key='levels'").fetchone()
+        if row is None or row[0] != levels:
+            db.execute("DELETE FROM edges")
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('levels', ?)", (levels,))
+        old = dict(db.execute("SELECT slo, sli FROM slis").fetchall())
+        for name, key in zip(self.names, sli_keys):
+            if old.get(name) != key:
+                db.execute("DELETE FROM edges WHERE slo=?", (name,))
+                db.execute("INSERT OR REPLACE INTO slis VALUES (?, ?)", (name, key))
+        gone = [(n,) for n in old if n not in self.names]
+        for table in ("slis", "edges", "alerts", "notes", "held"):
+            db.executemany(f"DELETE FROM {table} WHERE slo=?", gone)
+
+    def edges(self, level: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """Stored edges of one level: ascending indices and ``(len, 2, n)`` values, NaN where an SLO has none."""
+        rows = self.db.execute("SELECT slo, idx, good, total FROM edges WHERE level=? ORDER BY idx",
+                               (level,)).fetchall()
+        if not rows:
+            return None
+        pos = {n: i for i, n in enumerate(self.names)}
+        idx = np.unique(np.array([r[1] for r in rows], dtype=np.int64))
+        values = np.full((len(idx), 2, len(self.names)), np.nan)
+        where = np.searchsorted(idx, [r[1] for r in rows])
+        for (slo, _, good, total), k in zip(rows, where):
+            values[k, :, pos[slo]] = (good, total)
+        return idx, values
+
+    def save(self, written: Iterable[tuple[int, int, np.ndarray]], prune: Sequence[tuple[int, int]] = ()) -> None:
+        """Store written ring edges ``(level, idx, (2, n))`` and drop edges below ``(level, idx)`` in one commit."""
+        rows = [(name, lvl, idx, float(v[0, i]), float(v[1, i]))
+                for lvl, idx, v in written for i, name in enumerate(self.names)]
+
+        def write() -> None:
+            self.db.executemany("INSERT OR REPLACE INTO edges VALUES (?, ?, ?, ?, ?)", rows)
+            self.db.executemany("DELETE FROM edges WHERE level=? AND idx<?", prune)
+        if rows or prune:
+            self._tx(write)
+
+    def clear_edges(self) -> None:
+        self._tx(lambda: self.db.execute("DELETE FROM edges"))
+
+    def alerts(self) -> dict[str, tuple[str, float]]:
+        """Firing alert per SLO: ``{slo: (tier, since)}``."""
+        return {s: (t, since) for s, t, since in self.db.execute("SELECT slo, tier, since FROM alerts")}
+
+    def set_alert(self, slo: str, tier: str | None, since: float = 0.0) -> None:
+        if tier is None:
+            self._tx(lambda: (self.db.execute("DELETE FROM alerts WHERE slo=?", (slo,)),
+                              self.db.execute("DELETE FROM notes WHERE slo=?", (slo,))))
+        else:
+            self._tx(lambda: self.db.execute("INSERT OR REPLACE INTO alerts VALUES (?, ?, ?)", (slo, tier, since)))
+
+    def held(self) -> dict[str, list[str]]:
+        return {s: json.loads(t) for s, t in self.db.execute("SELECT slo, tiers FROM held")}
+
+    def set_held(self, slo: str, tiers: list[str]) -> None:
+        self._tx(lambda: self.db.execute("INSERT OR REPLACE INTO held VALUES (?, ?)", (slo, json.dumps(tiers))))
+
+    def notes(self) -> dict[str, dict[str, str]]:
+        return {s: json.loads(a) for s, a in self.db.execute("SELECT slo, annotations FROM notes")}
+
+    def set_notes(self, slo: str, annotations: dict[str, str]) -> None:
+        self._tx(lambda: self.db.execute("INSERT OR REPLACE INTO notes VALUES (?, ?)", (slo, json.dumps(annotations))))
+
+    def close(self) -> None:
+        self.db.close()

@@ -1,0 +1,125 @@
+"""Generated Prometheus rules: real `promtool check rules` and `promtool test rules`, and the same input
+series through the in-daemon evaluator, which must fire and resolve at the same evaluation steps."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sits_observe.config import parse
+from sits_observe.slo.evaluate import SloEngine
+from sits_observe.slo.rules import dump_rules
+
+sys.path.insert(0, str(Path(__file__).parent))
+import scenarios as S  # noqa: E402
+
+PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
+T0 = S.T0
+
+# Hand-computed firing tier per SLO at chosen minutes (None: nothing fires); SLOs not named fire nothing.
+#  fast: 12m window error ratio 0.02*k/12 > 13.44*0.001 -> k >= 9 bad minutes; the 1m short window clears
+#        the minute after the burn; page_slow turns active at k = 21 (0.02*21/72 > 0.0056) while page_fast
+#        fires, so it is held, and stays held until its 6m window clears at T0+29: it never fires.
+#        Ticket tiers: 0.02*24/288 < 0.0028, and 0.02*24/(T0+24) < 0.000933 (the 864m window is not full).
+#  slow: burn 4 never reaches 5.6 (no page); 288m: 0.004*k/288 > 0.0028 -> k >= 202 (ticket_fast); the
+#        864m window holds T0+k minutes: 0.004*k/(T0+k) > 0.000933 -> k >= 214, so ticket_slow turns active
+#        after ticket_fast and is held; the 24m window clears at T0+228 (16 bad minutes: 0.004*16/24 < 0.0028)
+#        and ticket_slow stays held until its 72m window clears.
+#  quiet: 50 % errors would fire every tier, but 0.1 events/s < min_rate 0.5.
+#  outage (28d, default windows): every tier is active from minute 1; page_fast fires (13.44x over 1h/5m),
+#        the 5m window clears at minute 15; the slower tiers stay held until they clear: one alert.
+HAND = {
+    1: {"outage": "page_fast"}, 14: {"outage": "page_fast"}, 15: {}, 40: {}, 130: {},
+    T0 + 8: {}, T0 + 9: {"fast": "page_fast"}, T0 + 24: {"fast": "page_fast"}, T0 + 25: {}, T0 + 30: {},
+    T0 + 201: {}, T0 + 202: {"slow": "ticket_fast"}, T0 + 227: {"slow": "ticket_fast"}, T0 + 228: {},
+    T0 + 280: {},
+}
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("rules")
+    cfg = S.config(str(tmp / "state"))
+    (tmp / "state").mkdir()
+    rules = tmp / "rules.yml"
+    rules.write_text(dump_rules(cfg.slos, cfg.store.buckets, "test"))
+    engine = SloEngine.from_config(cfg)
+    steps = {}
+    for frame in S.frames():
+        engine.on_tick(frame)
+        steps[int(frame.ts // 60)] = {s.name: f for s, f in zip(engine.specs, engine.firing) if f}
+    engine.close()
+    return cfg, rules, steps
+
+
+def _expected_alerts(cfg, firing: dict) -> list[dict]:
+    out = []
+    for spec in cfg.slos:
+        tier_name = firing.get(spec.name)
+        if tier_name:
+            tier = next(t for t in spec.enabled_tiers() if t.name == tier_name)
+            labels = spec.alert_labels(tier)
+            del labels["alertname"]
+            out.append({"exp_labels": labels, "exp_annotations": spec.alert_annotations(tier)})
+    return out
+
+
+def _promtool(*args, cwd):
+    return subprocess.run([PROMTOOL, *args], capture_output=True, text=True, timeout=300, cwd=cwd)
+
+
+def test_generated_rules_pass_promtool_check(tmp_path):
+    cfg = parse({"slos": [
+        {"name": "e2e", "objective": 0.999, "description": "Chat requests under 250 ms.", "min_rate": 0.1,
+         "latency": {"stage": "e2e", "workload": "chat", "threshold": 0.25}, "labels": {"team": "serving"}},
+        {"name": "errors", "objective": 0.99, "window": "30d", "tiers": {"ticket_slow": False},
+         "ratio": {"total": "requests_total", "bad": "request_errors_total"}},
+        {"name": "goodput", "objective": 0.995, "window": "7d", "tiers": {"ticket_slow": {"long": "2d"}},
+         "ratio": {"total": "requests_total", "good": "tokens_generated_total"}},
+    ]}, env={})
+    out = tmp_path / "rules.yml"
+    out.write_text(dump_rules(cfg.slos, cfg.store.buckets, "test"))
+    res = _promtool("check", "rules", str(out), cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "SUCCESS: " in res.stdout
+    groups = yaml.safe_load(out.read_text())["groups"]
+    assert [g["name"] for g in groups] == ["sits-slo-e2e", "sits-slo-errors", "sits-slo-goodput"]
+    alerts = [r for r in groups[1]["rules"] if "alert" in r]
+    assert [a["labels"]["burn_tier"] for a in alerts] == ["page_fast", "page_slow", "ticket_fast"]
+
+
+def test_daemon_fires_and_resolves_at_hand_computed_steps(setup):
+    _, _, steps = setup
+    assert {m: steps[m] for m in HAND} == HAND
+    # and nothing else ever fires for quiet
+    assert not any("quiet" in s for s in steps.values())
+
+
+def test_promtool_fires_at_the_same_steps_as_the_daemon(setup, tmp_path):
+    cfg, rules, steps = setup
+    # every step where the daemon's firing set changes, the step before it, and the hand-computed ones;
+    # two test groups: the scaled burns after T0, and the first minutes (28d outage, quiet)
+    check = set(HAND)
+    for m in range(2, S.STEPS + 1):
+        if steps[m] != steps[m - 1]:
+            check |= {m - 1, m}
+    groups = []
+    for names in (("fast", "slow"), ("outage", "quiet")):
+        def only(firing: dict) -> dict:
+            return {k: v for k, v in firing.items() if k in names}
+        mine = sorted(m for m in check if m > S.T0) if "fast" in names else sorted(m for m in check if m < S.T0)
+        tests = [{"eval_time": f"{m}m", "alertname": "SitsSloBurnRate",
+                  "exp_alerts": _expected_alerts(cfg, only(steps[m]))} for m in mine]
+        tests += [{"eval_time": f"{m}m", "alertname": "SitsSloBurnRate", "exp_alerts": _expected_alerts(cfg, only(HAND[m]))}
+                  for m in HAND if m in mine]  # the hand-computed table, independently of the daemon
+        groups.append({"interval": "1m", "alert_rule_test": tests,
+                       "input_series": S.promtool_series([sc for sc in S.SCENARIOS if sc.slo in names])})
+    spec = {"rule_files": [str(rules)], "evaluation_interval": "1m", "tests": groups}
+    test_file = tmp_path / "slo_test.yml"
+    test_file.write_text(yaml.safe_dump(spec, width=10**9))
+    res = _promtool("test", "rules", str(test_file), cwd=tmp_path)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
+    assert "SUCCESS" in res.stdout
