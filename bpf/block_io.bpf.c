@@ -19,14 +19,12 @@ static __always_inline u32 workload_of(u32 tgid)
 
 static __always_inline void stage_record(u32 stage, u32 workload, u64 delta_ns)
 {
-	struct stage_key key = stage_key_of(stage, workload, delta_ns);
-	struct series_key series = {.stage = stage, .workload = workload};
-	struct stage_total no_total = {};
-	u64 zero = 0, *count, *dropped;
-	u32 idx = 0;
+	u32 bucket = hist_bucket(delta_ns), idx = 0;
+	struct stage_key key = stage_key_of(stage, workload, bucket);
+	struct stage_block empty = {}, *block = stage_latency.lookup_or_try_init(&key, &empty);
+	u64 *dropped;
 
-	count = stage_latency.lookup_or_try_init(&key, &zero);
-	if (stage_add(count, count ? stage_latency_sum.lookup_or_try_init(&series, &no_total) : 0, delta_ns))
+	if (stage_add(block, bucket, delta_ns))
 		return;
 	dropped = stage_dropped.lookup(&idx);
 	if (dropped)

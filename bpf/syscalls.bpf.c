@@ -4,13 +4,38 @@
  *   egress   duration of each write/sendto/sendmsg on an accepted fd that returns >= 0
  * Syscall tracepoints only (args->fd, args->ret); each syscall is compiled in (HAVE_<NAME>) where its
  * tracepoints exist.
- * Connections live in an LRU map, forgotten on close(); calls are paired per thread.
+ * Connections live in an LRU map, forgotten on close(); calls are paired per thread (sock_call_slot).
  */
 #include "stage.h"
 #include "syscalls.h"
 
 BPF_TABLE("lru_hash", struct conn_key, struct conn, conns, MAX_CONNS);
+
+/* The calling thread's socket-call slot: task-local storage where the kernel has it (5.11+: no hash,
+ * freed with the thread), else an LRU hash keyed by thread id. A slot is idle while kind == 0. */
+#ifdef HAVE_TASK_STORAGE
+BPF_TASK_STORAGE(sock_calls, struct sock_call);
+
+static __always_inline struct sock_call *sock_call_slot(int create)
+{
+	return sock_calls.task_storage_get((struct task_struct *)bpf_get_current_task_btf(), 0,
+					   create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
+}
+#else
 BPF_TABLE("lru_hash", u32, struct sock_call, sock_calls, MAX_THREADS);
+
+static __always_inline struct sock_call *sock_call_slot(int create)
+{
+	u32 tid = bpf_get_current_pid_tgid();
+	struct sock_call idle = {}, *call = sock_calls.lookup(&tid);
+
+	if (!call && create) {
+		sock_calls.update(&tid, &idle);
+		call = sock_calls.lookup(&tid);
+	}
+	return call;
+}
+#endif
 
 static __always_inline u32 workload_of(u32 tgid)
 {
@@ -21,14 +46,12 @@ static __always_inline u32 workload_of(u32 tgid)
 
 static __always_inline void stage_record(u32 stage, u32 workload, u64 delta_ns)
 {
-	struct stage_key key = stage_key_of(stage, workload, delta_ns);
-	struct series_key series = {.stage = stage, .workload = workload};
-	struct stage_total no_total = {};
-	u64 zero = 0, *count, *dropped;
-	u32 idx = 0;
+	u32 bucket = hist_bucket(delta_ns), idx = 0;
+	struct stage_key key = stage_key_of(stage, workload, bucket);
+	struct stage_block empty = {}, *block = stage_latency.lookup_or_try_init(&key, &empty);
+	u64 *dropped;
 
-	count = stage_latency.lookup_or_try_init(&key, &zero);
-	if (stage_add(count, count ? stage_latency_sum.lookup_or_try_init(&series, &no_total) : 0, delta_ns))
+	if (stage_add(block, bucket, delta_ns))
 		return;
 	dropped = stage_dropped.lookup(&idx);
 	if (dropped)
@@ -52,41 +75,48 @@ static __always_inline int on_accept_exit(long ret)
 
 static __always_inline int on_sock_enter(u64 fd, u32 kind)
 {
-	u64 id = bpf_get_current_pid_tgid();
-	struct conn_key key = {.tgid = id >> 32, .fd = fd};
-	struct sock_call call = {.fd = fd, .kind = kind};
+	struct conn_key key = {.tgid = bpf_get_current_pid_tgid() >> 32, .fd = fd};
 	struct conn *conn = conns.lookup(&key);
-	u32 tid = id;
+	struct sock_call *call;
 
 	if (!conn || (kind == SOCK_READ && conn->request_read))
 		return 0;
-	call.ts = bpf_ktime_get_ns();
-	sock_calls.update(&tid, &call);
+	call = sock_call_slot(1);
+	if (!call)
+		return 0;
+	call->ts = bpf_ktime_get_ns();
+	call->accepted_ns = conn->accepted_ns;
+	call->fd = fd;
+	call->kind = kind;
+	call->workload = conn->workload;
 	return 0;
 }
 
 static __always_inline int on_sock_exit(long ret)
 {
-	u64 id = bpf_get_current_pid_tgid(), now;
-	u32 tid = id;
-	struct sock_call *call = sock_calls.lookup(&tid);
-	struct conn_key key = {.tgid = id >> 32};
+	struct sock_call *call = sock_call_slot(0);
+	struct conn_key key = {.tgid = bpf_get_current_pid_tgid() >> 32};
 	struct conn *conn;
+	u32 kind;
 
-	if (!call)
+	if (!call || !call->kind)
 		return 0;
-	now = bpf_ktime_get_ns();
+	kind = call->kind;
+	call->kind = 0;
+	if (ret < 0)
+		return 0;
+	if (kind == SOCK_WRITE) {
+		stage_record(STAGE_EGRESS, call->workload, bpf_ktime_get_ns() - call->ts);
+		return 0;
+	}
+	if (ret == 0)
+		return 0;
 	key.fd = call->fd;
 	conn = conns.lookup(&key);
-	if (conn && ret >= 0) {
-		if (call->kind == SOCK_WRITE) {
-			stage_record(STAGE_EGRESS, conn->workload, now - call->ts);
-		} else if (ret > 0 && !conn->request_read) {
-			conn->request_read = 1;
-			stage_record(STAGE_INGRESS, conn->workload, now - conn->accepted_ns);
-		}
+	if (conn && !conn->request_read) {
+		conn->request_read = 1;
+		stage_record(STAGE_INGRESS, call->workload, bpf_ktime_get_ns() - call->accepted_ns);
 	}
-	sock_calls.delete(&tid);
 	return 0;
 }
 

@@ -17,11 +17,14 @@ struct conn {
 	u32 request_read;
 };
 
-/* The socket syscall a thread is in (tid -> call). */
+/* The socket syscall a thread is in (kind 0: none), with what its exit needs from the connection. */
 struct sock_call {
 	u64 ts;
+	u64 accepted_ns;
 	u32 fd;
 	u32 kind;
+	u32 workload;
+	u32 pad;
 };
 
 #endif /* SITS_SYSCALLS_H */

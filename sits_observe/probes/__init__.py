@@ -2,14 +2,12 @@
 
 The C programs live in ``bpf/``; this package probes features, compiles them with bcc, keeps the
 tgid -> workload map current, attaches uprobes to the libraries workloads map, and drains the kernel maps
-into Frames. ``ProbeSource`` is imported lazily: the config section must not pull in the runtime.
+into Frames. Names are imported lazily: ``sits_observe.config`` imports ``probes.config`` while it loads.
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-from .config import ProbesConfig
 
 __all__ = ["ProbesConfig", "ProbeSource"]
 
@@ -19,4 +17,8 @@ def __getattr__(name: str) -> Any:
         from .source import ProbeSource
 
         return ProbeSource
+    if name == "ProbesConfig":
+        from .config import ProbesConfig
+
+        return ProbesConfig
     raise AttributeError(name)

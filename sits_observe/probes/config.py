@@ -102,8 +102,9 @@ class ProbesConfig(Section):
     bpf_stats: bool = Field(False, description="turn on kernel BPF run-time stats while the daemon runs")
     max_processes: int = Field(4096, ge=16, le=1 << 20, description="tracked processes (tgid map size)")
     max_threads: int = Field(65536, ge=64, le=1 << 22, description="threads/requests in flight per probe")
-    hist_entries: int = Field(16384, ge=1024, le=1 << 20,
-                              description="(stage, workload, bucket) slots per probe; events past it are dropped")
+    blocks_per_series: int = Field(
+        8, ge=1, le=38, description="histogram map slots per (stage, workload): one per power of two of latency "
+        "seen, 8 hold a 256x range at full resolution; events that find the map full are dropped and counted")
     runq: ProbeToggle = Field(default_factory=ProbeToggle)
     syscalls: ProbeToggle = Field(default_factory=ProbeToggle)
     block_io: BlockIoProbe = Field(default_factory=BlockIoProbe)

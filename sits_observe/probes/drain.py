@@ -1,10 +1,10 @@
-"""Draining the kernel's cumulative per-CPU stage maps into per-tick deltas on the exported buckets.
+"""Draining the kernel's cumulative per-CPU stage map into per-tick deltas on the exported buckets.
 
-``stage_latency`` holds a count per (stage, workload, kernel bucket) and CPU, ``stage_latency_sum`` the
-exact sum and count per (stage, workload) and CPU (see ``bpf/stage.h``). Both only grow; each drain
-reads them with batch look-ups, sums the CPUs, subtracts the previous reading and folds kernel buckets
-into the exported layout with :func:`sits_observe.histogram.kernel_to_layout`, so every exported bucket
-is an exact sum of kernel buckets.
+``stage_latency`` holds, per (stage, workload, bucket block) and CPU, the counts of the block's ``SUB``
+kernel buckets and the exact sum of their latencies (see ``bpf/stage.h``). Counters only grow: each
+drain reads the map with batch look-ups, sums the CPUs, subtracts the previous reading and folds kernel
+buckets into the exported layout with :func:`sits_observe.histogram.kernel_to_layout`, so every exported
+bucket is an exact sum of kernel buckets, and counts and sums are exact.
 """
 
 from __future__ import annotations
@@ -12,20 +12,18 @@ from __future__ import annotations
 import ctypes as ct
 import errno
 import os
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ..errors import ProbeError
 from ..frame import BucketLayout
-from ..histogram import kernel_to_layout
+from ..histogram import SUB, kernel_to_layout
 
 __all__ = ["SeriesDelta", "BatchReader", "StageDrain"]
 
 
-@dataclass(frozen=True, slots=True)
-class SeriesDelta:
+class SeriesDelta(NamedTuple):
     """One (stage, workload) series for one tick: exported-bucket counts and the exact sum/count."""
 
     stage: int
@@ -108,41 +106,34 @@ class _Cumulative:
 
 
 class StageDrain:
-    """Deltas of one program's ``stage_latency`` / ``stage_latency_sum`` maps since the last drain."""
+    """Deltas of one program's ``stage_latency`` map since the last drain."""
 
-    def __init__(self, hist_table: Any, sum_table: Any, layout: BucketLayout) -> None:
-        self._hist = BatchReader(hist_table)
-        self._sum = BatchReader(sum_table)
-        self._to_layout = kernel_to_layout(layout.edges)
+    def __init__(self, table: Any, layout: BucketLayout) -> None:
+        self._reader = BatchReader(table)
+        to_layout = kernel_to_layout(layout.edges)
+        blocks = -(-len(to_layout) // SUB)
+        self._to_layout = np.pad(to_layout, (0, blocks * SUB - len(to_layout)), mode="edge").reshape(blocks, SUB)
         self._n_out = layout.n
-        self._prev_hist = _Cumulative(1)
-        self._prev_sum = _Cumulative(2)
+        self._prev = _Cumulative(SUB + 1)
 
     def drain(self) -> list[SeriesDelta]:
-        hkeys, hvals = self._hist.read()
-        skeys, svals = self._sum.read()
-        # key bytes: u16 stage, u16 workload, u32 bucket (little-endian) -> series = low 32 bits
-        hk = np.ascontiguousarray(hkeys).view("<u8").ravel()
-        hv = np.ascontiguousarray(hvals).view("<u8").sum(axis=1, dtype=np.uint64)[:, None]
-        hk, hd = self._prev_hist.delta(hk, hv)
-        sk = np.ascontiguousarray(skeys).view("<u4").ravel().astype(np.uint64)
-        sv = np.ascontiguousarray(svals).view("<u8").reshape(len(skeys), svals.shape[1] // 16, 2)
-        sv = sv.sum(axis=1, dtype=np.uint64)
-        sk, sd = self._prev_sum.delta(sk, sv)
-
-        live = hd[:, 0] > 0
-        hk, hd = hk[live], hd[live, 0]
-        if not len(hk):
+        raw_keys, raw_vals = self._reader.read()
+        # key: u16 stage, u16 workload, u32 block (little-endian), so series = low 32 bits;
+        # value per CPU: SUB counts then the sum (u64 each)
+        keys = np.ascontiguousarray(raw_keys).view("<u8").ravel()
+        cpus = raw_vals.shape[1] // (8 * (SUB + 1))
+        vals = np.ascontiguousarray(raw_vals).view("<u8").reshape(len(keys), cpus, SUB + 1)
+        keys, delta = self._prev.delta(keys, vals.sum(axis=1, dtype=np.uint64))
+        live = delta[:, :SUB].any(axis=1)
+        if not live.any():
             return []
-        series, inv = np.unique(hk & np.uint64(0xFFFFFFFF), return_inverse=True)
-        out = self._to_layout[(hk >> np.uint64(32)).astype(np.int64)]
-        flat = np.bincount(inv * self._n_out + out, weights=hd.astype(np.float64),
-                           minlength=len(series) * self._n_out)
+        keys, delta = keys[live], delta[live]
+        series, inv = np.unique(keys & np.uint64(0xFFFFFFFF), return_inverse=True)
+        out = self._to_layout[(keys >> np.uint64(32)).astype(np.int64)]  # (rows, SUB) exported buckets
+        flat = np.bincount((inv[:, None] * self._n_out + out).ravel(),
+                           weights=delta[:, :SUB].ravel().astype(np.float64), minlength=len(series) * self._n_out)
         counts = flat.reshape(len(series), self._n_out).astype(np.uint64)
-        pos = np.minimum(np.searchsorted(sk, series), max(len(sk) - 1, 0))
-        has_sum = (sk[pos] == series) if len(sk) else np.zeros(len(series), bool)
-        result = []
-        for i, s in enumerate(series.tolist()):
-            total, count = (int(sd[pos[i], 0]), int(sd[pos[i], 1])) if has_sum[i] else (0, 0)
-            result.append(SeriesDelta(s & 0xFFFF, s >> 16, counts[i], total, count))
-        return result
+        sums = np.zeros(len(series), np.uint64)
+        np.add.at(sums, inv, delta[:, SUB])
+        return [SeriesDelta(s & 0xFFFF, s >> 16, row, total, int(row.sum()))
+                for s, row, total in zip(series.tolist(), counts, sums.tolist())]

@@ -5,14 +5,16 @@ from __future__ import annotations
 import ctypes as ct
 import re
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import ProbeError
 from ..frame import BucketLayout
 from .drain import SeriesDelta, StageDrain
 from .features import prog_run_stats
+from .specs import ProbeSpec
 
-__all__ = ["compile_bpf", "Program", "LibraryAttacher"]
+__all__ = ["compile_bpf", "compile_probe", "find_symbols", "Program", "LibraryAttacher"]
 
 
 def compile_bpf(path: Path, flags: list[str]) -> Any:
@@ -25,6 +27,19 @@ def compile_bpf(path: Path, flags: list[str]) -> Any:
         raise ProbeError(f"{path.name}: {exc} (clang/verifier output, if any, is on stderr)") from exc
 
 
+def compile_probe(spec: ProbeSpec, flags: Callable[[tuple[str, ...]], list[str]]) -> tuple[Any, tuple[str, ...]]:
+    """Compile ``spec`` with its optional kernel features; where that fails, once more without them.
+
+    ``flags(optional)`` gives the cflags; returns the BPF object and the optional macros it kept.
+    """
+    try:
+        return compile_bpf(spec.path, flags(spec.optional)), spec.optional
+    except ProbeError:
+        if not spec.optional:
+            raise
+    return compile_bpf(spec.path, flags(())), ()
+
+
 class Program:
     """A loaded program with the shared stage maps of ``bpf/stage.h``."""
 
@@ -32,7 +47,7 @@ class Program:
         self.bpf = bpf
         self._workloads = bpf[b"workloads"]
         self._dropped = bpf[b"stage_dropped"]
-        self._drain = StageDrain(bpf[b"stage_latency"], bpf[b"stage_latency_sum"], layout)
+        self._drain = StageDrain(bpf[b"stage_latency"], layout)
         self._tgids: dict[int, int] = {}
 
     def set_workloads(self, tgids: dict[int, int]) -> None:
@@ -67,6 +82,18 @@ class Program:
         self.bpf.cleanup()
 
 
+def find_symbols(path: str, symbols: set[str]) -> dict[str, int]:
+    """Address of each of ``symbols`` that the ELF file at ``path`` defines (one pass over its symbols)."""
+    from bcc import BPF
+
+    pattern = "^(" + "|".join(re.escape(s) for s in sorted(symbols)) + ")$"
+    try:
+        found = BPF.get_user_functions_and_addresses(path.encode(), pattern.encode())
+    except Exception as exc:  # bcc raises bare Exception
+        raise ProbeError(f"cannot read its symbols: {exc}") from exc
+    return {name.decode(): addr for name, addr in found}
+
+
 class LibraryAttacher:
     """Attaches ``enter_<stage>``/``call_return`` to each configured symbol of each library file.
 
@@ -83,18 +110,14 @@ class LibraryAttacher:
 
     def attach(self, inode: tuple[int, int], path: str, shown: str) -> str | None:
         """Attach to one file (opened at ``path``, named ``shown`` in reports); returns what to report."""
-        from bcc import BPF
-
         if inode in self.files:
             return None
         self.files[inode] = shown
         wanted = {sym for syms in self._stages.values() for sym in syms}
-        pattern = "^(" + "|".join(re.escape(s) for s in sorted(wanted)) + ")$"
         try:
-            found = BPF.get_user_functions_and_addresses(path.encode(), pattern.encode())
-        except Exception as exc:
-            return f"{shown}: cannot read its symbols: {exc}"
-        addr_of = {name.decode(): addr for name, addr in found}
+            addr_of = find_symbols(path, wanted)
+        except ProbeError as exc:
+            return f"{shown}: {exc}"
         done: set[int] = set()
         problems = []
         for stage, symbols in self._stages.items():

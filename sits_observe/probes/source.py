@@ -18,7 +18,7 @@ from ..errors import ProbeError
 from ..frame import STAGES, BucketLayout, Frame, Sample
 from . import specs
 from .features import bpf_stats_enabled, enable_bpf_stats, environment_problem, tracepoint_exists
-from .program import LibraryAttacher, Program, compile_bpf
+from .program import LibraryAttacher, Program, compile_probe
 from .workloads import WorkloadTracker, library_matcher
 
 if TYPE_CHECKING:
@@ -110,18 +110,18 @@ class ProbeSource:
             self._report(state, state.problem)
             return
         try:
-            bpf = compile_bpf(spec.path, specs.cflags(spec, self._cfg, n_workloads, plan.macros))
+            bpf, kept = compile_probe(spec, lambda opt: specs.cflags(spec, self._cfg, n_workloads, plan.macros + opt))
         except ProbeError as exc:
             state.problem = f"not loaded: {exc}"
             self._report(state, state.problem)
             return
+        skipped = [*plan.missing, *(m for m in spec.optional if m not in kept)]
         state.program = Program(bpf, self._layout)
         if spec.kind == "uprobe":
             ucfg = getattr(self._cfg, spec.name)
             state.library = ucfg.library
             state.attacher = LibraryAttacher(bpf, ucfg.timed())
-        log.info("probe %s: loaded%s", spec.name,
-                 f" (tracepoints missing, skipped: {', '.join(plan.missing)})" if plan.missing else "")
+        log.info("probe %s: loaded%s", spec.name, f" without {', '.join(skipped)}" if skipped else "")
 
     def rescan(self) -> None:
         """Re-read /proc: update every program's workload map; attach uprobes to newly mapped libraries."""

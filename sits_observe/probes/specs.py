@@ -43,6 +43,8 @@ class ProbeSpec:
     features: tuple[Feature, ...] = ()
     # each group names features of which at least one must be present for the probe to load
     requires: tuple[tuple[str, ...], ...] = ()
+    # macros for kernel features tried first and dropped if the program then fails to load
+    optional: tuple[str, ...] = ()
     defines: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -68,7 +70,8 @@ SPECS: dict[str, ProbeSpec] = {
         features=tuple(_syscall(s) for s in ("accept", "accept4", "read", "recvfrom", "recvmsg", "write",
                                              "sendto", "sendmsg", "close")),
         requires=(("HAVE_ACCEPT", "HAVE_ACCEPT4"), ("HAVE_READ", "HAVE_RECVFROM", "HAVE_RECVMSG"),
-                  ("HAVE_WRITE", "HAVE_SENDTO", "HAVE_SENDMSG"))),
+                  ("HAVE_WRITE", "HAVE_SENDTO", "HAVE_SENDMSG")),
+        optional=("HAVE_TASK_STORAGE",)),
     "block_io": ProbeSpec(
         "block_io", "block_io", "tracepoint", ("block_io",),
         features=(Feature("HAVE_BLOCK_RQ", ("block:block_rq_issue", "block:block_rq_complete")),),
@@ -108,7 +111,6 @@ def plan_tracepoints(spec: ProbeSpec, exists: Callable[[str, str], bool]) -> Tra
 def cflags(spec: ProbeSpec, cfg: ProbesConfig, n_workloads: int, macros: tuple[str, ...] = (),
            extra: dict[str, str] | None = None) -> list[str]:
     """The ``-I``/``-D`` flags that specialise ``spec.program`` for this config."""
-    series = len(STAGES) * (n_workloads + 1)
     defines = {
         "HIST_SUB_BITS": str(histogram.SUB_BITS),
         "HIST_MAX_EXP": str(histogram.MAX_EXP),
@@ -117,8 +119,7 @@ def cflags(spec: ProbeSpec, cfg: ProbesConfig, n_workloads: int, macros: tuple[s
         "MAX_THREADS": str(cfg.max_threads),
         "MAX_CONNS": str(cfg.max_threads),
         "MAX_REQUESTS": str(cfg.max_threads),
-        "HIST_ENTRIES": str(cfg.hist_entries),
-        "SERIES_ENTRIES": str(max(64, series)),
+        "HIST_ENTRIES": str(max(256, len(spec.stages) * (n_workloads + 1) * cfg.blocks_per_series)),
         "BLOCK_UNATTRIBUTED": "1" if cfg.block_io.unattributed else "0",
         **spec.defines,
         **(extra or {}),

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,13 +41,20 @@ def drain(source: ProbeSource) -> Frame:
 
 
 class Workload:
-    """A probe_workload.py process (optionally pinned to one CPU); always use as a context manager."""
+    """A probe_workload.py process; always use as a context manager.
 
-    def __init__(self, comm: str, libs: list[Path] = (), cpu: int | None = None) -> None:
+    ``cpu`` pins it to one CPU; ``realtime`` makes it SCHED_FIFO so that no other task on a busy machine
+    delays its wake-ups (its sleeps then last what they ask for, give or take timer slack).
+    """
+
+    def __init__(self, comm: str, libs: Sequence[Path] = (), cpu: int | None = None,
+                 realtime: bool = False) -> None:
         self.proc = subprocess.Popen([sys.executable, str(WORKLOAD), comm, *map(str, libs)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         if cpu is not None:
             os.sched_setaffinity(self.proc.pid, {cpu})
+        if realtime:
+            os.sched_setscheduler(self.proc.pid, os.SCHED_FIFO, os.sched_param(1))
         self.expect("ready")
 
     @property

@@ -12,8 +12,8 @@ from probe_helpers import DEFAULT_LAYOUT, OFF, Workload, drain, make_source
 from sits_observe.probes.source import ProbeSource
 
 N = 10
-# stage -> [(symbol, microseconds each call sleeps, calls)]. Each duration sits just above an edge of
-# the default layout, so a sleep that overruns by up to ~1.4 ms (a loaded 2-core CI box) stays in its bucket.
+# stage -> [(symbol, microseconds each call sleeps, calls)]. Each duration sits just above an edge of the
+# default layout; the workload runs SCHED_FIFO so a busy machine cannot stretch its sleeps into the next.
 PLAN = {
     "launch": [("cuLaunchKernel", 1100, N)],
     "h2d": [("cuMemcpyHtoD_v2", 2600, N // 2), ("cuMemcpyHtoDAsync_v2", 2600, N - N // 2)],
@@ -43,7 +43,7 @@ def _only_bucket(source: ProbeSource, us: int) -> int:
 def test_cuda_counts_every_call_in_its_bucket_and_nccl_reports_missing_library(
         source: ProbeSource, stubs: dict, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, "sits_observe.probes")
-    with Workload(COMM, [stubs["libcuda.so.1"]]) as wl:
+    with Workload(COMM, [stubs["libcuda.so.1"]], realtime=True) as wl:
         source.rescan()
         drain(source)  # forget anything before the calls
         for stage, calls in PLAN.items():
@@ -82,7 +82,7 @@ def test_unknown_symbols_are_reported_not_fatal(source: ProbeSource, stubs: dict
 
 
 def test_nccl_attaches_when_a_new_process_maps_it(source: ProbeSource, stubs: dict) -> None:
-    with Workload(COMM, [stubs["libcuda.so.1"], stubs["libnccl.so.2"]]) as wl:
+    with Workload(COMM, [stubs["libcuda.so.1"], stubs["libnccl.so.2"]], realtime=True) as wl:
         source.rescan()
         drain(source)
         wl.run("call", 1, "ncclAllReduce", 52000, N // 2)

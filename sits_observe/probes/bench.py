@@ -1,0 +1,273 @@
+"""``sits-observe bench probes``: the cost the probes add per event, against baselines from the same run.
+
+* tracepoint: zero-byte write(2)s on an accepted TCP socket (the ``syscalls`` probe times each as egress)
+  and on /dev/null (the look-up every other write on the host pays), without and with the probe;
+* uprobe: calls of an empty library function, without a probe, with an empty uprobe/uretprobe pair
+  (the cost of the trap alone) and with the ``calls`` program the cuda/nccl probes load;
+* naive variant of both: every event to user space through a perf buffer, aggregated in Python;
+* drain: reading 16 stages x 64 workloads of kernel histograms into exported-layout deltas.
+Each figure is the best of ``--rounds`` runs (interference from other tasks only ever adds time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import platform
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..config import parse
+from ..errors import ProbeError
+from ..frame import STAGES, BucketLayout, Frame
+from ..histogram import NUM_BUCKETS, SUB, kernel_bucket
+from . import specs
+from .features import enable_bpf_stats, environment_problem, prog_run_stats, tracepoint_exists
+from .program import Program, compile_bpf, compile_probe
+
+__all__ = ["add_arguments", "run"]
+
+TARGETS = {"tracepoint_added_ns_max": 100, "uprobe_to_empty_max": 1.3, "perf_to_inkernel_min": 5.0,
+           "drain_ms_max": 5.0}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--writes", type=int, default=200_000, help="write(2)s per tracepoint round")
+    parser.add_argument("--calls", type=int, default=20_000, help="library calls per uprobe round")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds per figure (the best one counts)")
+    parser.add_argument("--octaves", type=int, default=4,
+                        help="full powers of two (16 kernel buckets each) per series in the drain bench")
+
+
+class _BenchEvent(ctypes.Structure):
+    """``struct bench_event`` of bpf/bench.h."""
+
+    _fields_ = [("delta_ns", ctypes.c_uint64), ("stage", ctypes.c_uint32), ("tgid", ctypes.c_uint32)]
+
+
+class _Traced:
+    """``n`` traced calls in a C loop; ``best()`` is the lowest ns per call over ``rounds`` runs."""
+
+    def __init__(self, loop: Callable[[], int], n: int, rounds: int) -> None:
+        self.loop, self.n, self.rounds = loop, n, rounds
+
+    def best(self) -> float:
+        return min(self.loop() for _ in range(self.rounds)) / self.n
+
+
+def _bpf_run_ns(bpf: Any, traced: _Traced) -> float:
+    """BPF program run time per traced call, from the kernel's own counters (one run with stats on)."""
+    fd = enable_bpf_stats()
+    try:
+        before = sum((prog_run_stats(f.fd) or (0, 0))[0] for f in bpf.funcs.values())
+        traced.loop()
+        after = sum((prog_run_stats(f.fd) or (0, 0))[0] for f in bpf.funcs.values())
+    finally:
+        os.close(fd)
+    return (after - before) / traced.n
+
+
+def _build_target(tmp: Path) -> tuple[ctypes.CDLL, str]:
+    out = tmp / "libsits_bench.so"
+    src = Path(__file__).with_name("bench_target.c")
+    try:
+        subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(out), str(src)], check=True,
+                       capture_output=True, text=True)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise ProbeError(f"bench probes: cannot build {src.name} with gcc: {exc}") from exc
+    lib = ctypes.CDLL(str(out))
+    lib.sits_bench_loop_call.restype = ctypes.c_uint64
+    lib.sits_bench_loop_call.argtypes = [ctypes.c_uint64]
+    lib.sits_bench_loop_write.restype = ctypes.c_uint64
+    lib.sits_bench_loop_write.argtypes = [ctypes.c_int, ctypes.c_uint64]
+    return lib, str(out)
+
+
+def _program(name: str, n_workloads: int = 1, extra: dict[str, str] | None = None) -> Any:
+    spec = specs.SPECS[name]
+    plan = specs.plan_tracepoints(spec, tracepoint_exists)
+    bpf, _ = compile_probe(spec, lambda opt: specs.cflags(spec, parse({}).probes, n_workloads,
+                                                          plan.macros + opt, extra))
+    return bpf
+
+
+def _bench_bpf(mode: str) -> Any:
+    flags = [f"-I{specs.BPF_DIR}", f"-D{mode}", f"-DBENCH_TGID={os.getpid()}",
+             f"-DBENCH_STAGE={STAGES.index('sync')}"]
+    return compile_bpf(specs.BPF_DIR / "bench.bpf.c", flags)
+
+
+def _perf_variant(bpf: Any, traced: _Traced, base: float) -> dict[str, float]:
+    """Run the traced loop once with the naive program, then drain its perf buffer and aggregate in
+    Python as a user-space exporter would; both costs per event."""
+    deltas: list[int] = []
+    lost = [0]
+    event = ctypes.POINTER(_BenchEvent)
+    # the callbacks must not hold the table: bcc frees its perf readers when it drops the table
+    bpf[b"bench_events"].open_perf_buffer(
+        lambda cpu, data, size: deltas.append(ctypes.cast(data, event).contents.delta_ns),
+        page_cnt=4096, lost_cb=lambda count: lost.__setitem__(0, lost[0] + count))
+    kernel = traced.loop() / traced.n - base
+    cpu0 = time.process_time()
+    while len(deltas) + lost[0] < traced.n:
+        before = len(deltas)
+        bpf.perf_buffer_poll(timeout=200)
+        if len(deltas) == before:
+            break
+    np.bincount(kernel_bucket(np.array(deltas, dtype=np.uint64)), minlength=NUM_BUCKETS)
+    python = (time.process_time() - cpu0) * 1e9 / max(len(deltas), 1)
+    return {"kernel_added_ns": round(kernel, 1), "python_ns_per_event": round(python, 1),
+            "total_ns_per_event": round(kernel + python, 1), "received": len(deltas), "lost": lost[0]}
+
+
+def _attach_calls(bpf: Any, lib_path: str, enter: bytes, ret: bytes) -> None:
+    bpf.attach_uprobe(name=lib_path.encode(), sym=b"sits_bench_call", fn_name=enter)
+    bpf.attach_uretprobe(name=lib_path.encode(), sym=b"sits_bench_call", fn_name=ret)
+
+
+def _costs(base: float, empty: float, ours: float, bpf_ns: float, timed: int, traced: _Traced,
+           perf: dict[str, float]) -> dict[str, Any]:
+    return {"baseline_ns": round(base, 1), "empty_program_added_ns": round(empty, 1),
+            "added_ns_per_event": round(ours, 1), "bpf_run_ns_per_event": round(bpf_ns, 1),
+            "to_empty": round(ours / max(empty, 1.0), 3), "events_timed": timed,
+            "events_expected": (traced.rounds + 1) * traced.n, "perf_buffer": perf,
+            "perf_to_inkernel": round(perf["total_ns_per_event"] / max(ours, 1.0), 2)}
+
+
+def _tracepoint(lib: ctypes.CDLL, n: int, rounds: int) -> dict[str, Any]:
+    with socket.socket() as srv, open(os.devnull, "wb") as null:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(4)
+        keep = [socket.create_connection(srv.getsockname())]
+        conn = srv.accept()[0]
+        keep.append(conn)
+        traced = _Traced(lambda: lib.sits_bench_loop_write(conn.fileno(), n), n, rounds)
+        to_null = _Traced(lambda: lib.sits_bench_loop_write(null.fileno(), n), n, rounds)
+        base, base_null = traced.best(), to_null.best()
+        bpf = _bench_bpf("BENCH_EMPTY_WRITE")
+        try:
+            empty = traced.best() - base
+        finally:
+            bpf.cleanup()
+        prog = Program(_program("syscalls"), BucketLayout((1e-6,)))
+        try:
+            prog.set_workloads({os.getpid(): 1})
+            keep.append(socket.create_connection(srv.getsockname()))
+            timed_conn = srv.accept()[0]  # accepted while the probe runs: its writes are timed as egress
+            keep.append(timed_conn)
+            ours_traced = _Traced(lambda: lib.sits_bench_loop_write(timed_conn.fileno(), n), n, rounds)
+            prog.drain()
+            ours = ours_traced.best() - base
+            bpf_ns = _bpf_run_ns(prog.bpf, ours_traced)
+            timed = sum(s.count for s in prog.drain())
+            other = to_null.best() - base_null
+        finally:
+            prog.close()
+        bpf = _bench_bpf("BENCH_PERF_WRITE")
+        try:
+            perf = _perf_variant(bpf, traced, base)
+        finally:
+            bpf.cleanup()
+        for sock in keep:
+            sock.close()
+    return {"program": "syscalls.bpf.c: egress, zero-byte write(2) on an accepted socket",
+            **_costs(base, empty, ours, bpf_ns, timed, ours_traced, perf),
+            "other_fd_added_ns": round(other, 1)}
+
+
+def _uprobe(lib: ctypes.CDLL, lib_path: str, n: int, rounds: int) -> dict[str, Any]:
+    traced = _Traced(lambda: lib.sits_bench_loop_call(n), n, rounds)
+    base = traced.best()
+    bpf = _bench_bpf("BENCH_EMPTY_CALLS")
+    try:
+        _attach_calls(bpf, lib_path, b"empty_enter", b"empty_return")
+        empty = traced.best() - base
+    finally:
+        bpf.cleanup()
+    prog = Program(_program("cuda"), BucketLayout((1e-6,)))
+    try:
+        prog.set_workloads({os.getpid(): 1})
+        _attach_calls(prog.bpf, lib_path, b"enter_sync", b"call_return")
+        ours = traced.best() - base
+        bpf_ns = _bpf_run_ns(prog.bpf, traced)
+        timed = sum(s.count for s in prog.drain())
+    finally:
+        prog.close()
+    bpf = _bench_bpf("BENCH_PERF_CALLS")
+    try:
+        _attach_calls(bpf, lib_path, b"perf_enter", b"perf_return")
+        perf = _perf_variant(bpf, traced, base)
+    finally:
+        bpf.cleanup()
+    return {"program": "calls.bpf.c (as the cuda/nccl probes load it): empty library function",
+            **_costs(base, empty, ours, bpf_ns, timed, traced, perf)}
+
+
+def _drain(stages: int, workloads: int, octaves: int, rounds: int) -> dict[str, Any]:
+    """Time draining ``stages x workloads`` series, each with ``octaves`` full kernel bucket blocks."""
+    layout = BucketLayout(parse({}).store.snapped())
+    n = stages * workloads * octaves
+    bpf = _program("cuda", workloads, {"HIST_ENTRIES": str(n)})
+    prog = Program(bpf, layout)
+    try:
+        hist = bpf[b"stage_latency"]
+        s, w, b = np.meshgrid(np.arange(stages), np.arange(1, workloads + 1), np.arange(octaves) + 12,
+                              indexing="ij")
+        keys_np = np.zeros(n, [("stage", "<u2"), ("workload", "<u2"), ("block", "<u4")])
+        keys_np["stage"], keys_np["workload"], keys_np["block"] = s.ravel(), w.ravel(), b.ravel()
+        keys = (hist.Key * n).from_buffer_copy(keys_np.tobytes())
+        words = ctypes.sizeof(hist.Leaf) // 8
+        drain_s, frame_s = [], []
+        for r in range(1, 4 * rounds + 1):
+            hist.items_update_batch(keys, (hist.Leaf * n).from_buffer_copy(np.full((n, words), r, np.uint64).tobytes()))
+            t0 = time.perf_counter()
+            series = prog.drain()
+            t1 = time.perf_counter()
+            frame = Frame(ts=0.0, interval=1.0)
+            for d in series:
+                frame.add_hist(f"s{d.stage}", f"w{d.workload}", d.counts, d.sum_ns / 1e9)
+            drain_s.append(t1 - t0)
+            frame_s.append(time.perf_counter() - t0)
+        if len(series) != stages * workloads:
+            raise ProbeError(f"bench probes: drained {len(series)} series, expected {stages * workloads}")
+    finally:
+        prog.close()
+    return {"series": stages * workloads, "octaves_per_series": octaves, "kernel_buckets": n * SUB,
+            "map_entries": n, "drain_ms": round(1e3 * min(drain_s), 3),
+            "drain_ms_median": round(1e3 * float(np.median(drain_s)), 3),
+            "drain_and_frame_ms": round(1e3 * min(frame_s), 3)}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    problem = environment_problem()
+    if problem:
+        raise ProbeError(f"bench probes needs the probes to load: {problem}")
+    load_before = os.getloadavg()[0]
+    cpus = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cpus)})  # one CPU: the loop and its per-CPU buffers stay put
+    try:
+        with tempfile.TemporaryDirectory(prefix="sits-bench-") as tmp:
+            lib, lib_path = _build_target(Path(tmp))
+            tp = _tracepoint(lib, args.writes, args.rounds)
+            up = _uprobe(lib, lib_path, args.calls, args.rounds)
+    finally:
+        os.sched_setaffinity(0, cpus)
+    dr = _drain(16, 64, args.octaves, args.rounds)
+    return {
+        "bench": "probes", "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, kernel {platform.release()}",
+        "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "tracepoint": tp, "uprobe": up, "drain": dr, "targets": TARGETS,
+        "met": {"tracepoint_added_ns": tp["added_ns_per_event"] <= TARGETS["tracepoint_added_ns_max"],
+                "uprobe_to_empty": up["to_empty"] <= TARGETS["uprobe_to_empty_max"],
+                "perf_to_inkernel_tracepoint": tp["perf_to_inkernel"] >= TARGETS["perf_to_inkernel_min"],
+                "perf_to_inkernel_uprobe": up["perf_to_inkernel"] >= TARGETS["perf_to_inkernel_min"],
+                "drain_ms": dr["drain_ms"] <= TARGETS["drain_ms_max"]},
+    }

@@ -1,0 +1,71 @@
+"""runq probe: a workload sharing a core with a busy process waits in the run queue; an idle one does not."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from probe_helpers import DEFAULT_LAYOUT, OFF, Workload, drain, make_source
+from sits_observe.probes.source import ProbeSource
+
+SPIN_SLEEP = ("spin_sleep", 0.004, 0.001, 60)  # 60 x (spin 4 ms, sleep 1 ms): preempted while spinning
+SLOW_S = 0.001  # a wait this long means another task held the CPU
+
+
+@pytest.fixture(scope="module")
+def source() -> Iterator[ProbeSource]:
+    src, _ = make_source({
+        "workloads": [{"name": "contended", "comm": "sits-t-rq-busy"}, {"name": "idle", "comm": "sits-t-rq-idle"}],
+        "probes": {"syscalls": OFF, "block_io": OFF, "cuda": OFF, "nccl": OFF, "scan_interval": 3600},
+    })
+    yield src
+    src.close()
+
+
+def _hog(cpu: int) -> subprocess.Popen:
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    os.sched_setaffinity(hog.pid, {cpu})
+    return hog
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def _slow_and_total(frame, workload: str) -> tuple[int, int]:
+    h = frame.hists.get(("runq", workload))
+    if h is None:
+        return 0, 0
+    slow = h.counts[DEFAULT_LAYOUT.counts_of([SLOW_S]).argmax() + 1:].sum()
+    return int(slow), h.count
+
+
+def test_busy_core_shows_runq_latency_idle_core_does_not(source: ProbeSource) -> None:
+    hogs = [_hog(0), _hog(0)]
+    try:
+        # nothing competes with a SCHED_FIFO task for its core, whatever else this machine runs
+        with Workload("sits-t-rq-busy", cpu=0) as busy, Workload("sits-t-rq-idle", cpu=1, realtime=True) as idle:
+            source.rescan()
+            drain(source)
+            busy.run(*SPIN_SLEEP)
+            frame_busy = drain(source)
+            _stop(hogs)
+            idle.run(*SPIN_SLEEP)
+            frame_idle = drain(source)
+    finally:
+        _stop(hogs)
+    busy_slow, busy_total = _slow_and_total(frame_busy, "contended")
+    idle_slow, idle_total = _slow_and_total(frame_idle, "idle")
+    # every wake-up is one sample (a wake-up that catches the task before it left the CPU is not)
+    seen = f"contended {busy_slow} slow of {busy_total}, idle {idle_slow} slow of {idle_total}"
+    assert busy_total >= 40 and idle_total >= 40, seen
+    assert busy_slow >= 30, seen  # preempted while spinning, then waited for the two hogs
+    assert idle_slow <= 1, seen
+    assert ("runq", "idle") not in frame_busy.hists and ("runq", "contended") not in frame_idle.hists

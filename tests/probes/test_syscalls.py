@@ -1,0 +1,59 @@
+"""syscalls probe: a loopback TCP server's ingress and egress counts equal the requests sent."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+
+import pytest
+
+from probe_helpers import OFF, Workload, drain, make_source
+from sits_observe.probes.source import ProbeSource
+
+REQUESTS = 20
+
+
+@pytest.fixture(scope="module")
+def source() -> Iterator[ProbeSource]:
+    src, _ = make_source({
+        "workloads": [{"name": "server", "comm": "sits-t-server"}],
+        "probes": {"runq": OFF, "block_io": OFF, "cuda": OFF, "nccl": OFF, "scan_interval": 3600},
+    })
+    yield src
+    src.close()
+
+
+def _request(port: int) -> bytes:
+    with socket.create_connection(("127.0.0.1", port)) as c:
+        c.sendall(b"ping\n")
+        return c.recv(64)
+
+
+def test_ingress_and_egress_count_each_request(source: ProbeSource) -> None:
+    with Workload("sits-t-server") as server:
+        source.rescan()
+        drain(source)
+        server.send("serve", REQUESTS)
+        port = int(server.proc.stdout.readline())
+        replies = [_request(port) for _ in range(REQUESTS)]
+        server.expect("ok")
+        frame = drain(source)
+    assert replies == [b"pong\n"] * REQUESTS
+    ingress, egress = frame.hists[("ingress", "server")], frame.hists[("egress", "server")]
+    # half the requests use recv/send, half read/write on the fd: both paths count
+    assert ingress.count == REQUESTS and egress.count == REQUESTS
+    assert 0 < ingress.sum < 10 and 0 < egress.sum < 10
+    assert set(frame.hists) == {("ingress", "server"), ("egress", "server")}
+
+
+def test_untracked_server_and_client_are_not_counted(source: ProbeSource) -> None:
+    with Workload("sits-t-other") as server:
+        source.rescan()
+        drain(source)
+        server.send("serve", 3)
+        port = int(server.proc.stdout.readline())
+        for _ in range(3):
+            _request(port)
+        server.expect("ok")
+        frame = drain(source)
+    assert frame.hists == {}
