@@ -71,16 +71,21 @@ class TickOutput:
         w.kv_used += s.engine.kv_used
         w.kv_capacity += s.engine.kv_capacity
         add_shard_stages(sampler, p.workload, p.tp, s.perf.spec.layers, st, tm, alloc_calls)
-        busy = min(1.0, (st.prefill_gpu_s + st.decode_gpu_s) / dt)
+        prefill, decode = st.prefill_gpu_s, st.decode_gpu_s
+        gpu_s = max(prefill + decode + st.busy_shift, 0.0)  # the GPU time that fell inside this tick
+        if prefill + decode > 0:
+            prefill, decode = (prefill * gpu_s / (prefill + decode), decode * gpu_s / (prefill + decode))
+        else:
+            decode = gpu_s
+        busy = min(1.0, gpu_s / dt)
         batch = st.decode_tokens / st.decode_iters if st.decode_iters else 0.0
         iters = st.prefill_iters + st.decode_iters
         spec = s.perf.spec
         coll = 2 * spec.layers * (st.decode_tokens + st.prefill_tokens) * bytes_per_token(spec, p.tp) / dt
         self.gpu.add(list(s.gpus), np.array([
             busy,
-            min(1.0, (st.prefill_gpu_s * s.perf.prefill_power_fraction
-                      + st.decode_gpu_s * s.perf.power_fraction(batch)) / dt),
-            min(1.0, (0.8 * st.decode_gpu_s + 0.4 * st.prefill_gpu_s) / dt),
+            min(1.0, (prefill * s.perf.prefill_power_fraction + decode * s.perf.power_fraction(batch)) / dt),
+            min(1.0, (0.8 * decode + 0.4 * prefill) / dt),
             static_bytes_per_gpu(p.model, p.tp) + s.engine.kv_used * kv_bytes_per_gpu_token(p.model, p.tp),
             iters * H2D_PER_ITER * H2D_BYTES / dt,
             iters * D2H_BYTES / dt,

@@ -58,6 +58,7 @@ class TickStats:
     prefill_tokens: int = 0
     prefill_gpu_s: float = 0.0
     decode_gpu_s: float = 0.0
+    busy_shift: float = 0.0  # GPU seconds of iterations crossing tick edges: carried in minus carried out
 
 
 def _frozen_until(t: float, stall: tuple[float, float, float]) -> float:
@@ -85,6 +86,8 @@ class ShardEngine:
         self.kv_used = 0.0
         self.kv_capacity = 0.0
         self._seq = 0
+        self._carry = 0.0  # GPU seconds of the last iteration that fall after the last step's end
+        self._gpu_share = 0.0  # GPU share of the last iteration's duration
 
     @property
     def outstanding(self) -> int:
@@ -126,6 +129,9 @@ class ShardEngine:
                 self._preempt(t, c.kv_capacity, s)
                 continue
             t = self._decode(t, t_end, b, c, s)
+        carry = max(t - t_end, 0.0) * self._gpu_share
+        s.busy_shift = self._carry - carry
+        self._carry = carry
         self.t = t
         return s
 
@@ -159,6 +165,7 @@ class ShardEngine:
     def _prefill(self, t: float, n: int, tokens: float, c: Conditions, s: TickStats) -> float:
         gpu = self.perf.prefill_s(n, tokens) * c.prefill_mult + c.extra_fixed + c.extra_per_token * tokens
         dur = max(gpu, c.host_prefill)
+        self._gpu_share = gpu / dur
         t += dur
         new = self.running[-n:]
         new[:, FIRST] = np.where(np.isnan(new[:, FIRST]), t, new[:, FIRST])
@@ -177,6 +184,7 @@ class ShardEngine:
     def _decode(self, t: float, t_end: float, b: int, c: Conditions, s: TickStats) -> float:
         gpu = self.perf.decode_table[min(b, MAX_BATCH)] * c.decode_mult + c.extra_fixed + c.extra_per_token * b
         it = max(gpu, c.host_decode)
+        self._gpu_share = gpu / it
         first_done = int(self.running[:, REM].min())
         k = min(first_done, int((c.kv_capacity - self.kv_used) // b), math.ceil((t_end - t) / it))
         if self.waiting and self.waiting[0][0] > t:
