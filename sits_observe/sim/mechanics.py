@@ -11,7 +11,7 @@ Every fault acts here through a mechanism, never by setting a metric:
   launches take longer; an iteration cannot be shorter than the host time to issue it;
 * ``thermal_throttling``: worse cooling raises the temperature until clocks drop (:mod:`.gpu`);
 * ``scheduler_stall``: the serving loop freezes periodically (handled by the engine);
-* ``network_ingress``: the NIC queue and losses delay requests and responses (:mod:`.host`).
+* ``network_ingress``: the NIC queue and losses delay requests and responses (:func:`network_delay`).
 """
 
 from __future__ import annotations
