@@ -3,7 +3,8 @@
 A message is one alert in one state for one receiver.  It leaves the outbox only when the receiver
 answered 2xx (deleted) or refused it for good (moved to ``failed`` with the reason).  Because a
 ``kill -9`` can land between a receiver's 2xx and the delete, a message may reach a receiver twice;
-both copies carry the same ``X-Sits-Delivery`` id.
+both copies carry the same ``X-Sits-Delivery`` id (``instance:id.version``; the version counts updates
+of a queued message, so an update is a new delivery).
 
 Deduplication by label fingerprint, per receiver:
 

@@ -134,7 +134,7 @@ class Sender(threading.Thread):
         self.failing = reason if outcome == "retried" else None
 
     def _headers(self, body: bytes, batch: Sequence[Message]) -> dict[str, str]:
-        ids = ",".join(str(m.id) for m in batch)
+        ids = ",".join(f"{m.id}.{m.version}" for m in batch)
         headers = {"Content-Type": "application/json", "User-Agent": "sits-observe",
                    "X-Sits-Delivery": f"{self.outbox.instance}:{ids}"}
         if self.cfg.secret is not None:

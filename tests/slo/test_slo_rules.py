@@ -14,7 +14,7 @@ from sits_observe.slo.evaluate import SloEngine
 from sits_observe.slo.rules import dump_rules
 
 sys.path.insert(0, str(Path(__file__).parent))
-import scenarios as S  # noqa: E402
+import slo_scenarios as S  # noqa: E402
 
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 T0 = S.T0

@@ -1,0 +1,174 @@
+"""The SLO engine in daemon conditions: real outbox and sender to a loopback receiver, restarts on the same
+state directory, RCA annotations, API and metrics output."""
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sits_observe.config import parse
+from sits_observe.frame import BucketLayout, Frame
+from sits_observe.slo.evaluate import SloEngine
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "alerting"))
+from alert_receiver import Receiver  # noqa: E402
+
+SECRET = "s3cret-hmac-key"
+
+
+def _config(state_dir, url):
+    return parse({
+        "state_dir": str(state_dir),
+        "slos": [{"name": "chat-latency", "objective": 0.99, "window": "1h", "description": "Chat under 250 ms",
+                  "latency": {"stage": "e2e", "workload": "chat", "threshold": 0.25},
+                  # scaled-down tiers so a test burns in seconds of source time
+                  "tiers": {"page_fast": {"long": "60s", "short": "10s"}, "page_slow": False,
+                            "ticket_fast": False, "ticket_slow": {"long": "10m", "short": "1m"}}}],
+        "alerting": {"receivers": [{"type": "webhook", "name": "hook", "url": url, "secret": SECRET, "timeout": 2}],
+                     "backoff": {"initial": 0.05, "max": 0.2}, "external_labels": {"host": "gpu-7"}},
+    }, env={})
+
+
+class Feeder:
+    def __init__(self, cfg):
+        self.layout = BucketLayout(cfg.store.snapped())
+        self.ts = 1_700_000_000.0
+
+    def frame(self, bad_fraction: float, n: int = 100) -> Frame:
+        self.ts += 1.0
+        frame = Frame(ts=self.ts, interval=1.0)
+        bad = int(n * bad_fraction)
+        frame.add_values("e2e", "chat", np.r_[np.full(n - bad, 0.01), np.full(bad, 0.9)], self.layout)
+        frame.add_values("e2e", "other", np.full(50, 2.0), self.layout)  # another workload: not this SLO
+        return frame
+
+
+def _wait(pred, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return pred()
+
+
+@pytest.fixture
+def receiver():
+    r = Receiver(secret=SECRET)
+    yield r
+    r.close()
+
+
+def test_restart_remembers_budget_and_firing_alert(tmp_path, receiver):
+    cfg = _config(tmp_path, receiver.url)
+    feed = Feeder(cfg)
+    engine = SloEngine.from_config(cfg)
+    for _ in range(120):
+        engine.on_tick(feed.frame(0.0))
+    for _ in range(30):
+        engine.on_tick(feed.frame(0.5))
+    assert engine.firing == ["page_fast"]
+    before = engine.slos_state()[0]["error_budget"]["remaining_ratio"]
+    assert before < 0  # 15 % of a 1h window's events were bad against a 1 % budget
+    assert _wait(lambda: len(receiver.accepted()) == 1)
+    engine.close()
+
+    engine = SloEngine.from_config(cfg)  # same state_dir: a restart
+    assert engine.slos_state()[0]["firing"]["burn_tier"] == "page_fast"
+    engine.on_tick(feed.frame(0.5))
+    after = engine.slos_state()[0]["error_budget"]["remaining_ratio"]
+    assert after < before  # the burned budget was not forgotten, and this tick burned more
+    for _ in range(15):
+        engine.on_tick(feed.frame(0.0))
+    assert engine.firing == [None]
+    assert _wait(lambda: len(receiver.accepted()) == 2)
+    engine.close()
+
+    got = receiver.accepted()
+    assert [d.body["status"] for d in got] == ["firing", "resolved"]
+    assert all(d.signed_ok for d in got)
+    alerts = [d.body["alerts"][0] for d in got]
+    assert alerts[0]["fingerprint"] == alerts[1]["fingerprint"]
+    assert alerts[0]["labels"] == {"alertname": "SitsSloBurnRate", "slo": "chat-latency", "severity": "page",
+                                   "burn_tier": "page_fast", "host": "gpu-7"}
+    assert len(receiver.deliveries) == 2  # nothing re-sent by the restart
+
+
+def test_annotations_ride_on_the_alert(tmp_path, receiver):
+    cfg = _config(tmp_path, receiver.url)
+    feed = Feeder(cfg)
+    engine = SloEngine.from_config(cfg)
+    for _ in range(100):
+        engine.on_tick(feed.frame(0.0))
+    engine.annotate("chat-latency", {"likely_cause": "gpu_memory_pressure", "confidence": 0.81})
+    for _ in range(30):
+        engine.on_tick(feed.frame(0.5))
+    assert _wait(lambda: len(receiver.accepted()) == 1)
+    engine.annotate("chat-latency", {"confidence": 0.93})  # already delivered: sent again, updated
+    assert _wait(lambda: len(receiver.accepted()) == 2)
+    with pytest.raises(Exception, match="unknown SLO 'nope'"):
+        engine.annotate("nope", {"likely_cause": "x"})
+    for _ in range(15):
+        engine.on_tick(feed.frame(0.0))
+    assert _wait(lambda: len(receiver.accepted()) == 3)
+    engine.close()
+    notes = [d.body["alerts"][0]["annotations"] for d in receiver.accepted()]
+    assert notes[0]["likely_cause"] == "gpu_memory_pressure" and notes[0]["confidence"] == "0.81"
+    assert notes[1]["confidence"] == "0.93" and notes[2]["confidence"] == "0.93"
+    assert [d.body["status"] for d in receiver.accepted()] == ["firing", "firing", "resolved"]
+    assert notes[0]["summary"] == "chat-latency: error budget burning over 1.2x in the last 1m and 10s"
+
+
+def test_api_state_and_metrics(tmp_path, receiver):
+    cfg = _config(tmp_path, receiver.url)
+    feed = Feeder(cfg)
+    engine = SloEngine.from_config(cfg)
+    for _ in range(90):
+        engine.on_tick(feed.frame(0.0))
+    for _ in range(30):
+        engine.on_tick(feed.frame(0.3))
+    slos, alerts = engine.slos_state(), engine.alerts_state()
+    text = json.dumps([slos, alerts])  # JSON-ready
+    assert SECRET not in text and receiver.url not in text
+    slo = slos[0]
+    assert slo["window"] == "1h" and slo["firing"]["burn_tier"] == "page_fast"
+    win = {w["window"]: w for w in slo["windows"]}
+    assert set(win) == {"10s", "1m", "10m", "1h"}
+    assert win["10s"]["total"] == 1000 and win["10s"]["good"] == 700 and win["10s"]["burn_rate"] == pytest.approx(30)
+    assert win["1m"]["sli"] == pytest.approx(1 - 30 * 30 / 6000)
+    tiers = {t["burn_tier"]: t for t in slo["tiers"]}
+    assert tiers["page_fast"]["firing"] and tiers["ticket_slow"]["held"] and not tiers["ticket_slow"]["firing"]
+    assert alerts["firing"][0]["labels"]["burn_tier"] == "page_fast"
+    assert alerts["receivers"][0]["name"] == "hook" and set(alerts["receivers"][0]) >= {"queue_depth", "delivered"}
+    samples = {(s.name, s.labels): s.value for s in engine.metrics()}
+    slo_l = (("slo", "chat-latency"),)
+    assert samples[("sits_slo_alert_firing", (*slo_l, ("severity", "page"), ("burn_tier", "page_fast")))] == 1.0
+    assert samples[("sits_slo_alert_firing", (*slo_l, ("severity", "ticket"), ("burn_tier", "ticket_slow")))] == 0.0
+    assert samples[("sits_slo_burn_rate", (*slo_l, ("window", "10s")))] == pytest.approx(30)
+    assert samples[("sits_slo_sli_ratio", (*slo_l, ("window", "1h")))] == pytest.approx(1 - 900 / 12000)
+    assert samples[("sits_slo_error_budget_remaining_ratio", slo_l)] == pytest.approx(1 - (900 / 12000) / 0.01)
+    assert _wait(lambda: engine.dispatcher.outbox.depth() == {})
+    samples = {(s.name, s.labels): s.value for s in engine.metrics()}
+    # with only 90 s of history the 10m tier burned first: ticket_slow fired, then page_fast took over
+    assert [a["labels"]["burn_tier"] for a in alerts["recent"]] == ["ticket_slow"]
+    assert samples[("sits_webhook_deliveries_total", (("receiver", "hook"), ("outcome", "delivered")))] == 3.0
+    assert samples[("sits_webhook_queue_depth", (("receiver", "hook"),))] == 0.0
+    engine.close()
+
+
+def test_clock_going_back_starts_afresh(tmp_path, receiver, caplog):
+    cfg = _config(tmp_path, receiver.url)
+    feed = Feeder(cfg)
+    engine = SloEngine.from_config(cfg)
+    for _ in range(20):
+        engine.on_tick(feed.frame(0.2))
+    feed.ts -= 3600
+    with caplog.at_level(logging.WARNING, logger="sits_observe.slo"):
+        engine.on_tick(feed.frame(0.0))
+    assert "start afresh" in caplog.text
+    assert engine.slos_state()[0]["windows"][-1]["total"] == 100
+    engine.close()

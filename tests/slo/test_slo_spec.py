@@ -1,0 +1,104 @@
+"""Bad SLO specs are refused at config load with one line naming the field, the value and the fix."""
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from sits_observe.config import load, parse
+from sits_observe.errors import ConfigError
+
+LATENCY = {"stage": "e2e", "threshold": 0.25}
+
+
+def _errors(tmp_path, data):
+    f = tmp_path / "c.yaml"
+    f.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError) as err:
+        load(f, env={})
+    return f, str(err.value).splitlines()
+
+
+@pytest.mark.parametrize("slo, line", [
+    ({"objective": 99.9, "latency": LATENCY},
+     "slos[0].objective: must be a ratio between 0 and 1, not a percentage: write 0.999, got 99.9"),
+    ({"objective": 0.999, "latency": {"stage": "prefil", "threshold": 0.25}},
+     "slos[0].latency.stage: unknown stage; did you mean 'prefill'?"),
+    ({"objective": 0.999, "latency": {"stage": "e2e", "threshold": 0.3}},
+     "slos[0].latency.threshold: 0.3 s is not a bucket edge; the nearest edges in store.buckets are 0.25 and 0.5: "
+     "use one of them, or add 0.3 to store.buckets, got 0.3"),
+    ({"objective": 0.999, "window": "2d", "latency": LATENCY},
+     "slos[0].window: 2d is shorter than the longest alert window 3d (tier ticket_slow); use a window of at "
+     "least 3d or disable the tier with `tiers: {ticket_slow: false}`, got '2d'"),
+    ({"objective": 0.999, "window": "monthly", "latency": LATENCY},
+     "slos[0].window: must be a duration like 30s, 5m, 1h or 28d"),
+    ({"objective": 0.999},
+     "slos[0].ratio: set exactly one SLI: `latency` (stage, threshold) or `ratio` (total, bad|good)"),
+    ({"objective": 0.999, "ratio": {"total": "requests_total"}},
+     "slos[0].ratio.good: set exactly one of `bad` (error counter) or `good` (success counter) beside `total`"),
+    ({"objective": 0.999, "latency": LATENCY, "tiers": {"page_fast": {"short": "2h"}}},
+     "slos[0].tiers: page_fast: short window 2h must be shorter than the long window 1h"),
+    ({"objective": 0.999, "latency": LATENCY, "labels": {"severity": "low"}},
+     "slos[0].labels: ['severity'] are set by sits-observe; choose other label names"),
+])
+def test_bad_spec_names_field_and_fix(tmp_path, slo, line):
+    f, lines = _errors(tmp_path, {"slos": [{"name": "s", **slo}]})
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"{f}: {line}"), lines[0]
+
+
+def test_threshold_must_be_one_of_the_configured_buckets(tmp_path):
+    data = {"store": {"buckets": [0.1, 0.3, 1.0]},
+            "slos": [{"name": "s", "objective": 0.99, "latency": {"stage": "e2e", "threshold": 0.25}}]}
+    _, lines = _errors(tmp_path, data)
+    assert "nearest edges in store.buckets are 0.1 and 0.3" in lines[0]
+    data["slos"][0]["latency"]["threshold"] = 0.3
+    assert parse(data, env={}).slos[0].latency.threshold == 0.3
+
+
+def test_duplicate_names_and_receivers_never_echo_secrets(tmp_path):
+    data = {"slos": [{"name": "a", "objective": 0.9, "latency": LATENCY}] * 2,
+            "alerting": {"receivers": [
+                {"type": "slack", "url": "hps://hooks.example/services/T0/B0/TOKENVALUE", "secret": "hunter2"},
+                {"type": "webhook", "url": "http://127.0.0.1:1/x", "secret": 5},
+            ]}}
+    f, lines = _errors(tmp_path, data)
+    assert f"{f}: slos[1].name: duplicate SLO name (also [0]); names must be unique, got 'a'" in lines
+    assert any(line.startswith(f"{f}: alerting.receivers[0].url: must be an http:// or https:// URL") for line in lines)
+    assert any(line.startswith(f"{f}: alerting.receivers[1].secret:") for line in lines)
+    text = "\n".join(lines)
+    assert "TOKENVALUE" not in text and "hunter2" not in text and ", got 5" not in text
+
+
+def test_tier_shorthand_defaults_and_round_trip():
+    cfg = parse({"slos": [{"name": "s", "objective": 0.99, "window": "2d", "latency": LATENCY,
+                           "tiers": {"ticket_slow": False, "ticket_fast": {"long": "12h", "budget": 0.05}}}],
+                 "alerting": {"receivers": [{"type": "webhook", "url": "http://127.0.0.1:1/x", "secret": "k"}]}},
+                env={})
+    spec = cfg.slos[0]
+    assert [t.name for t in spec.enabled_tiers()] == ["page_fast", "page_slow", "ticket_fast"]
+    assert spec.alert_windows() == (300, 1800, 3600, 7200, 21600, 43200)
+    assert spec.enabled_tiers()[2].factor(spec.window) == pytest.approx(0.05 * 48 / 12)
+    # `sits-observe demo` re-validates a dumped config: the sections must survive that
+    again = parse(cfg.model_dump(mode="python", exclude_unset=True), env={})
+    assert again.slos == cfg.slos and again.alerting.receivers[0].secret.get_secret_value() == "k"
+
+
+def test_slo_rules_command(tmp_path):
+    good = tmp_path / "c.yaml"
+    good.write_text(yaml.safe_dump({"slos": [{"name": "s", "objective": 0.99, "latency": LATENCY}]}))
+    out = tmp_path / "rules.yml"
+    cli = [sys.executable, "-m", "sits_observe", "slo", "rules"]
+    res = subprocess.run([*cli, "--config", str(good), "-o", str(out)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert yaml.safe_load(out.read_text())["groups"][0]["name"] == "sits-slo-s"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"slos": [{"name": "s", "objective": 99.9, "latency": LATENCY}]}))
+    res = subprocess.run([*cli, "--config", str(bad)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert f"sits-observe: error: {bad}: slos[0].objective: must be a ratio between 0 and 1" in res.stderr
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    res = subprocess.run([*cli, "--config", str(empty)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "no SLOs configured" in res.stderr
