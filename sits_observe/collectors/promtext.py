@@ -3,7 +3,7 @@
 Label sets are parsed by prometheus_client's parser, once per distinct set: exporters repeat the same
 label set on every metric of a GPU or model, so a page is split into (name, label set, value) by one
 regular expression and the parsed labels come from a bounded cache.  prometheus_client's full parser
-takes about 150 ms per 64-GPU dcgm-exporter page on a 2-core VM; this reads it in about 10 ms
+takes about 120 ms per 64-GPU dcgm-exporter page on a 2-core VM; this reads it in about 4 ms
 (``sits-observe bench collectors``).  A line that is neither a comment nor a sample is an error.
 """
 
