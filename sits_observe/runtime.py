@@ -8,7 +8,10 @@ import os
 import signal
 import sys
 import tempfile
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from .config import Config, load, parse
 from .errors import SitsError
@@ -54,10 +57,13 @@ def _run(args: argparse.Namespace) -> int:
     return serve(cfg, duration=args.duration, config_path=args.config or os.environ.get("SITS_CONFIG"))
 
 
+DEMO_DEFAULTS = Path(__file__).with_name("demo.yaml")
+
+
 def _demo(args: argparse.Namespace) -> int:
     base = load(args.config) if args.config else parse({})
-    data = base.model_dump(mode="python", exclude_unset=True)
-    data.setdefault("gpu", {})["backend"] = "sim"
+    data = {**yaml.safe_load(DEMO_DEFAULTS.read_text()), **base.model_dump(mode="python", exclude_unset=True)}
+    data["gpu"] = {**data.get("gpu", {}), "backend": "sim"}
     sim = data.setdefault("sim", {})
     for key in ("scenario", "speed", "seed", "topology"):
         value = getattr(args, key)
