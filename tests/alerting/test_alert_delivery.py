@@ -1,0 +1,139 @@
+"""Outbox and senders against a scripted loopback receiver: retries, final refusals, dedup, order, payloads."""
+
+import json
+import time
+
+from sits_observe.alerting.config import AlertingConfig
+from sits_observe.alerting.formats import Alert, fingerprint, render
+from sits_observe.alerting.outbox import Outbox
+from sits_observe.alerting.sender import Dispatcher
+
+from alert_receiver import Receiver, free_port
+
+
+def _alert(name: str, status: str = "firing", **annotations: str) -> Alert:
+    return Alert({"alertname": "SitsSloBurnRate", "slo": name}, dict(annotations), status, 1_700_000_000.0,
+                 None if status == "firing" else 1_700_000_600.0)
+
+
+def _dispatcher(tmp_path, url, kind="webhook", secret=None, **extra):
+    cfg = AlertingConfig.model_validate({
+        "receivers": [{"type": kind, "name": "r", "url": url, "timeout": 0.3,
+                       **({"secret": secret} if secret else {})}],
+        "backoff": {"initial": 0.02, "max": 0.1}, **extra})
+    return Dispatcher(cfg, tmp_path)
+
+
+def _wait(pred, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not pred():
+        time.sleep(0.02)
+    return pred()
+
+
+def test_retries_transient_errors_in_order_and_gives_up_on_4xx(tmp_path):
+    port = free_port()
+    d = _dispatcher(tmp_path, f"http://127.0.0.1:{port}/hook", secret="k")
+    d.start()
+    for name in "abcd":
+        d.notify(_alert(name))
+    time.sleep(0.3)  # nobody listens yet: connection refused, retried
+    rx = Receiver(port=port, script=[500, 503, 429, "hang", 400], secret="k", hang_s=0.6)
+    try:
+        assert _wait(lambda: d.outbox.depth() == {})
+        order = [x.body["alerts"][0]["labels"]["slo"] for x in rx.deliveries]
+        # a: 500, 503, 429, hang (timeout), then 400 -> given up; b, c, d follow in order
+        assert order == ["a", "a", "a", "a", "a", "b", "c", "d"]
+        assert all(x.signed_ok for x in rx.deliveries)
+        counts = {(s.labels[1][1]): s.value for s in d.metrics() if s.name == "sits_webhook_deliveries_total"}
+        assert counts["delivered"] == 3 and counts["failed"] == 1 and counts["retried"] >= 5
+        state = d.state()
+        assert state["failed"][0]["reason"].startswith("HTTP 400 Bad Request") and state["failed"][0]["status"] == "firing"
+        assert state["receivers"][0]["queue_depth"] == 0
+    finally:
+        d.close()
+        rx.close()
+
+
+def test_dedup_coalesce_and_update_while_in_flight(tmp_path):
+    rx = Receiver(script=["hold"])
+    d = _dispatcher(tmp_path, rx.url)
+    try:
+        d.start()
+        d.notify(_alert("a"))
+        assert rx.holding.wait(10)
+        d.notify(_alert("a", likely_cause="cpu_contention"))  # same status, new annotations, while in flight
+        d.notify(_alert("a", likely_cause="cpu_contention"))  # identical: dropped
+        d.notify(_alert("b"))
+        d.notify(_alert("b", likely_cause="x"))               # still queued: updated in place
+        rx.release.set()
+        assert _wait(lambda: d.outbox.depth() == {})
+        d.notify(_alert("a", likely_cause="cpu_contention"))  # a restarted evaluator re-announcing: dropped
+        d.notify(_alert("a", "resolved"))
+        assert _wait(lambda: len(rx.deliveries) == 4)
+        time.sleep(0.2)
+        got = [(x.body["alerts"][0]["labels"]["slo"], x.body["status"], x.body["alerts"][0]["annotations"])
+               for x in rx.deliveries]
+        assert got == [("a", "firing", {}), ("a", "firing", {"likely_cause": "cpu_contention"}),
+                       ("b", "firing", {"likely_cause": "x"}), ("a", "resolved", {})]
+        ids = [x.delivery_id for x in rx.deliveries]
+        assert ids[0].split(":")[1] == "1.0" and ids[1].split(":")[1] == "1.1" and len(set(ids)) == 4
+    finally:
+        d.close()
+        rx.close()
+
+
+def test_alertmanager_batches_and_resends_firing(tmp_path):
+    rx = Receiver()
+    d = _dispatcher(tmp_path, f"http://127.0.0.1:{rx.port}", kind="alertmanager", resend_interval=0.2)
+    try:
+        for name in "abc":
+            d.notify(_alert(name))
+        d.notify(_alert("a", "resolved"))
+        d.start()
+        assert _wait(lambda: d.outbox.depth() == {})
+        # one POST with a, b, c; the resolution of a waits for the next one (never twice in a batch)
+        assert [[x["labels"]["slo"] for x in r.body] for r in rx.deliveries] == [["a", "b", "c"], ["a"]]
+        assert "endsAt" not in rx.deliveries[0].body[0] and rx.deliveries[1].body[0]["endsAt"]
+        time.sleep(0.25)
+        d.refresh([_alert("b"), _alert("c")])
+        assert _wait(lambda: len(rx.deliveries) == 3)
+        assert [x["labels"]["slo"] for x in rx.deliveries[2].body] == ["b", "c"]
+    finally:
+        d.close()
+        rx.close()
+
+
+def test_outbox_survives_reopen_and_keeps_instance(tmp_path):
+    box = Outbox(tmp_path / "outbox.db")
+    box.enqueue(["r"], _alert("a"))
+    box.enqueue(["r"], _alert("a", "resolved"))
+    instance = box.instance
+    box.close()
+    box = Outbox(tmp_path / "outbox.db")
+    assert box.instance == instance
+    assert [(m.alert.labels["slo"], m.alert.status) for m in box.head("r", 10)] == [("a", "firing")]
+    assert box.depth() == {"r": 2}
+    box.close()
+
+
+def test_payload_formats():
+    firing, resolved = _alert("a", summary="s"), _alert("a", "resolved", summary="s")
+    v4 = json.loads(render("webhook", [firing], "r", 1.0))
+    assert v4["version"] == "4" and v4["status"] == "firing" and v4["receiver"] == "r"
+    assert v4["groupLabels"] == {"alertname": "SitsSloBurnRate", "slo": "a"}
+    assert v4["groupKey"] == '{}:{alertname="SitsSloBurnRate",slo="a"}'
+    assert v4["alerts"][0]["endsAt"] == "0001-01-01T00:00:00Z" and v4["alerts"][0]["startsAt"].endswith("Z")
+    assert v4["alerts"][0]["fingerprint"] == fingerprint(firing.labels)
+    am = json.loads(render("alertmanager", [resolved], "r", now=1_700_000_300.0))
+    # times are held at Alertmanager's clock: a resolution stamped later than "now" would not resolve
+    assert am[0]["startsAt"] == "2023-11-14T22:13:20.000Z" and am[0]["endsAt"] == "2023-11-14T22:18:20.000Z"
+    slack = json.loads(render("slack", [firing, resolved], "r", 1.0))["text"]
+    assert slack.splitlines()[0] == ":red_circle: *FIRING* SitsSloBurnRate slo=a"
+    assert "*RESOLVED*" in slack and "> summary: s" in slack
+
+
+def test_fingerprint():
+    assert fingerprint({}) == "cbf29ce484222325"  # FNV-1a 64 offset basis: Alertmanager's empty label set
+    assert fingerprint({"a": "1", "b": "2"}) == fingerprint({"b": "2", "a": "1"})
+    assert fingerprint({"a": "1", "b": "2"}) != fingerprint({"a": "12"})  # the separator byte keeps them apart
