@@ -21,9 +21,15 @@ static __always_inline void stage_record(u32 stage, u32 workload, u64 delta_ns)
 {
 	u32 bucket = hist_bucket(delta_ns), idx = 0;
 	struct stage_key key = stage_key_of(stage, workload, bucket);
-	struct stage_block empty = {}, *block = stage_latency.lookup_or_try_init(&key, &empty);
+	struct stage_block *block = stage_latency.lookup(&key);
 	u64 *dropped;
 
+	if (!block) {
+		struct stage_block empty = {};
+
+		stage_latency.insert(&key, &empty);
+		block = stage_latency.lookup(&key);
+	}
 	if (stage_add(block, bucket, delta_ns))
 		return;
 	dropped = stage_dropped.lookup(&idx);

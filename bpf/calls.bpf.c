@@ -11,7 +11,31 @@
 #include "stage.h"
 #include "calls.h"
 
+/* The calling thread's slot: task-local storage where the kernel has it (5.11+: no hash, freed with the
+ * thread), else an LRU hash keyed by thread id. */
+#ifdef HAVE_TASK_STORAGE
+BPF_TASK_STORAGE(call_start, struct call_start);
+
+static __always_inline struct call_start *call_slot(int create)
+{
+	return call_start.task_storage_get((struct task_struct *)bpf_get_current_task_btf(), 0,
+					   create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
+}
+#else
 BPF_TABLE("lru_hash", u32, struct call_start, call_start, MAX_THREADS);
+
+static __always_inline struct call_start *call_slot(int create)
+{
+	u32 tid = bpf_get_current_pid_tgid();
+	struct call_start idle = {}, *slot = call_start.lookup(&tid);
+
+	if (!slot && create) {
+		call_start.update(&tid, &idle);
+		slot = call_start.lookup(&tid);
+	}
+	return slot;
+}
+#endif
 
 static __always_inline u32 workload_of(u32 tgid)
 {
@@ -24,9 +48,15 @@ static __always_inline void stage_record(u32 stage, u32 workload, u64 delta_ns)
 {
 	u32 bucket = hist_bucket(delta_ns), idx = 0;
 	struct stage_key key = stage_key_of(stage, workload, bucket);
-	struct stage_block empty = {}, *block = stage_latency.lookup_or_try_init(&key, &empty);
+	struct stage_block *block = stage_latency.lookup(&key);
 	u64 *dropped;
 
+	if (!block) {
+		struct stage_block empty = {};
+
+		stage_latency.insert(&key, &empty);
+		block = stage_latency.lookup(&key);
+	}
 	if (stage_add(block, bucket, delta_ns))
 		return;
 	dropped = stage_dropped.lookup(&idx);
@@ -36,37 +66,39 @@ static __always_inline void stage_record(u32 stage, u32 workload, u64 delta_ns)
 
 static __always_inline int call_enter(u32 stage)
 {
-	u64 id = bpf_get_current_pid_tgid(), now;
-	struct call_start start = {.stage = stage}, *cur;
-	u32 tid = id;
+	u32 workload = workload_of(bpf_get_current_pid_tgid() >> 32);
+	struct call_start *slot;
+	u64 now;
 
-	if (!workload_of(id >> 32))
+	if (!workload)
+		return 0;
+	slot = call_slot(1);
+	if (!slot)
 		return 0;
 	now = bpf_ktime_get_ns();
-	cur = call_start.lookup(&tid);
-	if (cur && now - cur->ts < CALL_STALE_NS) {
-		cur->depth++;
+	if (slot->workload && now - slot->ts < CALL_STALE_NS) {
+		slot->depth++;
 		return 0;
 	}
-	start.ts = now;
-	call_start.update(&tid, &start);
+	slot->ts = now;
+	slot->stage = stage;
+	slot->depth = 0;
+	slot->workload = workload;
 	return 0;
 }
 
 int call_return(struct pt_regs *ctx)
 {
-	u64 id = bpf_get_current_pid_tgid();
-	u32 tid = id;
-	struct call_start *cur = call_start.lookup(&tid);
+	struct call_start *slot = call_slot(0);
 
-	if (!cur)
+	if (!slot || !slot->workload)
 		return 0;
-	if (cur->depth) {
-		cur->depth--;
+	if (slot->depth) {
+		slot->depth--;
 		return 0;
 	}
-	stage_record(cur->stage, workload_of(id >> 32), bpf_ktime_get_ns() - cur->ts);
-	call_start.delete(&tid);
+	stage_record(slot->stage, slot->workload, bpf_ktime_get_ns() - slot->ts);
+	slot->workload = 0;
 	return 0;
 }
 

@@ -48,9 +48,15 @@ static __always_inline void stage_record(u32 stage, u32 workload, u64 delta_ns)
 {
 	u32 bucket = hist_bucket(delta_ns), idx = 0;
 	struct stage_key key = stage_key_of(stage, workload, bucket);
-	struct stage_block empty = {}, *block = stage_latency.lookup_or_try_init(&key, &empty);
+	struct stage_block *block = stage_latency.lookup(&key);
 	u64 *dropped;
 
+	if (!block) {
+		struct stage_block empty = {};
+
+		stage_latency.insert(&key, &empty);
+		block = stage_latency.lookup(&key);
+	}
 	if (stage_add(block, bucket, delta_ns))
 		return;
 	dropped = stage_dropped.lookup(&idx);
@@ -95,7 +101,7 @@ static __always_inline int on_sock_enter(u64 fd, u32 kind)
 static __always_inline int on_sock_exit(long ret)
 {
 	struct sock_call *call = sock_call_slot(0);
-	struct conn_key key = {.tgid = bpf_get_current_pid_tgid() >> 32};
+	struct conn_key key = {};
 	struct conn *conn;
 	u32 kind;
 
@@ -111,6 +117,7 @@ static __always_inline int on_sock_exit(long ret)
 	}
 	if (ret == 0)
 		return 0;
+	key.tgid = bpf_get_current_pid_tgid() >> 32;
 	key.fd = call->fd;
 	conn = conns.lookup(&key);
 	if (conn && !conn->request_read) {

@@ -86,27 +86,12 @@ class BatchReader:
         return self._keys[:total].copy(), self._vals[:total].copy()
 
 
-class _Cumulative:
-    """The previous reading of a cumulative map, to turn new readings into deltas."""
-
-    def __init__(self, width: int) -> None:
-        self.keys = np.empty(0, np.uint64)
-        self.vals = np.empty((0, width), np.uint64)
-
-    def delta(self, keys: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        order = np.argsort(keys, kind="stable")
-        keys, vals = keys[order], vals[order]
-        prev = np.zeros_like(vals)
-        if len(self.keys):
-            pos = np.minimum(np.searchsorted(self.keys, keys), len(self.keys) - 1)
-            found = self.keys[pos] == keys
-            prev[found] = self.vals[pos[found]]
-        self.keys, self.vals = keys, vals
-        return keys, vals - prev
-
-
 class StageDrain:
-    """Deltas of one program's ``stage_latency`` map since the last drain."""
+    """Deltas of one program's ``stage_latency`` map since the last drain.
+
+    Keys only ever get added, and a hash map lists unchanged keys in the same order, so the previous
+    reading and the series index are kept per key order and rebuilt only when the key set changes.
+    """
 
     def __init__(self, table: Any, layout: BucketLayout) -> None:
         self._reader = BatchReader(table)
@@ -114,26 +99,46 @@ class StageDrain:
         blocks = -(-len(to_layout) // SUB)
         self._to_layout = np.pad(to_layout, (0, blocks * SUB - len(to_layout)), mode="edge").reshape(blocks, SUB)
         self._n_out = layout.n
-        self._prev = _Cumulative(SUB + 1)
+        self._keys = np.empty(0, np.uint64)
+        self._prev = np.empty((0, SUB + 1), np.uint64)
+        self._series = np.empty(0, np.uint64)
+        self._inv = np.empty(0, np.int64)
+        self._out = np.empty((0, SUB), np.int64)
+
+    def _reindex(self, keys: np.ndarray) -> None:
+        """New key order: carry the previous readings over, rebuild key -> series and bucket maps."""
+        prev = np.zeros((len(keys), SUB + 1), np.uint64)
+        if len(self._keys):
+            order = np.argsort(self._keys)
+            pos = np.minimum(np.searchsorted(self._keys, keys, sorter=order), len(order) - 1)
+            found = self._keys[order[pos]] == keys
+            prev[found] = self._prev[order[pos[found]]]
+        self._keys, self._prev = keys, prev
+        # key: u16 stage, u16 workload, u32 block (little-endian), so the series is the low 32 bits
+        self._series, self._inv = np.unique(keys & np.uint64(0xFFFFFFFF), return_inverse=True)
+        self._out = self._to_layout[(keys >> np.uint64(32)).astype(np.int64)]
 
     def drain(self) -> list[SeriesDelta]:
         raw_keys, raw_vals = self._reader.read()
-        # key: u16 stage, u16 workload, u32 block (little-endian), so series = low 32 bits;
-        # value per CPU: SUB counts then the sum (u64 each)
         keys = np.ascontiguousarray(raw_keys).view("<u8").ravel()
+        if not np.array_equal(keys, self._keys):
+            self._reindex(keys)
+        # value per CPU: SUB bucket counts, then the sum of their latencies (u64 each)
         cpus = raw_vals.shape[1] // (8 * (SUB + 1))
-        vals = np.ascontiguousarray(raw_vals).view("<u8").reshape(len(keys), cpus, SUB + 1)
-        keys, delta = self._prev.delta(keys, vals.sum(axis=1, dtype=np.uint64))
-        live = delta[:, :SUB].any(axis=1)
-        if not live.any():
+        vals = np.ascontiguousarray(raw_vals).view("<u8").reshape(len(keys), cpus, SUB + 1).sum(axis=1, dtype=np.uint64)
+        delta, self._prev = vals - self._prev, vals
+        rows = np.flatnonzero(delta[:, :SUB].any(axis=1))
+        if not len(rows):
             return []
-        keys, delta = keys[live], delta[live]
-        series, inv = np.unique(keys & np.uint64(0xFFFFFFFF), return_inverse=True)
-        out = self._to_layout[(keys >> np.uint64(32)).astype(np.int64)]  # (rows, SUB) exported buckets
-        flat = np.bincount((inv[:, None] * self._n_out + out).ravel(),
-                           weights=delta[:, :SUB].ravel().astype(np.float64), minlength=len(series) * self._n_out)
-        counts = flat.reshape(len(series), self._n_out).astype(np.uint64)
-        sums = np.zeros(len(series), np.uint64)
-        np.add.at(sums, inv, delta[:, SUB])
-        return [SeriesDelta(s & 0xFFFF, s >> 16, row, total, int(row.sum()))
-                for s, row, total in zip(series.tolist(), counts, sums.tolist())]
+        n_series, n_out = len(self._series), self._n_out
+        inv = self._inv[rows]
+        flat = np.bincount((inv[:, None] * n_out + self._out[rows]).ravel(),
+                           weights=delta[rows, :SUB].ravel().astype(np.float64), minlength=n_series * n_out)
+        counts = flat.reshape(n_series, n_out).astype(np.uint64)
+        sums = np.zeros(n_series, np.uint64)
+        np.add.at(sums, inv, delta[rows, SUB])
+        live = np.unique(inv)
+        rows_out = counts[live]
+        return [SeriesDelta(s & 0xFFFF, s >> 16, row, total, n)
+                for s, row, total, n in zip(self._series[live].tolist(), rows_out, sums[live].tolist(),
+                                            rows_out.sum(axis=1).tolist())]

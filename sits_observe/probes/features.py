@@ -7,7 +7,7 @@ import os
 import platform
 from pathlib import Path
 
-__all__ = ["environment_problem", "tracepoint_exists", "bpf_stats_enabled", "enable_bpf_stats", "prog_run_stats"]
+__all__ = ["can_load_bpf", "environment_problem", "tracepoint_exists", "bpf_stats_enabled", "enable_bpf_stats", "prog_run_stats"]
 
 _TRACEFS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
 _NR_BPF = {"x86_64": 321, "aarch64": 280}
@@ -15,10 +15,28 @@ _BPF_ENABLE_STATS = 32
 _BPF_STATS_RUN_TIME = 0
 
 
+_CAP_SYS_ADMIN, _CAP_PERFMON, _CAP_BPF = 21, 38, 39
+
+
+def _effective_caps() -> int:
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return 0
+    return next((int(ln.split()[1], 16) for ln in status.splitlines() if ln.startswith("CapEff:")), 0)
+
+
+def can_load_bpf() -> bool:
+    """Effective CAP_SYS_ADMIN, or CAP_BPF with CAP_PERFMON (what tracing programs need since 5.8)."""
+    caps = _effective_caps()
+    return bool(caps >> _CAP_SYS_ADMIN & 1) or bool(caps >> _CAP_BPF & 1 and caps >> _CAP_PERFMON & 1)
+
+
 def environment_problem() -> str | None:
     """Why no probe can load on this machine, or None."""
-    if os.geteuid() != 0:
-        return "not root (loading eBPF programs needs root); run the daemon as root to get kernel histograms"
+    if not can_load_bpf():
+        return ("no privileges to load eBPF programs (needs root, or CAP_BPF and CAP_PERFMON); "
+                "run the daemon as root to get kernel histograms")
     try:
         import bcc  # noqa: F401
     except ImportError:

@@ -77,9 +77,9 @@ SPECS: dict[str, ProbeSpec] = {
         features=(Feature("HAVE_BLOCK_RQ", ("block:block_rq_issue", "block:block_rq_complete")),),
         requires=(("HAVE_BLOCK_RQ",),)),
     "cuda": ProbeSpec("cuda", "calls", "uprobe", ("launch", "h2d", "d2h", "sync", "alloc"),
-                      defines={"CALL_STALE_NS": f"{CALL_STALE_NS}ULL"}),
+                      optional=("HAVE_TASK_STORAGE",), defines={"CALL_STALE_NS": f"{CALL_STALE_NS}ULL"}),
     "nccl": ProbeSpec("nccl", "calls", "uprobe", ("collective",),
-                      defines={"CALL_STALE_NS": f"{CALL_STALE_NS}ULL"}),
+                      optional=("HAVE_TASK_STORAGE",), defines={"CALL_STALE_NS": f"{CALL_STALE_NS}ULL"}),
 }
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,7 @@ import numpy as np
 
 from sits_observe.config import parse
 from sits_observe.frame import BucketLayout, Frame
+from sits_observe.probes import specs
 from sits_observe.probes.source import ProbeSource
 
 HERE = Path(__file__).resolve().parent
@@ -32,6 +35,18 @@ def make_source(data: dict[str, Any]) -> tuple[ProbeSource, BucketLayout]:
     cfg = parse(data)
     layout = BucketLayout(cfg.store.snapped())
     return ProbeSource(cfg, layout), layout
+
+
+@contextmanager
+def fallback(*names: str) -> Iterator[None]:
+    """Load the named probes without their optional kernel features (as on kernels before 5.11)."""
+    saved = {n: specs.SPECS[n] for n in names}
+    try:
+        for n in names:
+            specs.SPECS[n] = dataclasses.replace(saved[n], optional=())
+        yield
+    finally:
+        specs.SPECS.update(saved)
 
 
 def drain(source: ProbeSource) -> Frame:

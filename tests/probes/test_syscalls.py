@@ -7,18 +7,20 @@ from collections.abc import Iterator
 
 import pytest
 
-from probe_helpers import OFF, Workload, drain, make_source
+from probe_helpers import OFF, Workload, drain, fallback, make_source
 from sits_observe.probes.source import ProbeSource
 
 REQUESTS = 20
 
 
-@pytest.fixture(scope="module")
-def source() -> Iterator[ProbeSource]:
-    src, _ = make_source({
-        "workloads": [{"name": "server", "comm": "sits-t-server"}],
-        "probes": {"runq": OFF, "block_io": OFF, "cuda": OFF, "nccl": OFF, "scan_interval": 3600},
-    })
+@pytest.fixture(scope="module", params=["task_storage", "lru_hash"])
+def source(request: pytest.FixtureRequest) -> Iterator[ProbeSource]:
+    """The syscalls probe with per-thread call state in task storage, and in the pre-5.11 fallback."""
+    with fallback(*(["syscalls"] if request.param == "lru_hash" else [])):
+        src, _ = make_source({
+            "workloads": [{"name": "server", "comm": "sits-t-server"}],
+            "probes": {"runq": OFF, "block_io": OFF, "cuda": OFF, "nccl": OFF, "scan_interval": 3600},
+        })
     yield src
     src.close()
 

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from probe_helpers import DEFAULT_LAYOUT, OFF, Workload, drain, make_source
+from probe_helpers import DEFAULT_LAYOUT, OFF, Workload, drain, fallback, make_source
 from sits_observe.probes.source import ProbeSource
 
 N = 10
@@ -103,3 +103,22 @@ def test_untracked_process_is_not_timed(source: ProbeSource, stubs: dict) -> Non
         wl.run("call", 0, "cuStreamSynchronize", 100, 20)
         frame = drain(source)
     assert frame.hists == {}
+
+
+def test_thread_hash_fallback_times_calls_too(stubs: dict) -> None:
+    """Without task-local storage (kernels before 5.11) calls are paired through an LRU hash."""
+    with fallback("cuda"):
+        src, _ = make_source({
+            "workloads": [{"name": "gpu", "comm": "sits-t-gpu-lru"}],
+            "probes": {"runq": OFF, "syscalls": OFF, "block_io": OFF, "nccl": OFF, "scan_interval": 3600},
+        })
+    try:
+        with Workload("sits-t-gpu-lru", [stubs["libcuda.so.1"]], realtime=True) as wl:
+            src.rescan()
+            wl.run("call", 0, "cuCtxSynchronize", 10200, 4)
+            wl.run("call", 0, "cuMemcpyDtoH_v2", 5200, 3)
+            frame = drain(src)
+    finally:
+        src.close()
+    assert frame.hists[("sync", "gpu")].count == 4 and frame.hists[("d2h", "gpu")].count == 3
+    assert frame.hists[("sync", "gpu")].counts[_only_bucket(src, 10200)] == 4

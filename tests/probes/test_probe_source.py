@@ -1,0 +1,108 @@
+"""ProbeSource behaviour: off without privileges (said once), a probe that cannot load is reported and
+the others run on, optional tracepoints, self-metrics, clean close."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from probe_helpers import OFF, drain, make_source
+from sits_observe.frame import Frame
+from sits_observe.probes import specs
+from sits_observe.probes.source import ProbeSource
+
+NO_PRIVILEGES = """
+import json, logging, sys
+logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
+from probe_helpers import drain, make_source
+src, _ = make_source({"workloads": [{"name": "w", "pids": [1]}]})
+src.rescan()
+frame = drain(src)
+print(json.dumps({"off": src.off, "hists": len(frame.hists),
+                  "attached": [s.value for s in src.metrics() if s.name == "sits_probe_attached"]}))
+src.close()
+"""
+
+
+def test_without_privileges_probes_are_off_and_say_so_once() -> None:
+    """A real privilege drop: uid 0 without capabilities (setpriv), as in an unprivileged container."""
+    out = subprocess.run(["setpriv", "--bounding-set=-all", "--inh-caps=-all", sys.executable, "-c", NO_PRIVILEGES],
+                         capture_output=True, text=True, timeout=60, check=True,
+                         cwd=os.path.dirname(__file__))
+    result = json.loads(out.stdout)
+    assert result["off"].startswith("no privileges to load eBPF programs")
+    assert result["hists"] == 0 and result["attached"] == [0.0] * 5
+    said = [ln for ln in out.stderr.splitlines() if "probes: off" in ln]
+    assert len(said) == 1 and "run the daemon as root" in said[0]
+
+
+def test_disabled_in_config_loads_nothing() -> None:
+    src, _ = make_source({"probes": {"enabled": False}})
+    assert src.off == "disabled in config (probes.enabled: false)"
+    assert all(not st.attached and st.program is None for st in src.states.values())
+    src.collect(Frame(ts=0.0, interval=1.0))
+    src.close()
+
+
+@pytest.fixture(scope="module")
+def degraded() -> Iterator[ProbeSource]:
+    """block_io needs a tracepoint this kernel 'lacks'; runq 'lacks' an optional one; BPF stats on."""
+    saved = dict(specs.SPECS)
+    specs.SPECS["block_io"] = dataclasses.replace(
+        saved["block_io"], features=(specs.Feature("HAVE_BLOCK_RQ", ("block:no_such_event",)),))
+    runq = saved["runq"]
+    specs.SPECS["runq"] = dataclasses.replace(runq, features=tuple(
+        dataclasses.replace(f, tracepoints=("sched:no_such_wakeup_new",)) if f.macro == "HAVE_SCHED_WAKEUP_NEW" else f
+        for f in runq.features))
+    try:
+        src, _ = make_source({"workloads": [{"name": "self", "pids": [os.getpid()]}],
+                              "probes": {"syscalls": OFF, "cuda": OFF, "nccl": OFF, "bpf_stats": True,
+                                         "scan_interval": 3600}})
+    finally:
+        specs.SPECS.update(saved)
+    yield src
+    src.close()
+
+
+def test_probe_missing_a_required_tracepoint_is_reported_and_others_run(degraded: ProbeSource) -> None:
+    status = {row["probe"]: row for row in degraded.status()}
+    assert status["block_io"]["attached"] is False
+    assert status["block_io"]["problem"] == "not loaded: missing tracepoint(s): needs block:no_such_event"
+    assert status["runq"]["attached"] and status["runq"]["missing_tracepoints"] == ["sched:no_such_wakeup_new"]
+    assert status["cuda"]["problem"] == "disabled in config"
+    drain(degraded)
+    for _ in range(20):
+        time.sleep(0.001)
+    assert drain(degraded).hists[("runq", "self")].count >= 20
+
+
+def test_self_metrics(degraded: ProbeSource) -> None:
+    time.sleep(0.002)
+    drain(degraded)
+    m = {(s.name, dict(s.labels)["probe"]): s for s in degraded.metrics()}
+    assert m[("sits_probe_attached", "runq")].value == 1.0 and m[("sits_probe_attached", "block_io")].value == 0.0
+    assert m[("sits_probe_errors_total", "block_io")].value == 1.0
+    assert m[("sits_probe_errors_total", "runq")].value == 0.0
+    assert m[("sits_probe_dropped_events_total", "runq")].value == 0.0
+    assert m[("sits_probe_runs_total", "runq")].value > 0
+    assert m[("sits_probe_run_time_seconds_total", "runq")].value > 0
+    assert ("sits_probe_runs_total", "block_io") not in m
+    assert {s.kind for s in degraded.metrics() if s.name.endswith("_total")} == {"counter"}
+
+
+def test_close_detaches_everything() -> None:
+    src, _ = make_source({"workloads": [{"name": "self", "pids": [os.getpid()]}],
+                          "probes": {"syscalls": OFF, "block_io": OFF, "cuda": OFF, "nccl": OFF}})
+    fds = [f.fd for f in src.states["runq"].program.bpf.funcs.values()]
+    assert fds and all(os.path.exists(f"/proc/self/fd/{fd}") for fd in fds)
+    src.close()
+    assert not any(os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:bpf-prog"
+                   for fd in fds if os.path.exists(f"/proc/self/fd/{fd}"))
+    assert all(not st.attached for st in src.states.values())
