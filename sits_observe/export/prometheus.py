@@ -69,7 +69,7 @@ class StoreCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         yield from self._gpus()
         yield from self._host_and_workloads()
-        yield from samples_to_families(self._provided())
+        yield from samples_to_families([*self.store.latest_samples(), *self._provided()])
 
     def _gpus(self) -> Iterator[Metric]:
         latest = self.store.gpu_latest()

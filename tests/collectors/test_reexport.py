@@ -74,7 +74,6 @@ def test_promtool_accepts_our_reexport(tmp_path, pages: PageServer, gpu_source: 
 
 # Remove the mark when export/prometheus.py renders store.latest_samples() (frame.samples): strict, so
 # this test fails as soon as that works and the mark is left behind.
-@pytest.mark.xfail(strict=True, reason="the exporter does not render frame.samples (store.latest_samples()) yet")
 @pytest.mark.parametrize("gpu_source", ["nvml", "dcgm"])
 def test_per_gpu_detail_samples_are_exported(tmp_path, pages: PageServer, gpu_source: str) -> None:
     series = _series(_metrics(tmp_path, pages, gpu_source))
