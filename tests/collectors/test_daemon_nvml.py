@@ -1,0 +1,23 @@
+"""gpu.backend: nvml on a machine without a driver: one clear line, and everything else is served."""
+
+import logging
+
+from sits_observe.config import parse
+from sits_observe.export.http import create_app
+from sits_observe.wiring import build_daemon
+
+
+def test_daemon_without_driver_says_so_once_and_serves(tmp_path, caplog):
+    cfg = parse({"state_dir": str(tmp_path), "gpu": {"backend": "nvml"}, "rca": {"enabled": False}}, env={})
+    with caplog.at_level(logging.WARNING):
+        daemon = build_daemon(cfg)
+        for _ in range(3):
+            daemon.tick()
+    lines = [r.getMessage() for r in caplog.records if "NVIDIA driver not available" in r.getMessage()]
+    assert len(lines) == 1 and "NVML GPU metrics are off" in lines[0]
+    assert all(s.name != "nvml" for s in daemon.sources) and daemon.topology is None
+    client = create_app(daemon, ui=False).test_client()
+    body = client.get("/metrics").data.decode()
+    assert "sits_build_info" in body and "sits_store_ticks_total 3.0" in body
+    assert client.get("/api/v1/status").status_code == 200
+    assert client.get("/api/v1/topology").status_code == 404
