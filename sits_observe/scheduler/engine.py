@@ -160,6 +160,9 @@ class Scheduler:
             return self._no_action(t, f"{t.reason}; {self.cfg.max_migrations} migrations already in flight")
         view = min(movable, key=lambda m: m[:3])[3]
         exclude = set(culprits)
+        if t.cause == "cpu_contention":  # the host cores of those GPUs' NUMA nodes are what is contended
+            busy = {(self.topo.gpus[g].node, self.topo.gpus[g].numa_node) for g in culprits}
+            exclude |= {g.index for g in self.topo.gpus if (g.node, g.numa_node) in busy}
         if t.other_node:
             exclude |= {g.index for g in self.topo.gpus if g.node == self.topo.gpus[view.gpus[0]].node}
         req = request_for(view.spec, views, self._util, view.gpus, frozenset(exclude))
