@@ -11,7 +11,12 @@
 #include "runq.h"
 
 BPF_TABLE("lru_hash", u32, u32, threads, MAX_THREADS);
+#ifdef HAVE_SCHED_PROCESS_EXIT
+/* an entry ends when its thread gets the CPU or exits: a plain hash is bounded and cheaper than LRU */
+BPF_HASH(runq_start, u32, struct runq_start, MAX_THREADS);
+#else
 BPF_TABLE("lru_hash", u32, struct runq_start, runq_start, MAX_THREADS);
+#endif
 
 static __always_inline u32 workload_of(u32 tgid)
 {

@@ -137,7 +137,7 @@ class StageDrain:
         counts = flat.reshape(n_series, n_out).astype(np.uint64)
         sums = np.zeros(n_series, np.uint64)
         np.add.at(sums, inv, delta[rows, SUB])
-        live = np.unique(inv)
+        live = np.flatnonzero(np.bincount(inv, minlength=n_series))
         rows_out = counts[live]
         return [SeriesDelta(s & 0xFFFF, s >> 16, row, total, n)
                 for s, row, total, n in zip(self._series[live].tolist(), rows_out, sums[live].tolist(),

@@ -48,10 +48,13 @@ def _slow_and_total(frame, workload: str) -> tuple[int, int]:
 
 
 def test_busy_core_shows_runq_latency_idle_core_does_not(source: ProbeSource) -> None:
-    hogs = [_hog(0), _hog(0)]
+    cpus = sorted(os.sched_getaffinity(0))
+    busy_cpu, idle_cpu = cpus[0], cpus[-1]
+    hogs = [_hog(busy_cpu), _hog(busy_cpu)]
     try:
         # nothing competes with a SCHED_FIFO task for its core, whatever else this machine runs
-        with Workload("sits-t-rq-busy", cpu=0) as busy, Workload("sits-t-rq-idle", cpu=1, realtime=True) as idle:
+        with Workload("sits-t-rq-busy", cpu=busy_cpu) as busy, \
+                Workload("sits-t-rq-idle", cpu=idle_cpu, realtime=True) as idle:
             source.rescan()
             drain(source)
             busy.run(*SPIN_SLEEP)
