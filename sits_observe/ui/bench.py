@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from ..config import parse
 from ..export.http import Server, create_app
 from .app import create_dash
@@ -37,12 +39,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _daemon(topology: str, history: int, interval: float) -> Any:
+    """The demo's daemon (its SLOs, classifier and scheduler included) with ``history`` ticks already run."""
+    from ..runtime import DEMO_DEFAULTS
     from ..wiring import build_daemon
 
-    state = tempfile.mkdtemp(prefix="sits-bench-ui-")
-    cfg = parse({"state_dir": state, "store": {"history": history}, "ui": {"update_interval": interval,
-                 "history": float(history)}, "sim": {"topology": topology, "scenario": "mixed", "speed": 1000}})
-    daemon = build_daemon(cfg)
+    data = yaml.safe_load(DEMO_DEFAULTS.read_text())
+    data.update(state_dir=tempfile.mkdtemp(prefix="sits-bench-ui-"), store={"history": history},
+                ui={"update_interval": interval, "history": float(history)},
+                sim={"topology": topology, "scenario": "mixed", "speed": 1000}, scheduler={"actuator": "sim"})
+    daemon = build_daemon(parse(data))
     for _ in range(history):
         daemon.tick()
     return daemon

@@ -10,20 +10,24 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from dash import Dash, Input, Output, Patch, State, dcc, html, no_update
+from dash import Dash, Input, Output, Patch, State, ctx as dash_ctx, dcc, html, no_update
 
 from ...rca.verdict import CAUSES, UNKNOWN
 from ...slo.sli import threshold_index
 from .. import parts
-from ..cache import Columns, binned_counts, cells, times_ms
+from ..cache import Columns, cells, times_ms
 from ..context import UiContext, Window
 from ..figures import base_layout, series_update, time_range
+from ..params import parse_choice
 
 PATH = "/causes"
 TITLE = "Causes & decisions"
 PARAMS = ("range",)
 VERDICTS_KEPT = 500  # newest verdicts drawn on the timeline (the classifier keeps its own log)
+DECISIONS_READ = 256  # newest decisions read from the scheduler's ring
 DECISIONS_SHOWN = 50
+BURN_WINDOW = 300.0  # seconds: burn rate over the fastest alert tier's short window (5m)
+FILTERS = {"moves": "moves only", "all": "all decisions (with no-action)"}
 
 
 def options(ctx: UiContext, q: Mapping[str, str]) -> dict[str, Any]:
@@ -31,39 +35,43 @@ def options(ctx: UiContext, q: Mapping[str, str]) -> dict[str, Any]:
 
 
 def _bad_total(spec: Any, store: Any, buckets: Sequence[float]) -> Any:
-    """``(ticks, skip, bin) -> (bad, total)`` events per bin of one SLO's SLI, from the store's windows."""
+    """``n -> (bad, total)`` events per tick of one SLO's SLI over the newest ``n`` ticks."""
     if spec.latency is not None:
         sli, idx = spec.latency, threshold_index(spec.latency.threshold, buckets)
 
-        def latency(t: int, k: int, b: int) -> tuple[np.ndarray, np.ndarray]:
-            sums = binned_counts([lambda n: store.hist_window(sli.stage, sli.workload, n)], t, k, b)
-            total = sums.sum(axis=1).astype(np.float64)
-            return total - sums[:, : idx + 1].sum(axis=1), total  # good: buckets at or under the threshold
+        def latency(n: int) -> tuple[np.ndarray, np.ndarray]:
+            h = store.hist_window(sli.stage, sli.workload, n).astype(np.float64)
+            total = h.sum(axis=1)
+            return total - h[:, : idx + 1].sum(axis=1), total  # good: buckets at or under the threshold
 
         return latency
     r = spec.ratio
 
-    def ratio(t: int, k: int, b: int) -> tuple[np.ndarray, np.ndarray]:
-        sums = binned_counts([lambda n: np.column_stack([store.counter_window(r.bad or r.good, r.workload, n),
-                                                         store.counter_window(r.total, r.workload, n)])], t, k, b)
-        total = sums[:, 1]
-        return (sums[:, 0] if r.bad else total - sums[:, 0]), total
+    def ratio(n: int) -> tuple[np.ndarray, np.ndarray]:
+        counted, total = store.counter_window(r.bad or r.good, r.workload, n), store.counter_window(r.total, r.workload, n)
+        return (counted if r.bad else total - counted), total
 
     return ratio
 
 
 def _burn_read(ctx: UiContext) -> tuple[tuple[str, ...], Any]:
-    """Rows (SLO names) and a reader of each SLO's burn rate per bin (error ratio / error budget)."""
-    cfg = ctx.daemon.config
+    """Rows (SLO names) and a reader of each SLO's burn rate over the trailing ``BURN_WINDOW`` at each
+    column's end (error ratio / error budget), the window of the fastest alert tier."""
+    cfg, store = ctx.daemon.config, ctx.store
     specs = list(getattr(cfg, "slos", []))
-    readers = [(_bad_total(s, ctx.store, cfg.store.buckets), 1.0 - s.objective) for s in specs]
+    readers = [(_bad_total(s, store, cfg.store.buckets), 1.0 - s.objective) for s in specs]
+    span = max(1, int(round(BURN_WINDOW / ctx.tick_interval)))
 
     def read(t: int, k: int, b: int) -> np.ndarray:
+        extra = max(0, min(span, min(store.ticks, store.history) - t - k))  # look-back for the first columns
+        ends = extra + b * np.arange(1, t // b + 1)
+        starts = np.maximum(ends - span, 0)
         out = []
         for bad_total, budget in readers:
-            bad, total = bad_total(t, k, b)
+            bad, total = (np.concatenate([[0.0], np.cumsum(a[: t + extra])]) for a in bad_total(t + k + extra))
+            n_bad, n_total = bad[ends] - bad[starts], total[ends] - total[starts]
             with np.errstate(divide="ignore", invalid="ignore"):
-                out.append(np.where(total > 0, bad / total, np.nan) / budget)
+                out.append(np.where(n_total > 0, n_bad / n_total, np.nan) / budget)
         return np.column_stack(out) if out else np.zeros((t // b, 0))
 
     return tuple(s.name for s in specs), read
@@ -81,15 +89,18 @@ class Timeline:
                   "xaxis": "x", "yaxis": "y", "connectgaps": False,
                   "hovertemplate": f"{name}<br>%{{x|%H:%M:%S}}: burn %{{y:.3g}}x<extra></extra>"}
                  for i, name in enumerate(rows)]
-        layout = base_layout("SLO burn rate (per column) and likely cause", 560, showlegend=True,
-                             legend={"orientation": "h", "y": 1.08},
+        layout = base_layout("SLO burn rate over the last 5 minutes, and the likely cause", 580, showlegend=True,
+                             legend={"orientation": "h", "x": 1, "xanchor": "right", "y": 1.1},
+                             margin={"l": 190, "r": 30, "t": 60, "b": 50},
                              xaxis={"type": "date", "title": {"text": "time (source clock, UTC)"}, "anchor": "y2",
                                     "range": time_range(cols, window_s), "tickformat": "%H:%M:%S"},
-                             yaxis={"domain": [0.5, 1], "type": "log", "title": {"text": "burn rate (x budget)"}},
+                             yaxis={"domain": [0.5, 1], "rangemode": "tozero", "title": {"text": "burn rate (x budget)"}},
                              yaxis2={"domain": [0, 0.42], "type": "category", "title": {"text": "verdict"},
                                      "categoryorder": "array", "categoryarray": list(CAUSES) + [UNKNOWN]},
-                             shapes=[{"type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": "y", "y0": 1, "y1": 1,
-                                      "line": {"color": "#6b7280", "dash": "dot", "width": 1}}])
+                             shapes=[{"type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": "y", "y0": v, "y1": v,
+                                      "line": {"color": "#dc2626" if v > 10 else "#9ca3af", "dash": "dot", "width": 1},
+                                      "label": {"text": f"x{v:g}", "textposition": "end", "font": {"size": 10}}}
+                                     for v in (1.0, 14.4)])
         return {"data": [*lines, verdict_trace(self.verdicts)], "layout": layout}
 
     def patch(self, cols: Columns, window_s: float, n_rows: int) -> Patch:
@@ -120,7 +131,8 @@ def _in_window(verdicts: list[dict[str, Any]], latest: float, w: Window) -> list
     return [v for v in verdicts if float(v.get("ts", 0)) >= latest - w.seconds] if math.isfinite(latest) else verdicts
 
 
-def _update(ctx: UiContext, w: Window, held: dict[str, Any] | None) -> tuple[Any, Any, dict[str, Any]]:
+def _update(ctx: UiContext, w: Window, held: dict[str, Any] | None, shown: str = "moves",
+            changed: bool = False) -> tuple[Any, Any, dict[str, Any]]:
     held = held or {}
     rows, read = _burn_read(ctx)
     cache = ctx.cache("slo-burn", rows, read, w.bin)
@@ -131,9 +143,12 @@ def _update(ctx: UiContext, w: Window, held: dict[str, Any] | None) -> tuple[Any
     if newest_v != held.get("verdict") and not isinstance(fig, dict):
         fig = fig if isinstance(fig, Patch) else Patch()
         fig["data"][len(rows)] = verdict_trace(timeline.verdicts)
-    decisions = parts.decisions(ctx, DECISIONS_SHOWN)
+    decisions = parts.decisions(ctx, DECISIONS_READ)
     newest_d = decisions[0].get("id") if decisions else None
-    table = decision_table(decisions) if newest_d != held.get("decision") or not held else no_update
+    if shown == "moves":
+        decisions = [d for d in decisions if d.get("action") != "no_action"]
+    fresh = changed or not held or newest_d != held.get("decision")
+    table = decision_table(decisions[:DECISIONS_SHOWN]) if fresh else no_update
     return fig, table, {"series": series_held, "verdict": newest_v, "decision": newest_d, "window": w.seconds}
 
 
@@ -166,7 +181,9 @@ def layout(ctx: UiContext, opts: dict[str, Any]) -> Any:
     fig, table, held = _update(ctx, opts["window"], None)
     return html.Div([
         dcc.Graph(id="causes-timeline", figure=fig, config={"displaylogo": False}),
-        html.H2("Scheduler decisions (newest first)"),
+        html.Div([html.H2("Scheduler decisions (newest first)"),
+                  dcc.RadioItems(id="causes-filter", options=FILTERS, value="moves", inline=True)],
+                 className="controls"),
         html.Div(table, id="causes-decisions"),
         dcc.Store(id="causes-held", data=held),
         dcc.Interval(id="causes-tick", interval=ctx.interval_ms),
@@ -175,8 +192,9 @@ def layout(ctx: UiContext, opts: dict[str, Any]) -> Any:
 
 def register(app: Dash, ctx: UiContext) -> None:
     @app.callback(Output("causes-timeline", "figure"), Output("causes-decisions", "children"),
-                  Output("causes-held", "data"), Input("causes-tick", "n_intervals"), State("causes-held", "data"),
-                  prevent_initial_call=True)
-    def update(_n: int, held: Any) -> tuple[Any, Any, dict[str, Any]]:
+                  Output("causes-held", "data"), Input("causes-tick", "n_intervals"), Input("causes-filter", "value"),
+                  State("causes-held", "data"), prevent_initial_call=True)
+    def update(_n: int, shown: str, held: Any) -> tuple[Any, Any, dict[str, Any]]:
         held = held if isinstance(held, dict) else {}
-        return _update(ctx, ctx.held_window(held.get("window")), held)
+        shown = parse_choice("filter", shown, FILTERS, "moves")
+        return _update(ctx, ctx.held_window(held.get("window")), held, shown, dash_ctx.triggered_id == "causes-filter")

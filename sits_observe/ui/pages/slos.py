@@ -36,7 +36,7 @@ def _budget(slos: list[dict[str, Any]]) -> dict[str, Any]:
 def budget_figure(slos: list[dict[str, Any]]) -> dict[str, Any]:
     trace = {"type": "bar", "orientation": "h", "textposition": "auto", "hovertemplate": "%{y}: %{x:.2f} % left"
              "<extra></extra>", **_budget(slos)}
-    layout = base_layout("Error budget remaining (SLO window)", 120 + 40 * max(len(slos), 1),
+    layout = base_layout("Error budget left", 120 + 40 * max(len(slos), 1),
                          xaxis={"title": {"text": "% of the error budget left (negative: overspent)"},
                                 "rangemode": "tozero"},
                          yaxis={"type": "category", "autorange": "reversed"})
