@@ -25,8 +25,8 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS slis (slo TEXT PRIMARY KEY, sli TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS edges (
-    slo TEXT NOT NULL, level INTEGER NOT NULL, idx INTEGER NOT NULL, good REAL NOT NULL, total REAL NOT NULL,
-    PRIMARY KEY (slo, level, idx)
+    level INTEGER NOT NULL, idx INTEGER NOT NULL, slo TEXT NOT NULL, good REAL NOT NULL, total REAL NOT NULL,
+    PRIMARY KEY (level, idx, slo)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS alerts (slo TEXT PRIMARY KEY, tier TEXT NOT NULL, since REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS notes (slo TEXT PRIMARY KEY, annotations TEXT NOT NULL);
@@ -93,7 +93,7 @@ class SloState:
 
     def save(self, written: Iterable[tuple[int, int, np.ndarray]], prune: Sequence[tuple[int, int]] = ()) -> None:
         """Store written ring edges ``(level, idx, (2, n))`` and drop edges below ``(level, idx)`` in one commit."""
-        rows = [(name, lvl, idx, float(v[0, i]), float(v[1, i]))
+        rows = [(lvl, idx, name, float(v[0, i]), float(v[1, i]))
                 for lvl, idx, v in written for i, name in enumerate(self.names)]
 
         def write() -> None:
