@@ -106,7 +106,7 @@ def create_app(daemon: Daemon, *, ui: bool = True) -> Flask:
                   exc_info=not isinstance(exc, SitsError))
         return jsonify({"error": "internal error; see the daemon log"}), 500
 
-    if ui:
+    if ui and daemon.config.ui.enabled:
         from ..ui.app import create_dash
 
         create_dash(app, daemon)
