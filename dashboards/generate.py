@@ -2,7 +2,7 @@
 
 The JSON files are what users import; this script keeps their shared parts (datasource variable,
 ``instance``/``workload`` variables, panel plumbing) identical.  ``--check`` exits 1 when a committed
-file differs from what the script would write.  Metric names follow docs/metrics.md.
+file differs from what the script would write.  Metric names are the daemon's `sits_*` names (DESIGN.md "Names").
 """
 
 from __future__ import annotations

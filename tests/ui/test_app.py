@@ -152,3 +152,9 @@ def test_live_updates_patch_to_the_fresh_figure(make_daemon: Callable[..., Daemo
                 assert [row[-n:] for row in got_trace[key]] == want_trace[key], (g, key, step)
             assert fig["layout"]["xaxis"]["range"] == want["layout"]["xaxis"]["range"]
     assert patched >= 4
+
+
+def test_ui_can_be_switched_off(make_daemon: Callable[..., Daemon]) -> None:
+    client = create_app(make_daemon(ticks=2, ui={"enabled": False})).test_client()
+    assert client.get("/").status_code == 404 and client.get("/stages").status_code == 404
+    assert client.get("/metrics").status_code == 200
