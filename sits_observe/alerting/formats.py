@@ -12,7 +12,7 @@ import hmac
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 __all__ = ["Alert", "fingerprint", "rfc3339", "render", "sign", "KINDS"]
@@ -35,7 +35,7 @@ def fingerprint(labels: Mapping[str, str]) -> str:
 
 
 def rfc3339(ts: float) -> str:
-    return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 @dataclass

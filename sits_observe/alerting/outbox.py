@@ -17,20 +17,22 @@ Deduplication by label fingerprint, per receiver:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import AlertingError
+from ..errors import AlertingError, SitsError
 from .formats import Alert
 
-__all__ = ["Message", "Outbox"]
+__all__ = ["Message", "Outbox", "transaction"]
 
 FAILED_KEPT = 1000
 
@@ -58,6 +60,23 @@ CREATE TABLE IF NOT EXISTS failed (
     alert TEXT NOT NULL, reason TEXT NOT NULL, at REAL NOT NULL
 );
 """
+
+
+@contextlib.contextmanager
+def transaction(db: sqlite3.Connection, lock: threading.Lock,
+                error: Callable[[sqlite3.Error], SitsError]) -> Iterator[sqlite3.Connection]:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT`` under ``lock`` (autocommit connection); sqlite errors raise ``error(exc)``."""
+    with lock:
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise error(exc) from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,26 +112,17 @@ class Outbox:
             raise AlertingError(f"alert outbox {self.path}: {exc}; check state_dir") from exc
         self.instance: str = row[0]
 
-    def _tx(self, fn, *args):  # type: ignore[no-untyped-def]
-        with self._lock:
-            try:
-                self._db.execute("BEGIN IMMEDIATE")
-                try:
-                    out = fn(*args)
-                except BaseException:
-                    self._db.execute("ROLLBACK")
-                    raise
-                self._db.execute("COMMIT")
-                return out
-            except sqlite3.Error as exc:
-                raise AlertingError(f"alert outbox {self.path}: {exc}") from exc
+    def _tx(self) -> AbstractContextManager[sqlite3.Connection]:
+        return transaction(self._db, self._lock, lambda e: AlertingError(f"alert outbox {self.path}: {e}"))
 
     def enqueue(self, receivers: Sequence[str], alert: Alert, *, refresh: bool = False) -> int:
         """Queue ``alert`` for each receiver (deduplicated, see the module docstring); returns how many were queued."""
-        return int(self._tx(self._enqueue, receivers, alert, refresh))
+        with self._tx() as db:
+            return self._enqueue(db, receivers, alert, refresh)
 
-    def _enqueue(self, receivers: Sequence[str], alert: Alert, refresh: bool) -> int:
-        db, fp, body, queued = self._db, alert.fingerprint, json.dumps(alert.to_json()), 0
+    @staticmethod
+    def _enqueue(db: sqlite3.Connection, receivers: Sequence[str], alert: Alert, refresh: bool) -> int:
+        fp, body, queued = alert.fingerprint, json.dumps(alert.to_json()), 0
         digest = _digest(alert)
         for r in receivers:
             pending = db.execute("SELECT id, status FROM outbox WHERE receiver=? AND fingerprint=? "
@@ -150,23 +160,22 @@ class Outbox:
 
     def delivered(self, messages: Sequence[Message]) -> None:
         """Remove delivered messages; one updated while in flight stays, to be sent again with its new content."""
-        self._tx(lambda: self._db.executemany("DELETE FROM outbox WHERE id=? AND version=?",
-                                              [(m.id, m.version) for m in messages]))
+        with self._tx() as db:
+            db.executemany("DELETE FROM outbox WHERE id=? AND version=?", [(m.id, m.version) for m in messages])
 
     def attempted(self, ids: Sequence[int], error: str) -> None:
         """Record a failed attempt that will be retried."""
-        self._tx(lambda: self._db.executemany("UPDATE outbox SET attempts=attempts+1, last_error=? WHERE id=?",
-                                              [(error, i) for i in ids]))
+        with self._tx() as db:
+            db.executemany("UPDATE outbox SET attempts=attempts+1, last_error=? WHERE id=?", [(error, i) for i in ids])
 
     def failed(self, ids: Sequence[int], reason: str) -> None:
         """Give up on messages the receiver refused for good; they move to ``failed`` with the reason."""
-        def move() -> None:
+        with self._tx() as db:
             for i in ids:
-                self._db.execute("INSERT OR REPLACE INTO failed SELECT id, receiver, fingerprint, status, alert, ?, ? "
-                                 "FROM outbox WHERE id=?", (reason, time.time(), i))
-                self._db.execute("DELETE FROM outbox WHERE id=?", (i,))
-            self._db.execute("DELETE FROM failed WHERE id <= (SELECT MAX(id) FROM failed) - ?", (FAILED_KEPT,))
-        self._tx(move)
+                db.execute("INSERT OR REPLACE INTO failed SELECT id, receiver, fingerprint, status, alert, ?, ? "
+                           "FROM outbox WHERE id=?", (reason, time.time(), i))
+                db.execute("DELETE FROM outbox WHERE id=?", (i,))
+            db.execute("DELETE FROM failed WHERE id <= (SELECT MAX(id) FROM failed) - ?", (FAILED_KEPT,))
 
     def depth(self) -> dict[str, int]:
         with self._lock:

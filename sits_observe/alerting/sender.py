@@ -10,6 +10,7 @@ Logs and errors name receivers, never their URL or secret.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import logging
 import random
@@ -78,10 +79,8 @@ class Sender(threading.Thread):
         self._wake.set()
         conn = self._conn
         if conn is not None and conn.sock is not None:
-            try:
+            with contextlib.suppress(OSError):
                 conn.sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
 
     def run(self) -> None:
         attempts = 0
@@ -152,7 +151,7 @@ class Sender(threading.Thread):
             text = resp.read()
             if resp.will_close:
                 self._close_conn()
-        except (socket.timeout, TimeoutError):
+        except TimeoutError:
             self._close_conn()
             raise _Retry(f"no answer within {self.cfg.timeout:g} s") from None
         except (OSError, http.client.HTTPException) as exc:
@@ -200,7 +199,7 @@ def _retry_after(value: str | None) -> float | None:
 class Dispatcher:
     """The outbox plus one :class:`Sender` per receiver; what the SLO engine talks to."""
 
-    def __init__(self, cfg: AlertingConfig, state_dir: Path, *, wall: Callable[[], float] = time.monotonic,
+    def __init__(self, cfg: AlertingConfig, state_dir: Path, *, clock: Callable[[], float] = time.monotonic,
                  rng: random.Random | None = None) -> None:
         self.cfg = cfg
         self.outbox = Outbox(Path(state_dir) / "outbox.db")
@@ -208,8 +207,8 @@ class Dispatcher:
         self.senders = {r.label: Sender(r, self.outbox, cfg.backoff, cfg.max_batch, self.counts, rng)
                         for r in cfg.receivers}
         self._am = [r.label for r in cfg.receivers if r.type == "alertmanager"]
-        self._wall = wall
-        self._last_refresh = wall()
+        self._clock = clock
+        self._last_refresh = clock()
 
     def start(self) -> None:
         for s in self.senders.values():
@@ -222,7 +221,7 @@ class Dispatcher:
 
     def refresh(self, firing: Iterable[Alert]) -> None:
         """Re-send firing alerts to Alertmanager receivers every ``resend_interval`` (wall clock)."""
-        now = self._wall()
+        now = self._clock()
         if not self._am or now - self._last_refresh < self.cfg.resend_interval:
             return
         self._last_refresh = now

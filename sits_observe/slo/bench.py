@@ -127,7 +127,7 @@ def _evaluation(args: argparse.Namespace) -> dict[str, Any]:
         engine.close()
     ours, base = _stats(ms), _stats(naive)
     return {"slos": args.slos, "ticks": args.ticks, "eval_ms_per_tick": ours, "baseline_eval_ms_per_tick": base,
-            "baseline": f"raw per-tick history, windows <= {args.baseline_history:g}h re-summed each tick (lower bound)",
+            "baseline": f"raw per-tick history, windows <= {args.baseline_history:g}h re-summed per tick (lower bound)",
             "eval_speedup_vs_baseline": round(base["mean"] / ours["mean"], 1),
             "target_eval_ms": EVAL_TARGET_MS, "meets_eval_target": ours["p99"] <= EVAL_TARGET_MS}
 

@@ -187,16 +187,19 @@ class SloEngine:
     def _transition(self, i: int, tier: str | None, ts: float) -> None:
         """Announce a change of the SLO's firing tier (outbox first, then our own record)."""
         name = self.specs[i].name
-        old = self.alerts.pop(i, None)
-        if tier is not None:
-            self.alerts[i] = self._alert(i, self.tiers[i][tier], ts)
-            self._notify(self.alerts[i])
-        if old is not None:
-            resolved = replace(old, status="resolved", ends_at=ts)
-            self._notify(resolved)
+        old = self.alerts.get(i)
+        new = None if tier is None else self._alert(i, self.tiers[i][tier], ts)
+        resolved = None if old is None else replace(old, status="resolved", ends_at=ts)
+        for alert in (new, resolved):  # may raise (disk): nothing below changed, the next tick tries again
+            if alert is not None:
+                self._notify(alert)
+        if resolved is not None:
             self.recent.append(resolved)
-        if tier is None:
+        if new is None:
+            self.alerts.pop(i, None)
             self.notes.pop(name, None)
+        else:
+            self.alerts[i] = new
         log.info("SLO %s: %s", name, f"{tier} firing" if tier else "resolved")
         self.state.set_alert(name, tier, ts)
         self.firing[i] = tier

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import threading
 from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import numpy as np
 
+from ..alerting.outbox import transaction
 from ..errors import SloError
 
 __all__ = ["SloState"]
@@ -40,30 +43,21 @@ class SloState:
     def __init__(self, path: Path, names: Sequence[str], sli_keys: Sequence[str], levels: Sequence[float]) -> None:
         self.path = Path(path)
         self.names = list(names)
+        self._lock = threading.Lock()
         try:
             self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.executescript(_SCHEMA)
-            self._tx(self._reconcile, sli_keys, json.dumps([float(r) for r in levels]))
         except sqlite3.Error as exc:
             raise SloError(f"SLO state {self.path}: {exc}; check state_dir") from exc
+        with self._tx() as db:
+            self._reconcile(db, sli_keys, json.dumps([float(r) for r in levels]))
 
-    def _tx(self, fn, *args):  # type: ignore[no-untyped-def]
-        try:
-            self.db.execute("BEGIN IMMEDIATE")
-            try:
-                out = fn(*args)
-            except BaseException:
-                self.db.execute("ROLLBACK")
-                raise
-            self.db.execute("COMMIT")
-            return out
-        except sqlite3.Error as exc:
-            raise SloError(f"SLO state {self.path}: {exc}") from exc
+    def _tx(self) -> AbstractContextManager[sqlite3.Connection]:
+        return transaction(self.db, self._lock, lambda e: SloError(f"SLO state {self.path}: {e}"))
 
-    def _reconcile(self, sli_keys: Sequence[str], levels: str) -> None:
-        db = self.db
+    def _reconcile(self, db: sqlite3.Connection, sli_keys: Sequence[str], levels: str) -> None:
         row = db.execute("SELECT value FROM meta WHERE key='levels'").fetchone()
         if row is None or row[0] != levels:
             db.execute("DELETE FROM edges")
@@ -79,8 +73,9 @@ class SloState:
 
     def edges(self, level: int) -> tuple[np.ndarray, np.ndarray] | None:
         """Stored edges of one level: ascending indices and ``(len, 2, n)`` values, NaN where an SLO has none."""
-        rows = self.db.execute("SELECT slo, idx, good, total FROM edges WHERE level=? ORDER BY idx",
-                               (level,)).fetchall()
+        with self._lock:
+            rows = self.db.execute("SELECT slo, idx, good, total FROM edges WHERE level=? ORDER BY idx",
+                                   (level,)).fetchall()
         if not rows:
             return None
         pos = {n: i for i, n in enumerate(self.names)}
@@ -95,38 +90,45 @@ class SloState:
         """Store written ring edges ``(level, idx, (2, n))`` and drop edges below ``(level, idx)`` in one commit."""
         rows = [(lvl, idx, name, float(v[0, i]), float(v[1, i]))
                 for lvl, idx, v in written for i, name in enumerate(self.names)]
-
-        def write() -> None:
-            self.db.executemany("INSERT OR REPLACE INTO edges VALUES (?, ?, ?, ?, ?)", rows)
-            self.db.executemany("DELETE FROM edges WHERE level=? AND idx<?", prune)
         if rows or prune:
-            self._tx(write)
+            with self._tx() as db:
+                db.executemany("INSERT OR REPLACE INTO edges VALUES (?, ?, ?, ?, ?)", rows)
+                db.executemany("DELETE FROM edges WHERE level=? AND idx<?", prune)
 
     def clear_edges(self) -> None:
-        self._tx(lambda: self.db.execute("DELETE FROM edges"))
+        with self._tx() as db:
+            db.execute("DELETE FROM edges")
 
     def alerts(self) -> dict[str, tuple[str, float]]:
         """Firing alert per SLO: ``{slo: (tier, since)}``."""
-        return {s: (t, since) for s, t, since in self.db.execute("SELECT slo, tier, since FROM alerts")}
+        with self._lock:
+            return {s: (t, since) for s, t, since in self.db.execute("SELECT slo, tier, since FROM alerts")}
 
     def set_alert(self, slo: str, tier: str | None, since: float = 0.0) -> None:
-        if tier is None:
-            self._tx(lambda: (self.db.execute("DELETE FROM alerts WHERE slo=?", (slo,)),
-                              self.db.execute("DELETE FROM notes WHERE slo=?", (slo,))))
-        else:
-            self._tx(lambda: self.db.execute("INSERT OR REPLACE INTO alerts VALUES (?, ?, ?)", (slo, tier, since)))
+        """Record the SLO's firing tier; None (resolved) also drops its annotations."""
+        with self._tx() as db:
+            if tier is None:
+                db.execute("DELETE FROM alerts WHERE slo=?", (slo,))
+                db.execute("DELETE FROM notes WHERE slo=?", (slo,))
+            else:
+                db.execute("INSERT OR REPLACE INTO alerts VALUES (?, ?, ?)", (slo, tier, since))
 
     def held(self) -> dict[str, list[str]]:
-        return {s: json.loads(t) for s, t in self.db.execute("SELECT slo, tiers FROM held")}
+        with self._lock:
+            return {s: json.loads(t) for s, t in self.db.execute("SELECT slo, tiers FROM held")}
 
     def set_held(self, slo: str, tiers: list[str]) -> None:
-        self._tx(lambda: self.db.execute("INSERT OR REPLACE INTO held VALUES (?, ?)", (slo, json.dumps(tiers))))
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO held VALUES (?, ?)", (slo, json.dumps(tiers)))
 
     def notes(self) -> dict[str, dict[str, str]]:
-        return {s: json.loads(a) for s, a in self.db.execute("SELECT slo, annotations FROM notes")}
+        with self._lock:
+            return {s: json.loads(a) for s, a in self.db.execute("SELECT slo, annotations FROM notes")}
 
     def set_notes(self, slo: str, annotations: dict[str, str]) -> None:
-        self._tx(lambda: self.db.execute("INSERT OR REPLACE INTO notes VALUES (?, ?)", (slo, json.dumps(annotations))))
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO notes VALUES (?, ?)", (slo, json.dumps(annotations)))
 
     def close(self) -> None:
-        self.db.close()
+        with self._lock:
+            self.db.close()

@@ -21,8 +21,8 @@ _HELP = {
     "sits_slo_objective_ratio": "Target fraction of good events.",
     "sits_slo_sli_ratio": "Fraction of good events over the window (absent while the window saw no events).",
     "sits_slo_burn_rate": "Error ratio over the window divided by the error budget (1 - objective).",
-    "sits_slo_error_budget_remaining_ratio": "Fraction of the SLO window's error budget left (negative when overspent).",
-    "sits_slo_alert_firing": "1 while this burn tier's alert fires (at most one tier per SLO: faster tiers hold slower ones).",
+    "sits_slo_error_budget_remaining_ratio": "Fraction of the SLO window's error budget left (< 0 when overspent).",
+    "sits_slo_alert_firing": "1 while this burn tier's alert fires (at most one tier per SLO fires at a time).",
 }
 
 

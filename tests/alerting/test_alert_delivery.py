@@ -1,6 +1,7 @@
 """Outbox and senders against a scripted loopback receiver: retries, final refusals, dedup, order, payloads."""
 
 import json
+import logging
 import time
 
 from sits_observe.alerting.config import AlertingConfig
@@ -31,14 +32,15 @@ def _wait(pred, timeout=20.0):
     return pred()
 
 
-def test_retries_transient_errors_in_order_and_gives_up_on_4xx(tmp_path):
+def test_retries_transient_errors_in_order_and_gives_up_on_4xx(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="sits_observe.alerting")
     port = free_port()
-    d = _dispatcher(tmp_path, f"http://127.0.0.1:{port}/hook", secret="k")
+    d = _dispatcher(tmp_path, f"http://127.0.0.1:{port}/services/T0/B0/URLTOKEN", secret="k-SECRET")
     d.start()
     for name in "abcd":
         d.notify(_alert(name))
     time.sleep(0.3)  # nobody listens yet: connection refused, retried
-    rx = Receiver(port=port, script=[500, 503, 429, "hang", 400], secret="k", hang_s=0.6)
+    rx = Receiver(port=port, script=[500, 503, 429, "hang", 400], secret="k-SECRET", hang_s=0.6)
     try:
         assert _wait(lambda: d.outbox.depth() == {})
         order = [x.body["alerts"][0]["labels"]["slo"] for x in rx.deliveries]
@@ -48,8 +50,14 @@ def test_retries_transient_errors_in_order_and_gives_up_on_4xx(tmp_path):
         counts = {(s.labels[1][1]): s.value for s in d.metrics() if s.name == "sits_webhook_deliveries_total"}
         assert counts["delivered"] == 3 and counts["failed"] == 1 and counts["retried"] >= 5
         state = d.state()
-        assert state["failed"][0]["reason"].startswith("HTTP 400 Bad Request") and state["failed"][0]["status"] == "firing"
+        failed = state["failed"][0]
+        assert failed["reason"].startswith("HTTP 400 Bad Request") and failed["status"] == "firing"
         assert state["receivers"][0]["queue_depth"] == 0
+        # logs say what went wrong and where, never the URL (a Slack URL is a secret) or the key
+        assert "receiver r: delivery failed (connection refused)" in caplog.text
+        assert "receiver r: 1 alert(s) refused for good: HTTP 400 Bad Request" in caplog.text
+        for text in (caplog.text, json.dumps(state)):
+            assert "URLTOKEN" not in text and "k-SECRET" not in text
     finally:
         d.close()
         rx.close()

@@ -67,6 +67,11 @@ def _expected_alerts(cfg, firing: dict) -> list[dict]:
     return out
 
 
+def _alert_test(cfg, minute: int, firing: dict, names: tuple[str, ...]) -> dict:
+    mine = {k: v for k, v in firing.items() if k in names}
+    return {"eval_time": f"{minute}m", "alertname": "SitsSloBurnRate", "exp_alerts": _expected_alerts(cfg, mine)}
+
+
 def _promtool(*args, cwd):
     return subprocess.run([PROMTOOL, *args], capture_output=True, text=True, timeout=300, cwd=cwd)
 
@@ -108,13 +113,10 @@ def test_promtool_fires_at_the_same_steps_as_the_daemon(setup, tmp_path):
             check |= {m - 1, m}
     groups = []
     for names in (("fast", "slow"), ("outage", "quiet")):
-        def only(firing: dict) -> dict:
-            return {k: v for k, v in firing.items() if k in names}
         mine = sorted(m for m in check if m > S.T0) if "fast" in names else sorted(m for m in check if m < S.T0)
-        tests = [{"eval_time": f"{m}m", "alertname": "SitsSloBurnRate",
-                  "exp_alerts": _expected_alerts(cfg, only(steps[m]))} for m in mine]
-        tests += [{"eval_time": f"{m}m", "alertname": "SitsSloBurnRate", "exp_alerts": _expected_alerts(cfg, only(HAND[m]))}
-                  for m in HAND if m in mine]  # the hand-computed table, independently of the daemon
+        tests = [_alert_test(cfg, m, steps[m], names) for m in mine]
+        # and the hand-computed table, independently of the daemon
+        tests += [_alert_test(cfg, m, HAND[m], names) for m in HAND if m in mine]
         groups.append({"interval": "1m", "alert_rule_test": tests,
                        "input_series": S.promtool_series([sc for sc in S.SCENARIOS if sc.slo in names])})
     spec = {"rule_files": [str(rules)], "evaluation_interval": "1m", "tests": groups}
