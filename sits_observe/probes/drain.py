@@ -141,4 +141,4 @@ class StageDrain:
         rows_out = counts[live]
         return [SeriesDelta(s & 0xFFFF, s >> 16, row, total, n)
                 for s, row, total, n in zip(self._series[live].tolist(), rows_out, sums[live].tolist(),
-                                            rows_out.sum(axis=1).tolist())]
+                                            rows_out.sum(axis=1).tolist(), strict=True)]

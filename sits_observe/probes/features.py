@@ -7,7 +7,8 @@ import os
 import platform
 from pathlib import Path
 
-__all__ = ["can_load_bpf", "environment_problem", "tracepoint_exists", "bpf_stats_enabled", "enable_bpf_stats", "prog_run_stats"]
+__all__ = ["can_load_bpf", "environment_problem", "tracepoint_exists", "bpf_stats_enabled", "enable_bpf_stats",
+           "prog_run_stats"]
 
 _TRACEFS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
 _NR_BPF = {"x86_64": 321, "aarch64": 280}

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from probe_helpers import DEFAULT_LAYOUT, HERE, make_source
+from probe_helpers import DEFAULT_LAYOUT, HERE
 from sits_observe import histogram
 from sits_observe.config import parse
 from sits_observe.frame import STAGES, BucketLayout

@@ -33,7 +33,8 @@ def test_stage_overrides_keep_the_other_defaults(stages: dict, timed: set) -> No
 @pytest.mark.parametrize("data, message", [
     ({"cuda": {"stages": {"collective": {}}}},
      "probes.cuda.stages: unknown stage 'collective'; stages here are launch, h2d, d2h, sync, alloc"),
-    ({"nccl": {"library": "lib/libnccl.so"}}, "probes.nccl.library: must be a file name (libcuda.so.1) or an absolute path"),
+    ({"nccl": {"library": "lib/libnccl.so"}},
+     "probes.nccl.library: must be a file name (libcuda.so.1) or an absolute path"),
     ({"cuda": {"stages": {"sync": {"symbols": []}}}}, "probes.cuda.stages.sync.symbols"),
     ({"scan_interval": 0}, "probes.scan_interval"),
     ({"runq": {"enable": True}}, "probes.runq.enable: unknown field"),

@@ -7,7 +7,6 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
-import numpy as np
 import pytest
 
 from probe_helpers import DEFAULT_LAYOUT, OFF, Workload, drain, make_source

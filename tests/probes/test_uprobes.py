@@ -46,7 +46,7 @@ def test_cuda_counts_every_call_in_its_bucket_and_nccl_reports_missing_library(
     with Workload(COMM, [stubs["libcuda.so.1"]], realtime=True) as wl:
         source.rescan()
         drain(source)  # forget anything before the calls
-        for stage, calls in PLAN.items():
+        for calls in PLAN.values():
             for sym, us, n in calls:
                 wl.run("call", 0, sym, us, n)
         frame = drain(source)
