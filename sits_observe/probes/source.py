@@ -66,9 +66,9 @@ class ProbeSource:
         self._stats_fd: int | None = None
         self.states = {name: ProbeState(spec, getattr(self._cfg, name).enabled and self._cfg.enabled)
                        for name, spec in specs.SPECS.items()}
-        self.off = self._off_reason(config)
+        self.off = self._off_reason()
         if self.off:
-            log.warning("probes: off: %s", self.off)
+            log.log(logging.INFO if "in config" in self.off else logging.WARNING, "probes: off: %s", self.off)
             for state in self.states.values():
                 state.problem = self.off
             return
@@ -86,7 +86,7 @@ class ProbeSource:
             log.info("probes: no workloads configured; only unattributed block_io is timed")
         self.rescan()
 
-    def _off_reason(self, config: Config) -> str | None:
+    def _off_reason(self) -> str | None:
         if not self._cfg.enabled:
             return "disabled in config (probes.enabled: false)"
         if not any(s.enabled for s in self.states.values()):
