@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # System set-up for sits-observe on Debian 12, used by `make demo` and `make test`.
 #   setup-system.sh demo   bcc, kernel headers (+ shim), prometheus
-#   setup-system.sh test   the above plus alertmanager, chromium and chromium-driver
+#   setup-system.sh test   the above plus alertmanager, chromium, chromium-driver and gcc
 # As non-root it installs nothing and says so once: the daemon then runs with eBPF off.
 set -euo pipefail
 mode=${1:-demo}
 pkgs=(python3-bpfcc linux-headers-amd64 prometheus)
 if [ "$mode" = test ]; then
-  pkgs+=(prometheus-alertmanager chromium chromium-driver)
+  pkgs+=(prometheus-alertmanager chromium chromium-driver gcc)  # gcc: the probe tests build stub libraries
 fi
 
 if [ "$(id -u)" != 0 ]; then
