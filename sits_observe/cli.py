@@ -35,6 +35,7 @@ BENCHES: dict[str, tuple[str, str]] = {
 COMMAND_MODULES = (
     "sits_observe.runtime",
     "sits_observe.doctor",
+    "sits_observe.probes.commands",
     "sits_observe.collectors.commands",
     "sits_observe.rca.commands",
     "sits_observe.slo.commands",
