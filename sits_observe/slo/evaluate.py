@@ -78,6 +78,7 @@ class SloEngine:
             raise SloError("no SLOs configured")
         self.specs = list(specs)
         self.reader = SliReader(self.specs, buckets)
+        self.alerting = alerting
         self.external = dict(alerting.external_labels) if alerting else {}
         n, T = len(self.specs), len(TIER_NAMES)
         pairs = [(i, w) for i, s in enumerate(self.specs) for w in sorted({*s.alert_windows(), s.window})]
@@ -244,7 +245,7 @@ class SloEngine:
 
     def reload(self, config: Config) -> None:
         """SLOs and receivers are fixed at start-up; say so when a reloaded config changes them."""
-        if config.slos != self.specs or (self.dispatcher and config.alerting != self.dispatcher.cfg):
+        if config.slos != self.specs or config.alerting != self.alerting:
             log.warning("SIGHUP: slos or alerting changed; these take effect after a restart")
 
     def close(self) -> None:

@@ -1,17 +1,22 @@
 """Generated Prometheus rules: real `promtool check rules` and `promtool test rules`, and the same input
 series through the in-daemon evaluator, which must fire and resolve at the same evaluation steps."""
 
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from sits_observe.config import parse
+from sits_observe.daemon import Daemon, WallClock
+from sits_observe.export.http import create_app
 from sits_observe.slo.evaluate import SloEngine
-from sits_observe.slo.rules import dump_rules
+from sits_observe.slo.rules import dump_rules, rule_groups
 
 sys.path.insert(0, str(Path(__file__).parent))
 import slo_scenarios as S  # noqa: E402
@@ -125,3 +130,36 @@ def test_promtool_fires_at_the_same_steps_as_the_daemon(setup, tmp_path):
     res = _promtool("test", "rules", str(test_file), cwd=tmp_path)
     assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
     assert "SUCCESS" in res.stdout
+
+
+class _Traffic:
+    name = "traffic"
+
+    def __init__(self, layout):
+        self.layout = layout
+
+    def collect(self, frame):
+        frame.add_values("e2e", "chat", np.array([0.1, 0.2, 0.3, 3.0]), self.layout)
+        frame.add_counter("requests_total", "chat", 4)
+        frame.add_counter("request_errors_total", "chat", 1)
+
+
+def test_rule_selectors_match_the_daemons_own_metrics(tmp_path):
+    """Every series the generated rules read is one the daemon's /metrics exposes (names, labels, `le`)."""
+    cfg = parse({"state_dir": str(tmp_path), "slos": [
+        {"name": "lat", "objective": 0.99, "latency": {"stage": "e2e", "workload": "chat", "threshold": 0.25}},
+        {"name": "all", "objective": 0.99, "latency": {"stage": "e2e", "threshold": 2.5}},
+        {"name": "err", "objective": 0.99, "ratio": {"total": "requests_total", "bad": "request_errors_total"}},
+    ]}, env={})
+    daemon = Daemon(config=cfg, clock=WallClock(1.0))
+    daemon.sources.append(_Traffic(daemon.layout))
+    client = create_app(daemon, ui=False).test_client()
+    daemon.tick()
+    exposed = [(s.name, s.labels) for f in text_string_to_metric_families(client.get("/metrics").data.decode())
+               for s in f.samples]
+    exprs = " ".join(r["expr"] for g in rule_groups(cfg.slos, cfg.store.buckets)["groups"] for r in g["rules"])
+    selectors = set(re.findall(r"(sits_(?:stage|workload)_\w+)\{([^}]*)\}", exprs))
+    assert len(selectors) == 6
+    for name, matchers in selectors:
+        want = dict(re.findall(r'(\w+)="([^"]*)"', matchers))
+        assert any(n == name and want.items() <= labels.items() for n, labels in exposed), (name, want)
