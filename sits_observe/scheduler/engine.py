@@ -132,9 +132,10 @@ class Scheduler:
 
     # ---- decisions -------------------------------------------------------------------------------
 
-    def _decide(self, t: Trigger) -> dict[str, Any]:
+    def _decide(self, t: Trigger) -> None:
         if not t.fixable:
-            return self._no_action(t, t.reason, annotate=True)
+            self._no_action(t, t.reason, annotate=True)
+            return
         views = self._views()
         culprits = set(t.gpus) or {culprit_gpu(t.cause, self._values)}
         locked = locked_gpus(views)
@@ -154,10 +155,11 @@ class Scheduler:
                 movable.append((-overlap, v.spec.gpus, v.spec.id, v))
         if not movable:
             where = "on any node" if t.other_node else f"on GPUs {sorted(culprits)}"
-            return self._no_action(t, f"{t.reason}; no movable shard {where}"
-                                      + (f": {'; '.join(why_not)}" if why_not else ""))
+            self._no_action(t, f"{t.reason}; no movable shard {where}" + (f": {'; '.join(why_not)}" if why_not else ""))
+            return
         if in_flight(views) >= self.cfg.max_migrations:
-            return self._no_action(t, f"{t.reason}; {self.cfg.max_migrations} migrations already in flight")
+            self._no_action(t, f"{t.reason}; {self.cfg.max_migrations} migrations already in flight")
+            return
         view = min(movable, key=lambda m: m[:3])[3]
         exclude = set(culprits)
         if t.cause == "cpu_contention":  # the host cores of those GPUs' NUMA nodes are what is contended
@@ -168,13 +170,14 @@ class Scheduler:
         req = request_for(view.spec, views, self._util, view.gpus, frozenset(exclude))
         load = self._load(views)
         res = self.planner.place(req, load)
-        if res.best is None:
-            return self._no_action(t, f"{t.reason}; {view.spec.id} {res.reason}", view)
         current = self.planner.score(req, load, view.gpus).score
-        if t.kind in ("imbalance", "saturation") and res.best.score < current + self.cfg.min_gain:
-            return self._no_action(t, f"{t.reason}; best placement for {view.spec.id} {list(res.best.gpus)} scores "
-                                      f"{res.best.score:.3f} vs {current:.3f} now (min_gain {self.cfg.min_gain})", view)
-        return self._migrate(t, view, res)
+        if res.best is None:
+            self._no_action(t, f"{t.reason}; {view.spec.id} {res.reason}", view)
+        elif t.kind in ("imbalance", "saturation") and res.best.score < current + self.cfg.min_gain:
+            self._no_action(t, f"{t.reason}; best placement for {view.spec.id} {list(res.best.gpus)} scores "
+                               f"{res.best.score:.3f} vs {current:.3f} now (min_gain {self.cfg.min_gain})", view)
+        else:
+            self._migrate(t, view, res)
 
     def _migrate(self, t: Trigger, view: ShardView, res: Result) -> dict[str, Any]:
         d = self._decision(t, "shard.reshard", "migrate", t.reason, view.spec.id, res, view.gpus)
@@ -184,16 +187,17 @@ class Scheduler:
         return self._record(d)
 
     def _no_action(self, t: Trigger, reason: str, view: ShardView | None = None,
-                   annotate: bool = False) -> dict[str, Any]:
+                   annotate: bool = False) -> None:
+        if t.repeat:  # the episode's first decision already said why; a persisting condition is not news
+            return
         d = self._decision(t, "shard.reshard", "no_action", reason, view.spec.id if view else "", None,
                            view.gpus if view else ())
-        entry = self._record(d)
+        self._record(d)
         if annotate and self.annotate is not None:
             try:
                 self.annotate({"scheduler_action": "none", "scheduler_reason": reason, "scheduler_decision_id": d.id})
             except Exception as exc:  # an alerting hook must not stop decisions
                 log.warning("scheduler: annotate hook failed: %s", exc)
-        return entry
 
     def _decision(self, t: Trigger, name: str, action: str, reason: str, shard_id: str, res: Result | None,
                   source: tuple[int, ...]) -> Decision:

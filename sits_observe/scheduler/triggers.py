@@ -53,6 +53,7 @@ class Trigger:
     confidence: float = 0.0
     verdict: Verdict | None = None
     other_node: bool = False   # only a placement on another node can help (host CPU saturation)
+    repeat: bool = False       # the same episode fired before (a "no action" then is not recorded again)
 
 
 class Sustained:
@@ -62,6 +63,7 @@ class Sustained:
         self.level, self.clear, self.sustain, self.refire = level, level - hysteresis, sustain, refire
         self.onset: float | None = None
         self.fired: float | None = None
+        self.repeat = False  # the last fire was not the episode's first
 
     def update(self, ts: float, value: float) -> bool:
         if not value > self.clear:  # cleared, or no data (NaN): re-arm
@@ -72,6 +74,7 @@ class Sustained:
         if self.onset is None or ts - self.onset < self.sustain:
             return False
         if self.fired is None or ts - self.fired >= self.refire:
+            self.repeat = self.fired is not None
             self.fired = ts
             return True
         return False
@@ -84,8 +87,7 @@ class Triggers:
         self.cfg = cfg
         refire = cfg.cooldown
         self.imbalance = Sustained(cfg.imbalance_stddev, cfg.hysteresis, cfg.imbalance_sustain, refire)
-        self.gpu_memory = [Sustained(cfg.saturation_ratio, cfg.hysteresis, cfg.saturation_sustain, refire)
-                           for _ in range(gpus)]
+        self.gpu_memory = Sustained(cfg.saturation_ratio, cfg.hysteresis, cfg.saturation_sustain, refire)
         self.host_cpu = Sustained(cfg.saturation_ratio, cfg.hysteresis, cfg.saturation_sustain, refire)
         self._cause: str | None = None
         self._streak = 0
@@ -105,13 +107,14 @@ class Triggers:
         self._streak += 1
         if self._streak < cfg.verdict_consecutive:
             return None
-        if self._fired is not None and v.ts - self._fired < cfg.cooldown:
+        repeat = self._fired is not None
+        if repeat and v.ts - self._fired < cfg.cooldown:
             return None
         self._fired = v.ts
         fixable = v.cause in FIXABLE
         reason = (f"{self._streak} verdicts in a row: {v.cause} (confidence {v.confidence:.2f})" if fixable
                   else f"{v.cause}: {NON_FIXABLE.get(v.cause, 'not a cause a re-shard can fix')}")
-        return Trigger("verdict", v.cause, fixable, v.ts, reason, tuple(v.gpus), v.confidence, v)
+        return Trigger("verdict", v.cause, fixable, v.ts, reason, tuple(v.gpus), v.confidence, v, repeat=repeat)
 
     def on_frame(self, ts: float, util: np.ndarray, mem_ratio: np.ndarray, host_cpu: float) -> list[Trigger]:
         """Window triggers from one tick's per-GPU utilization and memory fraction and host CPU."""
@@ -123,14 +126,16 @@ class Triggers:
             busiest = tuple(int(i) for i in np.argsort(-np.nan_to_num(util, nan=-1.0))[:1])
             out.append(Trigger("imbalance", "load_imbalance", True, ts,
                                f"GPU utilization stddev {std:.2f} > {cfg.imbalance_stddev:.2f} for "
-                               f"{cfg.imbalance_sustain:g} s; busiest GPU {busiest[0]}", busiest))
-        full = [g for g, s in enumerate(self.gpu_memory) if s.update(ts, float(mem_ratio[g]))]
-        if full:
+                               f"{cfg.imbalance_sustain:g} s; busiest GPU {busiest[0]}", busiest,
+                               repeat=self.imbalance.repeat))
+        fullest = float(np.nanmax(mem_ratio)) if not np.isnan(mem_ratio).all() else float("nan")
+        if self.gpu_memory.update(ts, fullest):  # one episode for the host: any GPU over the level
+            full = tuple(int(g) for g in np.flatnonzero(np.nan_to_num(mem_ratio) > self.gpu_memory.clear))
             out.append(Trigger("saturation", "gpu_memory_saturation", True, ts,
                                f"GPU memory > {cfg.saturation_ratio:.0%} for {cfg.saturation_sustain:g} s on GPUs "
-                               f"{full} (fullest {max(mem_ratio[full]):.0%})", tuple(full)))
+                               f"{list(full)} (fullest {fullest:.0%})", full, repeat=self.gpu_memory.repeat))
         if self.host_cpu.update(ts, host_cpu):
             out.append(Trigger("saturation", "host_cpu_saturation", True, ts,
                                f"host CPU {host_cpu:.0%} > {cfg.saturation_ratio:.0%} for {cfg.saturation_sustain:g} s",
-                               other_node=True))
+                               other_node=True, repeat=self.host_cpu.repeat))
         return out

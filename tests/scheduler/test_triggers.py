@@ -161,3 +161,17 @@ def test_reload_applies_thresholds_and_new_shards(make_scheduler: Callable[..., 
     s.on_tick(frame(1000.0, BUSY))
     assert s.decisions_state()["decisions"][0]["action"] == "migrate"
     assert live_gpus(s)["c"][0] == "launched"
+
+
+def test_a_persisting_condition_is_explained_once(make_scheduler: Callable[..., Scheduler]) -> None:
+    """A spare GPU pair keeps utilization uneven and serving engines keep memory near full: each fires,
+    nothing better exists, and re-fires after the cooldown add no new "no action" decisions."""
+    s = make_scheduler(topology="nvswitch-8", imbalance_sustain=60, saturation_sustain=300, cooldown=300)
+    for i, gpus in enumerate(([0, 1], [2, 3], [4, 5])):
+        s.register_shard({"id": f"chat-{i}", "gpus": 2, "memory_per_gpu": 71 * 2**30, "comm_intensity": 0.1,
+                          "placement": gpus})
+    for t in range(1200):
+        s.on_tick(frame(1000.0 + t, util=[1.0] * 6 + [0.0] * 2, mem_gib=[76.0] * 6 + [0.0] * 2))
+    made = [(d["trigger"], d["cause"], d["action"]) for d in s.decisions_state()["decisions"] if d["trigger"] != "adopt"]
+    assert sorted(made) == [("imbalance", "load_imbalance", "no_action"),
+                            ("saturation", "gpu_memory_saturation", "no_action")]
