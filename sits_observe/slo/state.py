@@ -1,7 +1,8 @@
 """What the SLO engine keeps across restarts, in ``state_dir/slo.db`` (SQLite, WAL).
 
 * ``edges``: the window rings' cumulative counts per SLO, level and edge (so a restart remembers the
-  budget already burned); dropped for an SLO whose SLI changed, and for all when the ring levels change;
+  budget already burned); dropped for an SLO whose SLI changed, and for a level whose slot size changed
+  (the shortest alert window of all SLOs sets the finest slot);
 * ``alerts``: the firing alert of each SLO (tier and start), so a restart neither re-pages nor forgets
   to resolve;
 * ``held``: the tiers held quiet because a faster tier took over the incident;
@@ -59,9 +60,12 @@ class SloState:
 
     def _reconcile(self, db: sqlite3.Connection, sli_keys: Sequence[str], levels: str) -> None:
         row = db.execute("SELECT value FROM meta WHERE key='levels'").fetchone()
-        if row is None or row[0] != levels:
-            db.execute("DELETE FROM edges")
-            db.execute("INSERT OR REPLACE INTO meta VALUES ('levels', ?)", (levels,))
+        old_res, new_res = json.loads(row[0]) if row else [], json.loads(levels)
+        same = 0
+        while same < min(len(old_res), len(new_res)) and old_res[same] == new_res[same]:
+            same += 1
+        db.execute("DELETE FROM edges WHERE level >= ?", (same,))  # levels whose slots changed start afresh
+        db.execute("INSERT OR REPLACE INTO meta VALUES ('levels', ?)", (levels,))
         old = dict(db.execute("SELECT slo, sli FROM slis").fetchall())
         for name, key in zip(self.names, sli_keys):
             if old.get(name) != key:

@@ -1,6 +1,7 @@
 """The SLO engine in daemon conditions: real outbox and sender to a loopback receiver, restarts on the same
 state directory, RCA annotations, API and metrics output."""
 
+import copy
 import json
 import logging
 import sys
@@ -171,4 +172,27 @@ def test_clock_going_back_starts_afresh(tmp_path, receiver, caplog):
         engine.on_tick(feed.frame(0.0))
     assert "start afresh" in caplog.text
     assert engine.slos_state()[0]["windows"][-1]["total"] == 100
+    engine.close()
+
+
+def test_a_changed_sli_starts_afresh_and_others_keep_their_history(tmp_path, receiver):
+    cfg = _config(tmp_path, receiver.url)
+    feed = Feeder(cfg)
+    engine = SloEngine.from_config(cfg)
+    for _ in range(100):
+        engine.on_tick(feed.frame(0.1))
+    engine.close()
+    data = cfg.model_dump(mode="python")
+    data["alerting"]["receivers"][0]["secret"] = SECRET
+    data["slos"].append({**copy.deepcopy(data["slos"][0]), "name": "chat-p99"})  # a new SLO, same SLI
+    data["slos"][0]["latency"]["threshold"] = 0.5                 # the first one's SLI changed
+    engine = SloEngine.from_config(parse(data, env={}))
+    engine.on_tick(feed.frame(0.0))
+    first, new = engine.slos_state()
+    assert first["windows"][-1]["total"] == 100 and new["windows"][-1]["total"] == 100  # both start afresh
+    engine.close()
+    data["slos"][0]["latency"]["threshold"] = 0.25  # changed again: afresh again; the new one keeps its history
+    engine = SloEngine.from_config(parse(data, env={}))
+    engine.on_tick(feed.frame(0.0))
+    assert [s["windows"][-1]["total"] for s in engine.slos_state()] == [100, 200]
     engine.close()
