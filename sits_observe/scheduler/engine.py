@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..config import format_errors
 from ..errors import ConfigError, SchedulerError
 from ..frame import GPU_FIELD_INDEX, Frame, Sample
-from ..rca.verdict import Verdict
+from ..rca.verdict import HEALTHY, Verdict
 from ..topology import Topology
 from .actuators import Actuator, StepOutcome, build_actuator
 from .config import OtlpConfig, SchedulerConfig, ShardSpec
@@ -121,8 +121,8 @@ class Scheduler:
             fired = []
             while self._verdicts:
                 v = self._verdicts.popleft()
-                if self.cfg.verdict_on_burn_only and v.trigger != "slo_burn" and v.actionable:
-                    continue
+                if self.cfg.verdict_on_burn_only and v.trigger != "slo_burn" and v.cause != HEALTHY:
+                    continue  # made while nothing burns: only a healthy verdict (which ends a streak) counts
                 if (t := self.triggers.on_verdict(v)) is not None:
                     fired.append(t)
             fired += self.triggers.on_frame(ts, np.where(self._healthy, self._util, np.nan), self._mem / self._total,
@@ -239,12 +239,14 @@ class Scheduler:
     # ---- API -------------------------------------------------------------------------------------
 
     def _ensure(self, spec: ShardSpec, origin: str) -> None:
-        """Start-up registration of a config or simulator shard; a known one keeps its state, except that a
-        simulator shard runs where the simulator says (it restarts from its own layout)."""
+        """Start-up registration of a config or simulator shard.  A known shard keeps its state, except that a
+        simulator shard runs where the simulator says (it restarts from its own layout) and a shard left with
+        no live placement is adopted again where it is said to run."""
         v = self._views().get(spec.id)
         if v is None:
             self.register_shard(spec.model_dump(), origin)
-        elif spec.placement is not None and origin == "simulator" and tuple(sorted(spec.placement)) != v.gpus:
+        elif spec.placement is not None and tuple(sorted(spec.placement)) != v.gpus and (
+                origin == "simulator" or not v.live):
             for p in v.live:
                 self.store.update(p, self._now, State.FAILED, step=None, reason=f"{origin} runs it on {spec.placement}")
             gpus = tuple(sorted(spec.placement))

@@ -43,11 +43,9 @@ class Walker:
         return self.advance(p, ts)
 
     def adopt(self, shard_id: str, gpus: tuple[int, ...], node: str, ts: float, reason: str) -> Placement:
-        """Record a placement that already runs: straight to launched, no actuator steps."""
+        """Record a placement that already runs: it walks to launched without actuator steps."""
         p = self.store.create(shard_id, "adopt", ts, reason=reason)
-        p = self.store.update(p, ts, State.PLACED, gpus=gpus, node=node)
-        p = self.store.update(p, ts, State.STAGED)
-        return self.store.update(p, ts, State.LAUNCHED)
+        return self.advance(self.store.update(p, ts, State.PLACED, gpus=gpus, node=node), ts)
 
     def advance(self, p: Placement, ts: float) -> Placement:
         """Do every action that does not wait on an actuator; returns the placement as left."""
@@ -58,6 +56,10 @@ class Walker:
     def _next(self, p: Placement, ts: float) -> Placement | None:
         if p.step is not None or p.state in (State.RETIRED, State.FAILED):
             return None
+        if p.kind == "adopt" and p.state in (State.PENDING, State.PLACED, State.STAGED):  # it already runs there
+            if p.state is State.PENDING:  # a crash came before its GPUs were written
+                return self.store.update(p, ts, State.FAILED, reason="interrupted before its GPUs were recorded")
+            return self.store.update(p, ts, _WALK[_WALK.index(p.state) + 1])
         if p.state is State.PENDING:
             chosen = self.choose(p)
             if isinstance(chosen, str):

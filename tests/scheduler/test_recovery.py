@@ -1,9 +1,10 @@
-"""Crash recovery: ``kill -9`` after every committed step of a migration, then restart and resume.
+"""Crash recovery: ``kill -9`` after every committed write of a migration (and of adopting a running
+shard at start-up), then restart and resume.
 
-A child process registers a shard, arms a counter on the store's writes, and re-shards; the counter
-SIGKILLs the child right after the n-th committed write.  The parent then opens the same state_dir
-with a fresh scheduler, which must finish the migration: one live placement, launched, away from the
-faulty GPUs, the old one retired, no step left waiting.
+A child process arms a counter on the store's writes; the counter SIGKILLs the child right after the
+n-th committed write.  The parent then opens the same state_dir with a fresh scheduler, which must
+finish what was started: one live placement, launched, where it should be, the old one retired, no
+step left waiting.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ from sits_observe.scheduler.engine import Scheduler
 from sits_observe.scheduler.states import State
 from sits_observe.topology import preset
 
-# create, placed, stage sent, staged, launch sent, launched, old draining, drain sent, old retired
+SHARD = {"id": "tp2", "gpus": 2, "memory_per_gpu": 20 * 2**30, "comm_intensity": 1.0, "placement": [0, 1]}
+# re-shard: create, placed, stage sent, staged, launch sent, launched, old draining, drain sent, old retired
 WRITES = 9
+ADOPT_WRITES = 4  # create, placed, staged, launched
 
 CHILD = textwrap.dedent("""
     import json, os, signal, sys
@@ -33,10 +36,7 @@ CHILD = textwrap.dedent("""
     from sits_observe.scheduler.engine import Scheduler
     from sits_observe.topology import preset
 
-    state_dir, kill_after = sys.argv[1], int(sys.argv[2])
-    s = Scheduler(SchedulerConfig(), OtlpConfig(), preset("pcie-8"), state_dir, clock=lambda: 1000.0)
-    s.register_shard({"id": "tp2", "gpus": 2, "memory_per_gpu": 20 * 2**30, "comm_intensity": 1.0,
-                      "placement": [0, 1]})
+    state_dir, kill_after, what = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     writes = 0
 
     def counted(fn):
@@ -49,30 +49,54 @@ CHILD = textwrap.dedent("""
             return out
         return inner
 
-    st.PlacementStore.create = counted(st.PlacementStore.create)
-    st.PlacementStore.update = counted(st.PlacementStore.update)
-    d = s.manual_reshard("tp2", "recovery test")
-    print(json.dumps({"writes": writes, "target": list(d["target_gpus"])}))
-""")
+    def arm():
+        st.PlacementStore.create = counted(st.PlacementStore.create)
+        st.PlacementStore.update = counted(st.PlacementStore.update)
+
+    if what == "adopt":  # the config's shard is adopted at start-up
+        arm()
+    s = Scheduler(SchedulerConfig(shards=[SHARD]), OtlpConfig(), preset("pcie-8"), state_dir, clock=lambda: 1000.0)
+    if what == "reshard":
+        arm()
+        d = s.manual_reshard("tp2", "recovery test")
+    print(json.dumps({"writes": writes, "gpus": s.shards_state()["shards"][0]["gpus"]}))
+""").replace("SHARD", repr(SHARD))
 
 
-def run_child(state_dir: Path, kill_after: int) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", CHILD, str(state_dir), str(kill_after)], capture_output=True,
+def run_child(state_dir: Path, kill_after: int, what: str = "reshard") -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", CHILD, str(state_dir), str(kill_after), what], capture_output=True,
                           text=True, timeout=60, check=False)
 
 
-def test_uninterrupted_migration_makes_the_expected_writes(tmp_path: Path) -> None:
-    done = run_child(tmp_path, 0)
+def restart(state_dir: Path) -> Scheduler:
+    return Scheduler(SchedulerConfig(shards=[SHARD]), OtlpConfig(), preset("pcie-8"), state_dir,
+                     actuator=LogActuator(), clock=lambda: 2000.0)
+
+
+@pytest.mark.parametrize(("what", "writes", "gpus"), [("reshard", WRITES, [2, 3]), ("adopt", ADOPT_WRITES, [0, 1])])
+def test_uninterrupted_runs_make_the_expected_writes(tmp_path: Path, what: str, writes: int, gpus: list[int]) -> None:
+    done = run_child(tmp_path, 0, what)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == {"writes": WRITES, "target": [2, 3]}
+    assert json.loads(done.stdout) == {"writes": writes, "gpus": gpus}
+
+
+@pytest.mark.parametrize("kill_after", range(1, ADOPT_WRITES))
+def test_kill_9_while_adopting_a_running_shard(tmp_path: Path, kill_after: int) -> None:
+    done = run_child(tmp_path, kill_after, "adopt")
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    s = restart(tmp_path)
+    try:
+        live = s.store.placements("tp2", live=True)
+        assert [(p.kind, p.state, p.gpus, p.step) for p in live] == [("adopt", State.LAUNCHED, (0, 1), None)]
+    finally:
+        s.close()
 
 
 @pytest.mark.parametrize("kill_after", range(1, WRITES))
 def test_kill_9_between_steps_then_resume(tmp_path: Path, kill_after: int) -> None:
     done = run_child(tmp_path, kill_after)
     assert done.returncode == -signal.SIGKILL, done.stderr
-    s = Scheduler(SchedulerConfig(), OtlpConfig(), preset("pcie-8"), tmp_path, actuator=LogActuator(),
-                  clock=lambda: 2000.0)
+    s = restart(tmp_path)
     try:
         placements = s.store.placements("tp2")
         live = [p for p in placements if p.state not in (State.RETIRED, State.FAILED)]
