@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from typing import Any
 
 from ..errors import ConfigError
@@ -32,6 +33,16 @@ def _range(text: str) -> tuple[float, float]:
     return lo, hi
 
 
+def _rates(text: str) -> tuple[float, ...]:
+    try:
+        out = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected multipliers like 0.6,1.0,1.4, got {text!r}") from None
+    if not all(0 < r <= 100 for r in out):
+        raise argparse.ArgumentTypeError(f"multipliers must be in (0, 100], got {text!r}")
+    return out
+
+
 def register(sub: Any) -> None:
     rca = sub.add_parser("rca", help="root-cause classifier: generate data, train, evaluate")
     cmds = rca.add_subparsers(dest="rca_command", required=True)
@@ -43,20 +54,22 @@ def register(sub: Any) -> None:
     d.add_argument("--topology", default="nvswitch-8", help="nvswitch-8 or pcie-8")
     d.add_argument("--trace", choices=("conv", "code"), default="conv", help="Azure LLM trace to replay")
     d.add_argument("--severity", type=_range, default=(0.5, 1.0), help="fault severity range LOW,HIGH")
-    d.add_argument("--entities", type=int, default=1, help="independent simulated hosts (seeds seed..)")
+    d.add_argument("--entities", type=int, default=1, help="independent simulated hosts (seeds seed*100+k)")
+    d.add_argument("--rates", type=_rates, default=(1.0,), help="request-rate multipliers, one per entity in turn")
+    d.add_argument("--bursty", action="store_true", help="switch each entity's arrivals off and on by the minute")
     d.set_defaults(func=_dataset)
 
     t = cmds.add_parser("train", help="train the LSTM on a dataset directory")
     t.add_argument("--dataset", required=True, help="dataset directory (metrics.csv, labels.csv)")
     t.add_argument("--out", default=str(SHIPPED_MODEL), help="model file to write")
-    t.add_argument("--window", type=int, default=64, help="steps per window")
-    t.add_argument("--epochs", type=int, default=30, help="maximum epochs (early stopping may end sooner)")
-    t.add_argument("--hidden", type=_pair, default=(64, 32), help="LSTM hidden sizes H1,H2")
-    t.add_argument("--dropout", type=float, default=0.2)
-    t.add_argument("--stride", type=int, default=2, help="use every N-th window for training")
-    t.add_argument("--margin", type=int, default=10, help="steps after a label edge left out as transition")
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--threads", type=int, default=2, help="CPU threads for torch")
+    t.add_argument("--window", type=int, help="steps per window (default 64)")
+    t.add_argument("--epochs", type=int, help="maximum epochs; early stopping may end sooner (default 15)")
+    t.add_argument("--hidden", type=_pair, help="LSTM hidden sizes H1,H2 (default 64,32)")
+    t.add_argument("--dropout", type=float, help="dropout between layers and before the head (default 0.2)")
+    t.add_argument("--stride", type=int, help="train on every N-th window (default 4)")
+    t.add_argument("--margin", type=int, help="steps after a label edge left out as transition (default 10)")
+    t.add_argument("--seed", type=int, help="random seed (default 0)")
+    t.add_argument("--threads", type=int, help="CPU threads for torch (default 2)")
     t.set_defaults(func=_train)
 
     e = cmds.add_parser("eval", help="score the model and two baselines on a dataset")
@@ -70,12 +83,16 @@ def register(sub: Any) -> None:
 
 
 def _dataset(args: argparse.Namespace) -> int:
+    import logging
+
     from .generate import GenOptions, generate
+
+    logging.getLogger("sits_observe.sim").setLevel(logging.WARNING)  # fault start/end lines per entity
 
     if args.hours <= 0 or args.entities < 1:
         raise ConfigError(f"--hours and --entities must be positive, got {args.hours} and {args.entities}")
     opts = GenOptions(seed=args.seed, hours=args.hours, topology=args.topology, trace=args.trace,
-                      severity=args.severity, entities=args.entities)
+                      severity=args.severity, entities=args.entities, rates=args.rates, bursty=args.bursty)
     summary = generate(args.out, opts)
     print(json.dumps(summary, sort_keys=True))
     return 0
@@ -90,14 +107,17 @@ def _train(args: argparse.Namespace) -> int:
     from . import dataset
     from .train import TrainOptions, train
 
+    given = {k: getattr(args, k) for k in ("window", "epochs", "hidden", "dropout", "stride", "margin", "seed",
+                                           "threads") if getattr(args, k) is not None}
     for name in ("window", "epochs", "stride", "threads"):
-        if getattr(args, name) < 1:
-            raise ConfigError(f"--{name}: must be at least 1, got {getattr(args, name)}")
-    if not 0 <= args.dropout < 1:
-        raise ConfigError(f"--dropout: must be in [0, 1), got {args.dropout}")
+        if given.get(name, 1) < 1:
+            raise ConfigError(f"--{name}: must be at least 1, got {given[name]}")
+    if not 0 <= given.get("dropout", 0) < 1:
+        raise ConfigError(f"--dropout: must be in [0, 1), got {given['dropout']}")
+    if given.get("margin", 0) < 0:
+        raise ConfigError(f"--margin: must be at least 0, got {given['margin']}")
     ds = dataset.read(args.dataset)
-    opts = TrainOptions(window=args.window, epochs=args.epochs, hidden=args.hidden, dropout=args.dropout,
-                        stride=args.stride, margin=args.margin, seed=args.seed, threads=args.threads)
+    opts = replace(TrainOptions(), **given)
     cols = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             TextColumn("{task.fields[info]}")]
     err = Console(stderr=True)

@@ -15,25 +15,29 @@ from ..store.series import SeriesStore
 
 __all__ = ["FEATURES", "stage_of", "gpu_field_of", "gpu_occluded"]
 
+# Per-call latencies (device and host stages) carry most of the signal and do not scale with load or
+# hardware the way throughput and power do; GPU aggregates are kept to those that mean the same on any box.
 _STAGE_STATS = {
     "e2e": ("p50", "p99", "tail", "rate"),
     "queue": ("p50", "p99"),
     "ingress": ("p50", "p99"),
     "prefill": ("p50", "p99"),
-    "decode": ("p50", "p99", "tail"),
+    "decode": ("p50", "p99"),
+    "launch": ("p50", "p99"),
+    "sync": ("p50", "p99"),
+    "h2d": ("p50", "p99"),
+    "d2h": ("p99",),
+    "alloc": ("mean", "rate"),
     "collective": ("p50", "p99"),
-    "h2d": ("p99",),
-    "sync": ("p99",),
     "runq": ("p50", "p99"),
 }
 _GPU_STATS = {
-    "utilization_ratio": ("mean", "max", "spread"),
-    "memory_used_bytes": ("mean", "max", "spread"),
-    "sm_clock_hertz": ("mean", "min", "spread"),
-    "power_watts": ("mean", "max"),
-    "temperature_celsius": ("mean", "max", "spread"),
+    "utilization_ratio": ("mean", "max", "std"),
+    "memory_used_bytes": ("mean", "max"),
+    "sm_clock_hertz": ("mean", "max"),
+    "temperature_celsius": ("mean", "max"),
     "throttle_reasons": ("max",),
-    "nvlink_rx_bytes_per_second": ("mean", "max", "spread"),
+    "nvlink_rx_bytes_per_second": ("mean", "max"),
     "pcie_rx_bytes_per_second": ("mean", "max"),
 }
 FEATURES: tuple[str, ...] = (

@@ -27,13 +27,13 @@ __all__ = ["TrainOptions", "train", "split", "fit_temperature"]
 @dataclass(frozen=True)
 class TrainOptions:
     window: int = 64
-    epochs: int = 30
+    epochs: int = 15
     hidden: tuple[int, int] = (64, 32)
     dropout: float = 0.2
     lr: float = 3e-3
-    batch: int = 128
-    patience: int = 6
-    stride: int = 2
+    batch: int = 256
+    patience: int = 4
+    stride: int = 4
     margin: int = 10
     val_every: int = 5
     seed: int = 0
