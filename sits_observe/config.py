@@ -13,10 +13,18 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 
+from .alerting.config import AlertingConfig
+from .collectors.config import ServerConfig, check_url
 from .errors import ConfigError
 from .histogram import snap_edges
+from .probes.config import ProbesConfig
+from .rca.config import RcaConfig
+from .scheduler.config import OtlpConfig, SchedulerConfig
+from .section import Section
+from .slo.spec import SloList
+from .ui.config import UiConfig
 
 __all__ = [
     "DEFAULT_LISTEN",
@@ -35,12 +43,6 @@ DEFAULT_BUCKETS = (
     0.000004, 0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
     0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 )
-
-
-class Section(BaseModel):
-    """Base of every config section: unknown keys are errors (a typo must not pass silently)."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 class StoreConfig(Section):
@@ -97,16 +99,6 @@ class GpuConfig(Section):
         if self.backend == "dcgm" and not self.dcgm_url:
             raise ValueError("backend dcgm needs gpu.dcgm_url, e.g. http://127.0.0.1:9400/metrics")
         return self
-
-
-# Subsystem sections import Section from this module, so they are imported after it is defined.
-from .ui.config import UiConfig  # noqa: E402
-from .collectors.config import ServerConfig, check_url  # noqa: E402
-from .rca.config import RcaConfig  # noqa: E402
-from .alerting.config import AlertingConfig  # noqa: E402
-from .slo.spec import SloList  # noqa: E402
-from .probes.config import ProbesConfig  # noqa: E402
-from .scheduler.config import OtlpConfig, SchedulerConfig  # noqa: E402
 
 
 class Config(Section):

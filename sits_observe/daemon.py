@@ -163,7 +163,7 @@ class Daemon:
 
     def reload(self, new: Config) -> None:
         """Apply a validated new config (SIGHUP); parts that can reload take it, the rest need a restart."""
-        restart = [k for k in ("listen", "state_dir", "store", "tick_interval", "gpu", "sim")
+        restart = [k for k in ("listen", "state_dir", "store", "tick_interval", "gpu", "sim", "slos", "alerting")
                    if getattr(new, k) != getattr(self.config, k)]
         if restart:
             log.warning("SIGHUP: %s changed; these take effect after a restart", ", ".join(restart))

@@ -10,7 +10,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from ..collectors.config import check_url
-from ..config import Section
+from ..section import Section
 
 __all__ = ["ReceiverConfig", "BackoffConfig", "AlertingConfig", "check_unique", "check_label_names"]
 

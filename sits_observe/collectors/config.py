@@ -7,7 +7,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 
-from ..config import Section
+from ..section import Section
 
 __all__ = ["ServerConfig", "check_url"]
 

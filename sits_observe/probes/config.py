@@ -6,7 +6,7 @@ from typing import ClassVar
 
 from pydantic import Field, field_validator
 
-from ..config import Section
+from ..section import Section
 
 __all__ = [
     "CUDA_STAGES",

@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, TypeAdapter, ValidationInfo, WrapValidator, field_validator
 
 from ..alerting.config import check_label_names, check_unique
-from ..config import Section
+from ..section import Section
 from ..frame import STAGES
 
 __all__ = [

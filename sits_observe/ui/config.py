@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from ..config import Section
+from ..section import Section
 
 __all__ = ["UiConfig"]
 
