@@ -39,8 +39,9 @@ def _shards(n: int, count: int, rng: np.random.Generator) -> list[Request]:
     sizes = rng.choice([1, 2, 4, 8], size=count, p=[0.4, 0.3, 0.2, 0.1])
     sizes = np.minimum(sizes, max(1, n // 2))
     per_slot = min(30 * GiB, 0.7 * n * 80 * GiB / sizes.sum())
-    return [Request(int(k), float(per_slot * rng.uniform(0.5, 1.5)), comm=float(rng.uniform(0.3, 1.0)) if k > 1 else 0.0,
-                    load=float(rng.uniform(0.05, 0.3))) for k in sizes]
+    return [Request(int(k), float(per_slot * rng.uniform(0.5, 1.5)),
+                    comm=float(rng.uniform(0.3, 1.0)) if k > 1 else 0.0, load=float(rng.uniform(0.05, 0.3)))
+            for k in sizes]
 
 
 def _naive(req: Request, load: GpuLoad, total: np.ndarray) -> tuple[int, ...] | None:

@@ -27,6 +27,7 @@ from ..frame import GPU_FIELD_INDEX, Frame, Sample
 from ..rca.verdict import HEALTHY, Verdict
 from ..topology import Topology
 from .actuators import Actuator, StepOutcome, build_actuator
+from .choose import avoid, pick_shard
 from .config import OtlpConfig, SchedulerConfig, ShardSpec
 from .migrate import Walker
 from .placement import Candidate, GpuLoad, Planner, Result
@@ -34,7 +35,7 @@ from .states import NotFound, State
 from .store import Placement, PlacementStore
 from .tracing import Decision, DecisionTracer
 from .triggers import Trigger, Triggers, culprit_gpu
-from .view import ShardView, gpu_load, in_flight, locked_gpus, request_for, shard_views
+from .view import ShardView, gpu_load, in_flight, request_for, shard_views
 
 __all__ = ["Scheduler", "AckBody"]
 
@@ -52,6 +53,7 @@ class AckBody(BaseModel):
 
 
 def _parse(model: type[BaseModel], body: Any, where: str) -> Any:
+    """Validate an API body: :class:`ConfigError` (HTTP 400) naming each bad field and value."""
     if not isinstance(body, dict):
         raise ConfigError(f"{where}: body must be a JSON object, got {type(body).__name__}")
     try:
@@ -138,36 +140,15 @@ class Scheduler:
             return
         views = self._views()
         culprits = set(t.gpus) or {culprit_gpu(t.cause, self._values)}
-        locked = locked_gpus(views)
-        movable, why_not = [], []
-        for v in views.values():
-            overlap = len(culprits & set(v.gpus))
-            if not (overlap or t.other_node):
-                continue
-            last = self.store.last_reshard_ts(v.spec.id)
-            if v.migrating or v.state is not State.LAUNCHED:
-                why_not.append(f"{v.spec.id} is {'migrating' if v.migrating else 'not launched'}")
-            elif last is not None and t.ts - last < self.cfg.cooldown:
-                why_not.append(f"{v.spec.id} in cooldown for {self.cfg.cooldown - (t.ts - last):.0f} s more")
-            elif set(v.gpus) & locked:
-                why_not.append(f"{v.spec.id} shares a GPU with a migration in flight")
-            else:
-                movable.append((-overlap, v.spec.gpus, v.spec.id, v))
-        if not movable:
+        view, why_not = pick_shard(t, culprits, views, self.cfg.cooldown, self.store.last_reshard_ts)
+        if view is None:
             where = "on any node" if t.other_node else f"on GPUs {sorted(culprits)}"
             self._no_action(t, f"{t.reason}; no movable shard {where}" + (f": {'; '.join(why_not)}" if why_not else ""))
             return
         if in_flight(views) >= self.cfg.max_migrations:
             self._no_action(t, f"{t.reason}; {self.cfg.max_migrations} migrations already in flight")
             return
-        view = min(movable, key=lambda m: m[:3])[3]
-        exclude = set(culprits)
-        if t.cause == "cpu_contention":  # the host cores of those GPUs' NUMA nodes are what is contended
-            busy = {(self.topo.gpus[g].node, self.topo.gpus[g].numa_node) for g in culprits}
-            exclude |= {g.index for g in self.topo.gpus if (g.node, g.numa_node) in busy}
-        if t.other_node:
-            exclude |= {g.index for g in self.topo.gpus if g.node == self.topo.gpus[view.gpus[0]].node}
-        req = request_for(view.spec, views, self._util, view.gpus, frozenset(exclude))
+        req = request_for(view.spec, views, self._util, view.gpus, avoid(self.topo, t, culprits, view))
         load = self._load(views)
         res = self.planner.place(req, load)
         current = self.planner.score(req, load, view.gpus).score

@@ -172,6 +172,7 @@ def test_a_persisting_condition_is_explained_once(make_scheduler: Callable[..., 
                           "placement": gpus})
     for t in range(1200):
         s.on_tick(frame(1000.0 + t, util=[1.0] * 6 + [0.0] * 2, mem_gib=[76.0] * 6 + [0.0] * 2))
-    made = [(d["trigger"], d["cause"], d["action"]) for d in s.decisions_state()["decisions"] if d["trigger"] != "adopt"]
+    made = [(d["trigger"], d["cause"], d["action"]) for d in s.decisions_state()["decisions"]
+            if d["trigger"] != "adopt"]
     assert sorted(made) == [("imbalance", "load_imbalance", "no_action"),
                             ("saturation", "gpu_memory_saturation", "no_action")]
