@@ -1,4 +1,5 @@
-"""A daemon on the simulated host, ticked by hand (no loop, no server), for the UI tests."""
+"""The demo's daemon (simulated host, its SLOs, classifier and scheduler), ticked by hand (no loop, no
+server), for the UI tests."""
 
 from __future__ import annotations
 
@@ -6,10 +7,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import yaml
 
 from sits_observe.config import parse
 from sits_observe.daemon import Daemon
 from sits_observe.export.http import create_app
+from sits_observe.runtime import DEMO_DEFAULTS
 from sits_observe.wiring import build_daemon
 
 
@@ -19,8 +22,9 @@ def make_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[.
     tmp = tmp_path_factory.mktemp("ui")
 
     def make(ticks: int = 0, **cfg: Any) -> Daemon:
-        data = {"state_dir": str(tmp / f"state{len(made)}"), "sim": {"scenario": "mixed", "speed": 1000},
-                "store": {"history": 600}, **cfg}
+        data = {**yaml.safe_load(DEMO_DEFAULTS.read_text()), "state_dir": str(tmp / f"state{len(made)}"),
+                "sim": {"scenario": "mixed", "speed": 1000}, "store": {"history": 600},
+                "scheduler": {"actuator": "sim"}, **cfg}
         d = build_daemon(parse(data))
         made.append(d)
         for _ in range(ticks):

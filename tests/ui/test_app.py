@@ -11,6 +11,8 @@ import pytest
 
 from sits_observe.daemon import Daemon
 from sits_observe.export.http import create_app
+from sits_observe.ui.bench import GRAPHS
+from sits_observe.ui.pages import PAGES
 
 
 def dash_call(client: Any, outputs: list[str], inputs: list[tuple[str, Any]], state: list[tuple[str, Any]] = (),
@@ -98,6 +100,18 @@ def test_pages_and_metrics_after_a_flood_of_bad_requests(client: Any) -> None:
         assert r.status_code == 200 and b"_dash-config" in r.data, url
     m = client.get("/metrics")
     assert m.status_code == 200 and b"sits_stage_latency_seconds_bucket" in m.data
+
+
+def count_graphs(tree: Any) -> int:
+    if isinstance(tree, dict):
+        return (tree.get("type") == "Graph") + sum(count_graphs(v) for v in tree.get("props", {}).values())
+    return sum(count_graphs(v) for v in tree) if isinstance(tree, list) else 0
+
+
+def test_every_page_draws_the_graphs_the_bench_waits_for(client: Any) -> None:
+    assert list(GRAPHS) == list(PAGES)
+    for path, graphs in GRAPHS.items():
+        assert count_graphs(page(client, path)) == graphs, path
 
 
 def test_crafted_callback_inputs_are_refused(client: Any) -> None:
