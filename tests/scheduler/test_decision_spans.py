@@ -170,3 +170,35 @@ def test_collector_down_never_blocks_and_drops_are_counted(tmp_path: Path) -> No
         sched.close()
     finally:
         hung.close()
+
+
+def test_grpc_protocol_reaches_a_grpc_collector(tmp_path: Path) -> None:
+    from concurrent import futures
+
+    import grpc
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+
+    got: list[ExportTraceServiceRequest] = []
+
+    class Collector(trace_service_pb2_grpc.TraceServiceServicer):
+        def Export(self, request: ExportTraceServiceRequest, context: Any) -> ExportTraceServiceResponse:  # noqa: N802
+            got.append(request)
+            return ExportTraceServiceResponse()
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Collector(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        otlp = OtlpConfig(endpoint=f"http://127.0.0.1:{port}", protocol="grpc", timeout=5.0)
+        sched = Scheduler(SchedulerConfig(), otlp, SimulatedHost(SimConfig(), BucketLayout((0.1, 1.0))).topology,
+                          tmp_path, clock=lambda: 1000.0)
+        sched.register_shard({"id": "tp2", "gpus": 2, "memory_per_gpu": 2**30, "comm_intensity": 1.0})
+        assert sched.tracer.flush()
+        sched.close()
+    finally:
+        server.stop(None)
+    spans = [s for req in got for rs in req.resource_spans for ss in rs.scope_spans for s in ss.spans]
+    assert [s.name for s in spans] == ["shard.assign"]
+    attrs = {a.key: value(a.value) for a in spans[0].attributes}
+    assert attrs["shard.id"] == "tp2" and len(attrs["target.gpus"]) == 2 and sched.tracer.dropped == 0
