@@ -86,9 +86,10 @@ def _status(ctx: UiContext) -> list[Any]:
     firing = parts.alerts(ctx)
     items.append(html.Span(f"{len(firing)} alert{'s' if len(firing) != 1 else ''} firing",
                            className="item bad" if firing else "item ok"))
-    v = parts.verdicts(ctx, 1)
+    ctx.verdicts.refresh(ctx)  # every open page polls the classifier, so the causes timeline misses none
+    v = ctx.verdicts.latest()
     if v:
-        items.append(html.Span(f"likely cause: {v[0].get('cause')} ({float(v[0].get('confidence', 0)):.2f})",
+        items.append(html.Span(f"likely cause: {v.get('cause')} ({float(v.get('confidence', 0)):.2f})",
                                className="item"))
     d = parts.decisions(ctx, 1)
     if d:

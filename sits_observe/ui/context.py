@@ -10,6 +10,7 @@ from werkzeug.exceptions import BadRequest
 
 from .cache import MAX_COLUMNS, CacheSet, ColumnCache, Read
 from .params import parse_range
+from .verdicts import VerdictLog
 
 if TYPE_CHECKING:
     from .config import UiConfig
@@ -40,6 +41,7 @@ class UiContext:
     daemon: Any
     incremental: bool = True
     caches: CacheSet = field(default_factory=CacheSet)
+    verdicts: VerdictLog = field(default_factory=VerdictLog)
 
     @property
     def cfg(self) -> UiConfig:

@@ -1,5 +1,5 @@
-"""The demo's daemon (simulated host, its SLOs, classifier and scheduler), ticked by hand (no loop, no
-server), for the UI tests."""
+"""The demo's daemon (simulated host, its SLOs and scheduler; the classifier off, its verdicts are
+tested through the end-to-end run), ticked by hand (no loop, no server), for the UI tests."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def make_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[.
     def make(ticks: int = 0, **cfg: Any) -> Daemon:
         data = {**yaml.safe_load(DEMO_DEFAULTS.read_text()), "state_dir": str(tmp / f"state{len(made)}"),
                 "sim": {"scenario": "mixed", "speed": 1000}, "store": {"history": 600},
-                "scheduler": {"actuator": "sim"}, **cfg}
+                "scheduler": {"actuator": "sim"}, "rca": {"enabled": False}, **cfg}
         d = build_daemon(parse(data))
         made.append(d)
         for _ in range(ticks):

@@ -23,7 +23,6 @@ from ..params import parse_choice
 PATH = "/causes"
 TITLE = "Causes & decisions"
 PARAMS = ("range",)
-VERDICTS_KEPT = 500  # newest verdicts drawn on the timeline (the classifier keeps its own log)
 DECISIONS_READ = 256  # newest decisions read from the scheduler's ring
 DECISIONS_SHOWN = 50
 BURN_WINDOW = 300.0  # seconds: burn rate over the fastest alert tier's short window (5m)
@@ -113,43 +112,56 @@ class Timeline:
         return p
 
 
+def _verdict_points(verdicts: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    return {
+        "x": [round(float(v.get("ts", 0)) * 1000) for v in verdicts], "y": [v.get("cause") for v in verdicts],
+        "text": [f"{v.get('cause')} ({float(v.get('confidence', 0)):.2f}), trigger {v.get('trigger', '?')}<br>"
+                 f"GPUs {', '.join(map(str, v.get('gpus') or [])) or '-'}; "
+                 f"stages {', '.join(v.get('stages') or []) or '-'}" for v in verdicts],
+        "color": [float(v.get("confidence", 0)) for v in verdicts],
+    }
+
+
 def verdict_trace(verdicts: list[dict[str, Any]]) -> dict[str, Any]:
     """Markers: one per verdict, colour = confidence; hover names the GPUs and stages implicated."""
-    vs = sorted(verdicts, key=lambda v: v.get("ts", 0))
-    hover = [f"{v.get('cause')} ({float(v.get('confidence', 0)):.2f}), trigger {v.get('trigger', '?')}<br>"
-             f"GPUs {', '.join(map(str, v.get('gpus') or [])) or '-'}; stages {', '.join(v.get('stages') or []) or '-'}"
-             for v in vs]
+    pts = _verdict_points(verdicts)
     return {"type": "scatter", "mode": "markers", "name": "verdict", "xaxis": "x", "yaxis": "y2", "showlegend": False,
-            "x": [round(float(v.get("ts", 0)) * 1000) for v in vs], "y": [v.get("cause") for v in vs],
-            "text": hover, "hovertemplate": "%{x|%H:%M:%S}<br>%{text}<extra></extra>",
-            "marker": {"size": 9, "color": [float(v.get("confidence", 0)) for v in vs], "cmin": 0, "cmax": 1,
+            "x": pts["x"], "y": pts["y"], "text": pts["text"], "hovertemplate": "%{x|%H:%M:%S}<br>%{text}<extra></extra>",
+            "marker": {"size": 9, "color": pts["color"], "cmin": 0, "cmax": 1,
                        "colorscale": "Viridis", "line": {"width": 0.5, "color": "#333"},
                        "colorbar": {"title": {"text": "confidence"}, "thickness": 12, "len": 0.42, "y": 0.21}}}
 
 
-def _in_window(verdicts: list[dict[str, Any]], latest: float, w: Window) -> list[dict[str, Any]]:
-    return [v for v in verdicts if float(v.get("ts", 0)) >= latest - w.seconds] if math.isfinite(latest) else verdicts
+def _timeline(ctx: UiContext, w: Window, held: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """Burn lines and verdict markers: a whole figure, or a patch appending columns and new verdicts."""
+    rows, read = _burn_read(ctx)
+    cache = ctx.cache("slo-burn", rows, read, w.bin)
+    latest = ctx.store.latest_ts
+    ctx.verdicts.refresh(ctx)
+    numbered = ctx.verdicts.after(0, latest - w.seconds if math.isfinite(latest) else -math.inf)
+    seen = held.get("verdict") if isinstance(held.get("verdict"), int) else 0
+    fig, series_held = series_update(Timeline([v for _, v in numbered]), cache, held.get("series"), w)
+    fresh = [v for n, v in numbered if n > seen]
+    if fresh and not isinstance(fig, dict):
+        fig = fig if isinstance(fig, Patch) else Patch()
+        trace, pts = fig["data"][len(rows)], _verdict_points(fresh)
+        for key in ("x", "y", "text"):
+            trace[key].extend(pts[key])
+        trace["marker"]["color"].extend(pts["color"])
+    return fig, {"series": series_held, "verdict": numbered[-1][0] if numbered else seen}
 
 
 def _update(ctx: UiContext, w: Window, held: dict[str, Any] | None, shown: str = "moves",
             changed: bool = False) -> tuple[Any, Any, dict[str, Any]]:
     held = held or {}
-    rows, read = _burn_read(ctx)
-    cache = ctx.cache("slo-burn", rows, read, w.bin)
-    verdicts = parts.verdicts(ctx, VERDICTS_KEPT)
-    newest_v = verdicts[0].get("id") if verdicts else None
-    timeline = Timeline(_in_window(verdicts, ctx.store.latest_ts, w))
-    fig, series_held = series_update(timeline, cache, held.get("series"), w)
-    if newest_v != held.get("verdict") and not isinstance(fig, dict):
-        fig = fig if isinstance(fig, Patch) else Patch()
-        fig["data"][len(rows)] = verdict_trace(timeline.verdicts)
+    fig, timeline_held = _timeline(ctx, w, held)
     decisions = parts.decisions(ctx, DECISIONS_READ)
     newest_d = decisions[0].get("id") if decisions else None
     if shown == "moves":
         decisions = [d for d in decisions if d.get("action") != "no_action"]
     fresh = changed or not held or newest_d != held.get("decision")
     table = decision_table(decisions[:DECISIONS_SHOWN]) if fresh else no_update
-    return fig, table, {"series": series_held, "verdict": newest_v, "decision": newest_d, "window": w.seconds}
+    return fig, table, {**timeline_held, "decision": newest_d, "window": w.seconds}
 
 
 def _gpus(g: Any) -> str:
