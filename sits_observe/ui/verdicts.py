@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 
 __all__ = ["VerdictLog"]
 
-POLL = 200  # newest verdicts read per poll: what the classifier keeps in memory
+FIRST = 16  # newest verdicts read per poll ...
+POLL = 200  # ... and when all of those are new: what the classifier keeps in memory
 
 
 class VerdictLog:
@@ -31,7 +32,11 @@ class VerdictLog:
         self._lock = threading.Lock()
 
     def refresh(self, ctx: UiContext) -> None:
-        fresh = parts.verdicts(ctx, POLL)  # newest first
+        fresh = parts.verdicts(ctx, FIRST)  # newest first
+        with self._lock:
+            gap = len(fresh) == FIRST and str(fresh[-1].get("id")) not in self._ids
+        if gap:  # all of them new: there may be more
+            fresh = parts.verdicts(ctx, POLL)
         with self._lock:
             for v in reversed(fresh):
                 vid = str(v.get("id"))

@@ -50,3 +50,13 @@ def test_no_classifier_no_verdicts() -> None:
     log = VerdictLog()
     log.refresh(SimpleNamespace(part=lambda name: None))  # type: ignore[arg-type]
     assert log.latest() is None
+
+
+def test_a_burst_of_verdicts_between_polls_is_read_whole() -> None:
+    rca = Rca(memory=200)
+    ctx = SimpleNamespace(part=lambda name: rca if name == "rca" else None)
+    log = VerdictLog()
+    for t in range(40):  # more than one small poll returns: the log asks for the classifier's whole memory
+        rca.add(t, "cpu_contention")
+    log.refresh(ctx)  # type: ignore[arg-type]
+    assert [n for n, _ in log.after(0, 0)] == list(range(1, 41))
