@@ -2,7 +2,7 @@
 
 The JSON files are what users import; this script keeps their shared parts (datasource variable,
 ``instance``/``workload`` variables, panel plumbing) identical.  ``--check`` exits 1 when a committed
-file differs from what the script would write.  Metric names are the daemon's `sits_*` names (DESIGN.md "Names").
+file differs from what the script would write.  Metric names are the daemon's ``sits_*`` names.
 """
 
 from __future__ import annotations
@@ -127,7 +127,8 @@ def host_overview() -> dict[str, Any]:
         ts("SLO burn rate (shortest window)",
            [_q(f"max by (slo) (sits_slo_burn_rate{{{INST}}})", "{{slo}}")], "x",
            desc="Highest burn rate over the alert windows; 1 spends the budget exactly over the SLO window."),
-        ts("Queue depth and KV cache", [_q(f"sum by (workload) (sits_workload_queue_depth{{{WL}}})", "queued {{workload}}"),
+        ts("Queue depth and KV cache", [_q(f"sum by (workload) (sits_workload_queue_depth{{{WL}}})",
+                                           "queued {{workload}}"),
                                         _q(f"max by (workload) (sits_workload_kv_cache_usage_ratio{{{WL}}}) * 100",
                                            "KV cache % {{workload}}")], "short",
            desc="Requests waiting to be scheduled, and KV-cache blocks in use (percent)."),
@@ -231,8 +232,8 @@ def slos_causes() -> dict[str, Any]:
     return dashboard("sits-slos-causes", "sits-observe / SLOs & causes",
                      "Error budgets and burn rates, the likely cause the classifier names, and what the "
                      "scheduler did about it.", [INSTANCE_VAR, slo_var], [
-        panel("bargauge", "Error budget remaining", [_q(f"max by (slo) (sits_slo_error_budget_remaining_ratio{{{sel}}})",
-                                                        "{{slo}}")],
+        panel("bargauge", "Error budget remaining",
+              [_q(f"max by (slo) (sits_slo_error_budget_remaining_ratio{{{sel}}})", "{{slo}}")],
               unit="percentunit", w=8, options={"orientation": "horizontal", "displayMode": "gradient"},
               defaults={"min": 0, "max": 1, "thresholds": {"mode": "absolute", "steps": [
                   {"color": "red", "value": None}, {"color": "orange", "value": 0.25},
@@ -254,8 +255,9 @@ def slos_causes() -> dict[str, Any]:
               w=8, options={"orientation": "horizontal", "displayMode": "basic"}),
         ts("Scheduler decisions", [_q(f"sum by (action) (increase(sits_scheduler_decisions_total{{{INST}}}[{RI}]))",
                                       "{{action}}")], "short", w=8),
-        ts("Alert deliveries", [_q(f"sum by (receiver, outcome) (increase(sits_webhook_deliveries_total{{{INST}}}[{RI}]))",
-                                   "{{receiver}} {{outcome}}")], "short", w=8),
+        ts("Alert deliveries",
+           [_q(f"sum by (receiver, outcome) (increase(sits_webhook_deliveries_total{{{INST}}}[{RI}]))",
+               "{{receiver}} {{outcome}}")], "short", w=8),
     ])
 
 

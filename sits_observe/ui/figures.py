@@ -1,6 +1,7 @@
 """Plotly figures as plain dicts (no plotly.py validation on the hot path) and their live patches.
 
-Time heatmaps have one row per series (stage, GPU, bucket) and one column per tick.  A live update
+Time heatmaps have one row per series (stage, GPU, bucket) and one column per bin of ticks (see
+:mod:`.cache`).  A live update
 appends the new columns to every row and slides the x-axis range; the browser holds at most 1.5
 windows of columns before it gets a fresh figure, so no update ever deletes column by column.
 """

@@ -23,7 +23,8 @@ def dash_call(client: Any, outputs: list[str], inputs: list[tuple[str, Any]], st
         return {"id": cid, "property": prop, **({"value": value} if with_value else {})}
 
     body = {"output": outputs[0] if len(outputs) == 1 else "..%s.." % "...".join(outputs),
-            "outputs": [item(o, with_value=False) for o in outputs] if len(outputs) > 1 else item(outputs[0], with_value=False),
+            "outputs": ([item(o, with_value=False) for o in outputs] if len(outputs) > 1
+                        else item(outputs[0], with_value=False)),
             "inputs": [item(i, v) for i, v in inputs], "state": [item(s, v) for s, v in state],
             "changedPropIds": [changed or inputs[0][0]]}
     return client.post("/_dash-update-component", json=body)

@@ -47,7 +47,8 @@ def _bad_total(spec: Any, store: Any, buckets: Sequence[float]) -> Any:
     r = spec.ratio
 
     def ratio(n: int) -> tuple[np.ndarray, np.ndarray]:
-        counted, total = store.counter_window(r.bad or r.good, r.workload, n), store.counter_window(r.total, r.workload, n)
+        counted = store.counter_window(r.bad or r.good, r.workload, n)
+        total = store.counter_window(r.total, r.workload, n)
         return (counted if r.bad else total - counted), total
 
     return ratio
@@ -93,7 +94,8 @@ class Timeline:
                              margin={"l": 190, "r": 30, "t": 60, "b": 50},
                              xaxis={"type": "date", "title": {"text": "time (source clock, UTC)"}, "anchor": "y2",
                                     "range": time_range(cols, window_s), "tickformat": "%H:%M:%S"},
-                             yaxis={"domain": [0.5, 1], "rangemode": "tozero", "title": {"text": "burn rate (x budget)"}},
+                             yaxis={"domain": [0.5, 1], "rangemode": "tozero",
+                                    "title": {"text": "burn rate (x budget)"}},
                              yaxis2={"domain": [0, 0.42], "type": "category", "title": {"text": "verdict"},
                                      "categoryorder": "array", "categoryarray": list(CAUSES) + [UNKNOWN]},
                              shapes=[{"type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": "y", "y0": v, "y1": v,
@@ -126,7 +128,8 @@ def verdict_trace(verdicts: list[dict[str, Any]]) -> dict[str, Any]:
     """Markers: one per verdict, colour = confidence; hover names the GPUs and stages implicated."""
     pts = _verdict_points(verdicts)
     return {"type": "scatter", "mode": "markers", "name": "verdict", "xaxis": "x", "yaxis": "y2", "showlegend": False,
-            "x": pts["x"], "y": pts["y"], "text": pts["text"], "hovertemplate": "%{x|%H:%M:%S}<br>%{text}<extra></extra>",
+            "x": pts["x"], "y": pts["y"], "text": pts["text"],
+            "hovertemplate": "%{x|%H:%M:%S}<br>%{text}<extra></extra>",
             "marker": {"size": 9, "color": pts["color"], "cmin": 0, "cmax": 1,
                        "colorscale": "Viridis", "line": {"width": 0.5, "color": "#333"},
                        "colorbar": {"title": {"text": "confidence"}, "thickness": 12, "len": 0.42, "y": 0.21}}}

@@ -9,8 +9,8 @@ from typing import Any
 from dash import Dash, Input, Output, State, ctx as dash_ctx, dcc, html
 
 from ...frame import STAGES
-from ..context import UiContext, Window
 from ..cache import binned_counts, binned_quantile
+from ..context import UiContext, Window
 from ..figures import HeatSpec, fmt_count, fmt_seconds, series_update
 from ..params import fmt_range, parse_choice
 
@@ -19,9 +19,9 @@ TITLE = "Stages"
 PARAMS = ("stage", "range")
 
 P99 = HeatSpec(
-    title="p99 latency by stage (merged histogram of each column)", ytitle="stage", colorbar="p99 latency", hover="p99 %{customdata:.3s}s",
-    log=True, ticks=(1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1.0, 10.0, 100.0), tick_text=fmt_seconds,
-    colorscale="YlOrRd", height=440)
+    title="p99 latency by stage (merged histogram of each column)", ytitle="stage", colorbar="p99 latency",
+    hover="p99 %{customdata:.3s}s", log=True, ticks=(1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1.0, 10.0, 100.0),
+    tick_text=fmt_seconds, colorscale="YlOrRd", height=440)
 HIST = HeatSpec(
     title="latency histogram", ytitle="latency bucket (upper edge)", colorbar="events per tick",
     hover="%{customdata:,} events", log=True, ticks=(1, 10, 100, 1e3, 1e4, 1e5, 1e6), tick_text=fmt_count,

@@ -117,7 +117,8 @@ def strip_values(ctx: UiContext, idx: list[int]) -> list[list[float | None]]:
 
 def strip_figure(ctx: UiContext, idx: list[int], shapes: list[dict[str, Any]]) -> dict[str, Any]:
     trace = {"type": "heatmap", "x": ["utilization", "memory"], "y": [f"GPU {i}" for i in idx],
-             "z": strip_values(ctx, idx), "zmin": 0, "zmax": 100, "colorscale": "Blues", "reversescale": True, "xgap": 2, "ygap": 2,
+             "z": strip_values(ctx, idx), "zmin": 0, "zmax": 100, "colorscale": "Blues", "reversescale": True,
+             "xgap": 2, "ygap": 2,
              "texttemplate": "%{z:.0f}%", "hovertemplate": "%{y} %{x}: %{z:.1f} %<extra></extra>",
              "colorbar": {"title": {"text": "% (now)", "side": "right"}, "thickness": 12}}
     layout = base_layout("Live load", 520, margin={"l": 70, "r": 20, "t": 40, "b": 50},
