@@ -1,7 +1,8 @@
 /* bench: baselines for `sits-observe bench probes`; the daemon never loads this file.
  *
  *   BENCH_EMPTY_CALLS  empty uprobe/uretprobe programs: the cost of the trap alone
- *   BENCH_EMPTY_WRITE  empty programs on the write() syscall tracepoints: the cost of tracepoint dispatch
+ *   BENCH_EMPTY_WRITE  empty programs on the write() syscall tracepoints (with USE_RAW_TP: on the raw
+ *                      raw_syscalls sys_enter/sys_exit, as the syscalls probe attaches there): dispatch alone
  *   BENCH_PERF_CALLS   naive uprobe pair: every call duration goes to user space through a perf buffer
  *   BENCH_PERF_WRITE   naive write() timing on syscall tracepoints, every event to the perf buffer
  * The naive variants filter on one tgid (BENCH_TGID) and pair calls per thread like the real programs.
@@ -11,6 +12,9 @@
 #if defined(BENCH_EMPTY_CALLS)
 int empty_enter(struct pt_regs *ctx) { return 0; }
 int empty_return(struct pt_regs *ctx) { return 0; }
+#elif defined(BENCH_EMPTY_WRITE) && defined(USE_RAW_TP)
+RAW_TRACEPOINT_PROBE(sys_enter) { return 0; }
+RAW_TRACEPOINT_PROBE(sys_exit) { return 0; }
 #elif defined(BENCH_EMPTY_WRITE)
 TRACEPOINT_PROBE(syscalls, sys_enter_write) { return 0; }
 TRACEPOINT_PROBE(syscalls, sys_exit_write) { return 0; }

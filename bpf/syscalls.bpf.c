@@ -2,10 +2,14 @@
  *
  *   ingress  accept/accept4 return -> return of the first read/recvfrom/recvmsg with data on that fd
  *   egress   duration of each write/sendto/sendmsg on an accepted fd that returns >= 0
- * Syscall tracepoints only (args->fd, args->ret); each syscall is compiled in (HAVE_<NAME>) where its
- * tracepoints exist.
+ * Attached to the raw tracepoints raw_syscalls:sys_enter/sys_exit (USE_RAW_TP, where the loader finds
+ * them), else to the syscalls:* tracepoints (args->fd, args->ret); each syscall is compiled in
+ * (HAVE_<NAME>) where its syscalls:* tracepoints exist.
  * Connections live in an LRU map, forgotten on close(); calls are paired per thread (sock_call_slot).
  */
+#include <uapi/linux/ptrace.h>
+#include <asm/unistd.h>
+
 #include "stage.h"
 #include "syscalls.h"
 
@@ -109,6 +113,8 @@ static __always_inline int on_sock_exit(long ret)
 		return 0;
 	kind = call->kind;
 	call->kind = 0;
+	if (kind == SOCK_ACCEPT)
+		return on_accept_exit(ret);
 	if (ret < 0)
 		return 0;
 	if (kind == SOCK_WRITE) {
@@ -127,6 +133,95 @@ static __always_inline int on_sock_exit(long ret)
 	return 0;
 }
 
+static __always_inline int on_accept_enter(void)
+{
+	struct sock_call *call = sock_call_slot(1);
+
+	if (call)
+		call->kind = SOCK_ACCEPT;
+	return 0;
+}
+
+static __always_inline int on_close(u64 fd)
+{
+	struct conn_key key = {.tgid = bpf_get_current_pid_tgid() >> 32, .fd = fd};
+
+	conns.delete(&key);
+	return 0;
+}
+
+#ifdef USE_RAW_TP
+/* Raw tracepoints raw_syscalls:sys_enter/sys_exit: one program each for every syscall on the host, no
+ * perf record built per call. The syscall number (args[1] at enter, uapi __NR_*) picks the call; the fd
+ * is the first syscall argument in the saved user registers (PT_REGS_PARM1, the syscall ABI). The exit
+ * program only looks at the thread's slot, which the enter program fills for tracked calls alone. */
+static __always_inline int tracked_tgid(u32 tgid)
+{
+	u32 *wid = workloads.lookup(&tgid);
+
+	return wid && *wid;
+}
+
+RAW_TRACEPOINT_PROBE(sys_enter)
+{
+	struct pt_regs *regs = (struct pt_regs *)ctx->args[0];
+	u64 fd = 0;
+	u32 kind;
+
+	switch (ctx->args[1]) {
+#ifdef HAVE_ACCEPT
+	case __NR_accept:
+#endif
+#ifdef HAVE_ACCEPT4
+	case __NR_accept4:
+#endif
+		kind = SOCK_ACCEPT;
+		break;
+#ifdef HAVE_READ
+	case __NR_read:
+#endif
+#ifdef HAVE_RECVFROM
+	case __NR_recvfrom:
+#endif
+#ifdef HAVE_RECVMSG
+	case __NR_recvmsg:
+#endif
+		kind = SOCK_READ;
+		break;
+#ifdef HAVE_WRITE
+	case __NR_write:
+#endif
+#ifdef HAVE_SENDTO
+	case __NR_sendto:
+#endif
+#ifdef HAVE_SENDMSG
+	case __NR_sendmsg:
+#endif
+		kind = SOCK_WRITE;
+		break;
+#ifdef HAVE_CLOSE
+	case __NR_close:
+		kind = SOCK_CLOSE;
+		break;
+#endif
+	default:
+		return 0;
+	}
+	/* reads and writes: the connection look-up is the filter (it is keyed by tgid) */
+	if (kind == SOCK_READ || kind == SOCK_WRITE) {
+		bpf_probe_read_kernel(&fd, sizeof(fd), &PT_REGS_PARM1(regs));
+		return on_sock_enter(fd, kind);
+	}
+	if (!tracked_tgid(bpf_get_current_pid_tgid() >> 32))
+		return 0;
+	if (kind == SOCK_ACCEPT)
+		return on_accept_enter();
+	bpf_probe_read_kernel(&fd, sizeof(fd), &PT_REGS_PARM1(regs));
+	return on_close(fd);
+}
+
+RAW_TRACEPOINT_PROBE(sys_exit) { return on_sock_exit(ctx->args[1]); }
+#else /* syscall tracepoints */
 #ifdef HAVE_ACCEPT
 TRACEPOINT_PROBE(syscalls, sys_exit_accept) { return on_accept_exit(args->ret); }
 #endif
@@ -158,11 +253,6 @@ TRACEPOINT_PROBE(syscalls, sys_enter_sendmsg) { return on_sock_enter(args->fd, S
 TRACEPOINT_PROBE(syscalls, sys_exit_sendmsg) { return on_sock_exit(args->ret); }
 #endif
 #ifdef HAVE_CLOSE
-TRACEPOINT_PROBE(syscalls, sys_enter_close)
-{
-	struct conn_key key = {.tgid = bpf_get_current_pid_tgid() >> 32, .fd = args->fd};
-
-	conns.delete(&key);
-	return 0;
-}
+TRACEPOINT_PROBE(syscalls, sys_enter_close) { return on_close(args->fd); }
+#endif
 #endif

@@ -2,8 +2,11 @@
 #ifndef SITS_SYSCALLS_H
 #define SITS_SYSCALLS_H
 
+/* sock_call.kind; ACCEPT and CLOSE only on the raw tracepoint path */
 #define SOCK_READ 1
 #define SOCK_WRITE 2
+#define SOCK_ACCEPT 3
+#define SOCK_CLOSE 4
 
 /* A connection a tracked workload accepted: (tgid, fd) -> when, whose, first request read yet. */
 struct conn_key {

@@ -31,7 +31,7 @@ from ..frame import STAGES, BucketLayout, Frame
 from ..histogram import NUM_BUCKETS, SUB, kernel_bucket
 from . import specs
 from .features import enable_bpf_stats, environment_problem, prog_run_stats, tracepoint_exists
-from .program import Program, compile_bpf, compile_probe
+from .program import Program, attach_path, compile_bpf, compile_probe
 
 __all__ = ["add_arguments", "run"]
 
@@ -74,16 +74,20 @@ class _Traced:
 
 
 def _tracepoints_switch(bpf: Any) -> tuple[Callable[[], None], Callable[[], None]]:
-    """(on, off) for a program's auto-attached tracepoints."""
-    tps = list(bpf.tracepoint_fds)
+    """(on, off) for a program's auto-attached tracepoints and raw tracepoints."""
+    tps, raws = list(bpf.tracepoint_fds), list(bpf.raw_tracepoint_fds)
 
     def on() -> None:
         for tp in tps:
             bpf.attach_tracepoint(tp=tp, fn_name=b"tracepoint__" + tp.replace(b":", b"__"))
+        for raw in raws:
+            bpf.attach_raw_tracepoint(tp=raw, fn_name=b"raw_tracepoint__" + raw)
 
     def off() -> None:
         for tp in tps:
             bpf.detach_tracepoint(tp)
+        for raw in raws:
+            bpf.detach_raw_tracepoint(raw)
 
     return on, off
 
@@ -133,16 +137,17 @@ def _build_target(tmp: Path) -> tuple[ctypes.CDLL, str]:
     return lib, str(out)
 
 
-def _program(name: str, n_workloads: int = 1, extra: dict[str, str] | None = None) -> Any:
+def _program(name: str, n_workloads: int = 1, extra: dict[str, str] | None = None) -> tuple[Any, str]:
+    """The probe's program as the daemon loads it, and its attach path."""
     spec = specs.SPECS[name]
     plan = specs.plan_tracepoints(spec, tracepoint_exists)
-    bpf, _ = compile_probe(spec, lambda opt: specs.cflags(spec, parse({}).probes, n_workloads,
-                                                          plan.macros + opt, extra))
-    return bpf
+    bpf, kept = compile_probe(spec, lambda opt: specs.cflags(spec, parse({}).probes, n_workloads,
+                                                             plan.macros + opt, extra))
+    return bpf, attach_path(spec, kept)
 
 
-def _bench_bpf(mode: str) -> Any:
-    flags = [f"-I{specs.BPF_DIR}", f"-D{mode}", f"-DBENCH_TGID={os.getpid()}",
+def _bench_bpf(*modes: str) -> Any:
+    flags = [f"-I{specs.BPF_DIR}", *(f"-D{m}" for m in modes), f"-DBENCH_TGID={os.getpid()}",
              f"-DBENCH_STAGE={STAGES.index('sync')}"]
     return compile_bpf(specs.BPF_DIR / "bench.bpf.c", flags)
 
@@ -205,21 +210,25 @@ def _tracepoint(lib: ctypes.CDLL, n: int, rounds: int) -> dict[str, Any]:
         fd = accepted()
         traced = _Traced(lambda: lib.sits_bench_loop_write(fd, n), n, rounds)
         base = traced.best()
-        bpf = _bench_bpf("BENCH_EMPTY_WRITE")
+        bpf, attach = _program("syscalls")
+        prog = Program(bpf, BucketLayout((1e-6,)))
         try:
-            empty = _variant(bpf, traced, *_tracepoints_switch(bpf))
-        finally:
-            bpf.cleanup()
-        prog = Program(_program("syscalls"), BucketLayout((1e-6,)))
-        try:
+            # empty programs on the attach path the probe got: what dispatch alone costs
+            on, off = _tracepoints_switch(prog.bpf)
+            off()
+            bpf = _bench_bpf("BENCH_EMPTY_WRITE", *(["USE_RAW_TP"] if attach == "raw_tracepoint" else []))
+            try:
+                empty = _variant(bpf, traced, *_tracepoints_switch(bpf))
+            finally:
+                bpf.cleanup()
+            on()
             prog.set_workloads({os.getpid(): 1})
             timed_fd = accepted()  # accepted while the probe runs: its writes are timed as egress
             ours_traced = _Traced(lambda: lib.sits_bench_loop_write(timed_fd, n), n, rounds)
             prog.drain()
-            ours = _variant(prog.bpf, ours_traced, *_tracepoints_switch(prog.bpf))
+            ours = _variant(prog.bpf, ours_traced, on, off)
             timed = sum(s.count for s in prog.drain())
-            _, other = _Traced(lambda: lib.sits_bench_loop_write(null.fileno(), n), n, rounds).added(
-                *_tracepoints_switch(prog.bpf))
+            _, other = _Traced(lambda: lib.sits_bench_loop_write(null.fileno(), n), n, rounds).added(on, off)
         finally:
             prog.close()
         bpf = _bench_bpf("BENCH_PERF_WRITE")
@@ -229,7 +238,7 @@ def _tracepoint(lib: ctypes.CDLL, n: int, rounds: int) -> dict[str, Any]:
             bpf.cleanup()
         for sock in socks:
             sock.close()
-    return {"program": "syscalls.bpf.c: egress, zero-byte write(2) on an accepted socket",
+    return {"program": "syscalls.bpf.c: egress, zero-byte write(2) on an accepted socket", "attach": attach,
             **_costs(base, empty, ours, timed, ours_traced, perf), "other_fd_added_ns": round(other, 1)}
 
 
@@ -241,7 +250,7 @@ def _uprobe(lib: ctypes.CDLL, lib_path: str, n: int, rounds: int) -> dict[str, A
         empty = _variant(bpf, traced, *_uprobes_switch(bpf, lib_path, b"empty_enter", b"empty_return"))
     finally:
         bpf.cleanup()
-    prog = Program(_program("cuda"), BucketLayout((1e-6,)))
+    prog = Program(_program("cuda")[0], BucketLayout((1e-6,)))
     try:
         prog.set_workloads({os.getpid(): 1})
         ours = _variant(prog.bpf, traced, *_uprobes_switch(prog.bpf, lib_path, b"enter_sync", b"call_return"))
@@ -262,7 +271,7 @@ def _drain(stages: int, workloads: int, octaves: int, rounds: int) -> dict[str, 
     """Time draining ``stages x workloads`` series, each with ``octaves`` full kernel bucket blocks."""
     layout = BucketLayout(parse({}).store.snapped())
     n = stages * workloads * octaves
-    bpf = _program("cuda", workloads, {"HIST_ENTRIES": str(n)})
+    bpf, _ = _program("cuda", workloads, {"HIST_ENTRIES": str(n)})
     prog = Program(bpf, layout)
     try:
         hist = bpf[b"stage_latency"]

@@ -12,7 +12,7 @@ from typing import Any
 from ..config import Config, load
 from ..errors import ProbeError
 from . import specs
-from .features import environment_problem, tracepoint_exists
+from .features import environment_problem, raw_syscalls_supported, tracepoint_exists
 from .program import find_symbols
 from .workloads import WorkloadTracker, library_matcher
 
@@ -42,7 +42,7 @@ def _run(args: argparse.Namespace) -> int:
     for row in rows:
         print(f"{row['probe']:9} {'would attach' if row['would_attach'] else 'off':13} "
               f"{row['program']:17} {row['why'] or ''}".rstrip())
-        for key in ("timed", "files", "missing_symbols", "missing_tracepoints"):
+        for key in ("attach", "timed", "files", "missing_symbols", "missing_tracepoints"):
             if row.get(key):
                 print(f"{'':9} {key}: {row[key]}")
     return 0
@@ -57,6 +57,13 @@ def print_bpf(cfg: Config, name: str) -> str:
     return specs.render_source(spec.path, flags)
 
 
+def _attach(spec: specs.ProbeSpec) -> str:
+    """The attach path the daemon tries first (a program that then fails to load falls back)."""
+    if spec.kind == "uprobe":
+        return "uprobe"
+    return "raw_tracepoint" if "USE_RAW_TP" in spec.optional and raw_syscalls_supported() else "tracepoint"
+
+
 def list_probes(cfg: Config) -> list[dict[str, Any]]:
     """One row per probe: would it attach now, and why not (no program is compiled or loaded)."""
     off = environment_problem() if cfg.probes.enabled else "disabled in config (probes.enabled: false)"
@@ -67,7 +74,7 @@ def list_probes(cfg: Config) -> list[dict[str, Any]]:
         pcfg = getattr(cfg.probes, name)
         plan = specs.plan_tracepoints(spec, tracepoint_exists)
         row: dict[str, Any] = {"probe": name, "program": spec.path.name, "stages": list(spec.stages),
-                               "missing_tracepoints": list(plan.missing)}
+                               "attach": _attach(spec), "missing_tracepoints": list(plan.missing)}
         why = off or (None if pcfg.enabled else "disabled in config") or plan.problem
         if spec.kind == "uprobe":
             timed = pcfg.timed()

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import platform
+import warnings
 from pathlib import Path
 
-__all__ = ["can_load_bpf", "environment_problem", "tracepoint_exists", "bpf_stats_enabled", "enable_bpf_stats",
-           "prog_run_stats"]
+__all__ = ["can_load_bpf", "environment_problem", "tracepoint_exists", "raw_syscalls_supported",
+           "optional_available", "bpf_stats_enabled", "enable_bpf_stats", "prog_run_stats"]
 
 _TRACEFS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
 _NR_BPF = {"x86_64": 321, "aarch64": 280}
@@ -57,6 +59,25 @@ def tracepoint_exists(category: str, event: str) -> bool:
     except ImportError:
         return any((p / "events" / category / event).is_dir() for p in _TRACEFS)
     return bool(BPF.tracepoint_exists(category, event))
+
+
+@functools.cache
+def raw_syscalls_supported() -> bool:
+    """True when raw tracepoint programs can attach to ``raw_syscalls:sys_enter``/``sys_exit`` (4.17+)."""
+    try:
+        from bcc import BPF
+    except ImportError:
+        return False
+    with warnings.catch_warnings():  # bcc 0.26 passes str symbol names to its own bytes-only helper
+        warnings.simplefilter("ignore", DeprecationWarning)
+        supported = bool(BPF.support_raw_tracepoint())
+    return supported and all(
+        tracepoint_exists("raw_syscalls", ev) for ev in ("sys_enter", "sys_exit"))
+
+
+def optional_available(macro: str) -> bool:
+    """Whether an optional feature is worth trying on this kernel (a load failure still drops it)."""
+    return raw_syscalls_supported() if macro == "USE_RAW_TP" else True
 
 
 def bpf_stats_enabled() -> bool:

@@ -11,10 +11,10 @@ from typing import Any
 from ..errors import ProbeError
 from ..frame import BucketLayout
 from .drain import SeriesDelta, StageDrain
-from .features import prog_run_stats
+from .features import optional_available, prog_run_stats
 from .specs import ProbeSpec
 
-__all__ = ["compile_bpf", "compile_probe", "find_symbols", "Program", "LibraryAttacher"]
+__all__ = ["compile_bpf", "compile_probe", "attach_path", "find_symbols", "Program", "LibraryAttacher"]
 
 
 def compile_bpf(path: Path, flags: list[str]) -> Any:
@@ -28,16 +28,25 @@ def compile_bpf(path: Path, flags: list[str]) -> Any:
 
 
 def compile_probe(spec: ProbeSpec, flags: Callable[[tuple[str, ...]], list[str]]) -> tuple[Any, tuple[str, ...]]:
-    """Compile ``spec`` with its optional kernel features; where that fails, once more without them.
+    """Compile ``spec`` with the optional kernel features this kernel offers; where that fails, again
+    without the first of them, and so on (``optional`` is in order of preference).
 
     ``flags(optional)`` gives the cflags; returns the BPF object and the optional macros it kept.
     """
-    try:
-        return compile_bpf(spec.path, flags(spec.optional)), spec.optional
-    except ProbeError:
-        if not spec.optional:
-            raise
+    optional = tuple(m for m in spec.optional if optional_available(m))
+    for i in range(len(optional)):
+        try:
+            return compile_bpf(spec.path, flags(optional[i:])), optional[i:]
+        except ProbeError:
+            pass
     return compile_bpf(spec.path, flags(())), ()
+
+
+def attach_path(spec: ProbeSpec, kept: tuple[str, ...]) -> str:
+    """How a loaded program is attached: ``raw_tracepoint``, ``tracepoint`` or ``uprobe``."""
+    if spec.kind == "uprobe":
+        return "uprobe"
+    return "raw_tracepoint" if "USE_RAW_TP" in kept else "tracepoint"
 
 
 class Program:

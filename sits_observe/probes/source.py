@@ -18,7 +18,7 @@ from ..errors import ProbeError
 from ..frame import STAGES, BucketLayout, Frame, Sample
 from . import specs
 from .features import bpf_stats_enabled, enable_bpf_stats, environment_problem, tracepoint_exists
-from .program import LibraryAttacher, Program, compile_probe
+from .program import LibraryAttacher, Program, attach_path, compile_probe
 from .workloads import WorkloadTracker, library_matcher
 
 if TYPE_CHECKING:
@@ -39,6 +39,7 @@ class ProbeState:
     attacher: LibraryAttacher | None = None
     library: str | None = None
     problem: str | None = None
+    attach: str | None = None
     missing_tracepoints: tuple[str, ...] = ()
     errors: int = 0
     said: set[str] = field(default_factory=set)
@@ -117,11 +118,13 @@ class ProbeSource:
             return
         skipped = [*plan.missing, *(m for m in spec.optional if m not in kept)]
         state.program = Program(bpf, self._layout)
+        state.attach = attach_path(spec, kept)
         if spec.kind == "uprobe":
             ucfg = getattr(self._cfg, spec.name)
             state.library = ucfg.library
             state.attacher = LibraryAttacher(bpf, ucfg.timed())
-        log.info("probe %s: loaded%s", spec.name, f" without {', '.join(skipped)}" if skipped else "")
+        log.info("probe %s: loaded (%s)%s", spec.name, state.attach,
+                 f" without {', '.join(skipped)}" if skipped else "")
 
     def rescan(self) -> None:
         """Re-read /proc: update every program's workload map; attach uprobes to newly mapped libraries."""
@@ -196,7 +199,7 @@ class ProbeSource:
         rows = []
         for name, st in self.states.items():
             row: dict[str, Any] = {"probe": name, "program": f"{st.spec.program}.bpf.c", "enabled": st.enabled,
-                                   "attached": st.attached, "problem": st.problem,
+                                   "attached": st.attached, "attach": st.attach, "problem": st.problem,
                                    "missing_tracepoints": list(st.missing_tracepoints)}
             if st.attacher is not None:
                 row["library"] = st.library

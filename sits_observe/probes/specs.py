@@ -43,7 +43,8 @@ class ProbeSpec:
     features: tuple[Feature, ...] = ()
     # each group names features of which at least one must be present for the probe to load
     requires: tuple[tuple[str, ...], ...] = ()
-    # macros for kernel features tried first and dropped if the program then fails to load
+    # macros for kernel features tried first, in order of preference, and dropped one by one (first
+    # first) while the program fails to load; USE_RAW_TP: raw_syscalls tracepoints instead of syscalls:*
     optional: tuple[str, ...] = ()
     defines: dict[str, str] = field(default_factory=dict)
 
@@ -71,7 +72,7 @@ SPECS: dict[str, ProbeSpec] = {
                                              "sendto", "sendmsg", "close")),
         requires=(("HAVE_ACCEPT", "HAVE_ACCEPT4"), ("HAVE_READ", "HAVE_RECVFROM", "HAVE_RECVMSG"),
                   ("HAVE_WRITE", "HAVE_SENDTO", "HAVE_SENDMSG")),
-        optional=("HAVE_TASK_STORAGE",)),
+        optional=("USE_RAW_TP", "HAVE_TASK_STORAGE")),
     "block_io": ProbeSpec(
         "block_io", "block_io", "tracepoint", ("block_io",),
         features=(Feature("HAVE_BLOCK_RQ", ("block:block_rq_issue", "block:block_rq_complete")),),

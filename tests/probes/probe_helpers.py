@@ -38,12 +38,13 @@ def make_source(data: dict[str, Any]) -> tuple[ProbeSource, BucketLayout]:
 
 
 @contextmanager
-def fallback(*names: str) -> Iterator[None]:
-    """Load the named probes without their optional kernel features (as on kernels before 5.11)."""
+def fallback(*names: str, optional: tuple[str, ...] = ()) -> Iterator[None]:
+    """Load the named probes with only ``optional`` of their optional kernel features (none: as on
+    kernels before 5.11)."""
     saved = {n: specs.SPECS[n] for n in names}
     try:
         for n in names:
-            specs.SPECS[n] = dataclasses.replace(saved[n], optional=())
+            specs.SPECS[n] = dataclasses.replace(saved[n], optional=optional)
         yield
     finally:
         specs.SPECS.update(saved)

@@ -13,14 +13,20 @@ from sits_observe.probes.source import ProbeSource
 REQUESTS = 20
 
 
-@pytest.fixture(scope="module", params=["task_storage", "lru_hash"])
+PATHS = {"raw_tracepoint": ("USE_RAW_TP", "HAVE_TASK_STORAGE"), "tracepoint": ("HAVE_TASK_STORAGE",),
+         "tracepoint_lru_hash": ()}
+
+
+@pytest.fixture(scope="module", params=sorted(PATHS))
 def source(request: pytest.FixtureRequest) -> Iterator[ProbeSource]:
-    """The syscalls probe with per-thread call state in task storage, and in the pre-5.11 fallback."""
-    with fallback(*(["syscalls"] if request.param == "lru_hash" else [])):
+    """The syscalls probe on raw_syscalls raw tracepoints (the default here), on the syscalls:*
+    tracepoints (the fallback), and there with the pre-5.11 LRU hash for per-thread call state."""
+    with fallback("syscalls", optional=PATHS[request.param]):
         src, _ = make_source({
             "workloads": [{"name": "server", "comm": "sits-t-server"}],
             "probes": {"runq": OFF, "block_io": OFF, "cuda": OFF, "nccl": OFF, "scan_interval": 3600},
         })
+    assert src.states["syscalls"].attach == request.param.removesuffix("_lru_hash")
     yield src
     src.close()
 
