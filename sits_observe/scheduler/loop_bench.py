@@ -51,7 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topology", default="nvswitch-8", choices=["nvswitch-8", "pcie-8"])
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--verdicts", choices=["auto", "model", "oracle"], default="auto",
-                   help="auto: the trained model if models/rca-lstm.pt exists, else the oracle")
+                   help="auto: the trained model if it exists, else the oracle")
+    p.add_argument("--model", default=None, help="RCA model file (default: the shipped models/rca-lstm.pt)")
     p.add_argument("--threshold", type=float, default=30.0, help="SLO: e2e latency threshold, seconds")
     p.add_argument("--objective", type=float, default=0.95, help="SLO: share of requests within the threshold")
     p.add_argument("--cooldown", type=float, default=300.0)
@@ -101,12 +102,14 @@ class _Oracle:
         return Verdict(f.cause, 0.95, ts, gpus=tuple(gpus), trigger="slo_burn" if burning else "periodic")
 
 
-def _verdict_source(kind: str) -> str:
-    model = RcaConfig().model_path()
-    if kind == "model" and not Path(model).exists():
-        raise ConfigError(f"bench loop: --verdicts model: no trained model at {model}; train one (sits-observe rca "
-                          "train) or use --verdicts oracle")
-    return "model" if kind == "model" or (kind == "auto" and Path(model).exists()) else "oracle"
+def _verdict_source(args: argparse.Namespace) -> RcaConfig | None:
+    """The classifier's config when its model is used, None for the oracle."""
+    cfg = RcaConfig(model=args.model)
+    found = Path(cfg.model_path()).exists()
+    if args.verdicts == "model" and not found:
+        raise ConfigError(f"bench loop: --verdicts model: no trained model at {cfg.model_path()}; train one "
+                          "(sits-observe rca train) or use --verdicts oracle")
+    return cfg if found and args.verdicts != "oracle" else None
 
 
 def _sim(args: argparse.Namespace, scenario: str) -> SimulatedHost:
@@ -114,7 +117,7 @@ def _sim(args: argparse.Namespace, scenario: str) -> SimulatedHost:
                          BucketLayout(snap_edges(BUCKETS)))
 
 
-def _run(mode: str, args: argparse.Namespace, source: str, work: Path, duration: int) -> _Run:
+def _run(mode: str, args: argparse.Namespace, rca_cfg: RcaConfig | None, work: Path, duration: int) -> _Run:
     """One mode over ``duration`` ticks; ``quiet`` is the same trace without faults and without actions."""
     sim = _sim(args, "quiet" if mode == "quiet" else args.scenario)
     layout = sim.layout
@@ -125,11 +128,12 @@ def _run(mode: str, args: argparse.Namespace, source: str, work: Path, duration:
         cfg = SchedulerConfig(actuator="sim", cooldown=args.cooldown, decisions_kept=100000,
                               weights=NAIVE if mode == "naive" else None)
         sched = Scheduler(cfg, OtlpConfig(), sim.topology, work / mode, sim=sim, clock=lambda: 0.0)
-    store = SeriesStore(layout, history=600) if mode == "full" and source == "model" else None
-    if mode == "full" and source == "model":
+    store = SeriesStore(layout, history=600) if mode == "full" and rca_cfg is not None else None
+    if mode == "full" and rca_cfg is not None:
         from ..rca.engine import RcaEngine
 
-        rca = RcaEngine(RcaConfig(), work / mode, burning=lambda: any(slo.firing), on_verdict=sched.on_verdict)
+        rca = RcaEngine(rca_cfg, work / mode, on_verdict=sched.on_verdict,
+                        firing=lambda: [s.name for s, tier in zip(slo.specs, slo.firing) if tier is not None])
     elif mode == "full":
         oracle = _Oracle(sim)
     run = _Run(np.zeros((duration, layout.n)))
@@ -205,13 +209,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.threshold not in BUCKETS:
         raise ConfigError(f"bench loop: --threshold {args.threshold:g} is not a bucket edge; use one of "
                           f"{', '.join(f'{b:g}' for b in BUCKETS if b >= 1)}")
-    source = _verdict_source(args.verdicts)
+    rca_cfg = _verdict_source(args)
     faults = sorted(_sim(args, args.scenario).scenario.faults, key=lambda x: x.onset)
     if not faults:
         raise ConfigError(f"bench loop: --scenario {args.scenario} has no faults; use mixed or a scenario file")
     duration = int(faults[-1].end + 2 * TAIL)
     with tempfile.TemporaryDirectory(prefix="sits-bench-loop-") as tmp:
-        runs = {m: _run(m, args, source, Path(tmp), duration) for m in ("quiet", "off", "naive", "full")}
+        runs = {m: _run(m, args, rca_cfg, Path(tmp), duration) for m in ("quiet", "off", "naive", "full")}
     k = BUCKETS.index(args.threshold)
     budget = 1.0 - args.objective
     uppers = BucketLayout(snap_edges(BUCKETS)).uppers()
@@ -257,7 +261,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     raw, attributable = cut("budget_burned_fixable"), cut("fault_budget_burned_fixable")
     return {
         "bench": "loop", "scenario": args.scenario, "topology": args.topology, "seed": args.seed,
-        "verdicts": "classifier (models/rca-lstm.pt)" if source == "model" else
+        "verdicts": f"classifier ({rca_cfg.model_path()})" if rca_cfg is not None else
                     "ORACLE: the simulator's ground-truth fault labels stand in for the classifier",
         "slos": [s.model_dump(include={"name", "objective", "latency"}) for s in _slos(args)],
         "budget_unit": "bad e2e requests one hour of the chat-e2e SLO allows at the actions-off request rate; "
