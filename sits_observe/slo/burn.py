@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["error_ratio", "burn_rate", "budget_remaining", "tier_active", "inhibit"]
+__all__ = ["error_ratio", "burn_rate", "budget_remaining", "tier_active", "fire"]
 
 
 def error_ratio(good: np.ndarray, total: np.ndarray) -> np.ndarray:
@@ -40,14 +40,27 @@ def tier_active(err_long: np.ndarray, err_short: np.ndarray, rate_short: np.ndar
                 & (np.asarray(rate_short) >= min_rate))
 
 
-def inhibit(active: np.ndarray, held: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Which tiers fire, fastest first along the last axis: ``(firing, held)``, both like ``active``.
+def fire(active: np.ndarray, held: np.ndarray, firing: np.ndarray, cleared: np.ndarray, ts: float,
+         keep: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Which tiers fire now, per SLO row and tier column (fastest first): ``(firing, held, cleared)``.
 
-    A tier is *held* while it is active and either a faster tier is active or it was held at the
+    A tier is *held* while it is active and a faster tier is active or firing, or it was held at the
     previous evaluation: once a faster tier took over an incident, the slower ones stay quiet until
-    their own condition clears, so one incident is one alert.  A tier fires when active and not held.
+    their own condition clears, so one incident is one alert.  A tier's alert condition is "active and
+    not held"; like Prometheus' ``keep_firing_for``, an alert that fired stays firing until its condition
+    has been false for ``keep`` seconds, counted from ``cleared``, the first evaluation that found it
+    false (NaN while the condition holds or nothing fires).  ``held``, ``firing`` and ``cleared`` are the
+    previous evaluation's; rows are independent, columns are decided fastest first.
     """
     active = np.asarray(active, dtype=bool)
-    faster = (np.cumsum(active, axis=-1) - active) > 0
-    held = active & (faster | np.asarray(held, dtype=bool))
-    return active & ~held, held
+    out_firing, out_held, out_cleared = np.zeros_like(active), np.zeros_like(active), np.full(active.shape, np.nan)
+    for k in range(active.shape[-1]):
+        faster = (active[..., :k] | out_firing[..., :k]).any(axis=-1)
+        out_held[..., k] = active[..., k] & (faster | held[..., k])
+        condition = active[..., k] & ~out_held[..., k]
+        was = np.asarray(firing[..., k], dtype=bool)
+        since = np.where(condition, np.nan, np.where(was & np.isnan(cleared[..., k]), ts, cleared[..., k]))
+        with np.errstate(invalid="ignore"):
+            out_firing[..., k] = condition | (was & (ts - since < keep[..., k]))
+        out_cleared[..., k] = np.where(out_firing[..., k], since, np.nan)
+    return out_firing, out_held, out_cleared

@@ -5,15 +5,17 @@ Each tick the engine adds the Frame's good/total events of every SLO to its wind
 alert window and the error budget left over the SLO window, and decides per SLO which burn tier
 fires: a tier is active when its long and short windows both burn faster than its factor and the short
 window saw at least ``min_rate`` events/s.  Only the fastest active tier fires; slower ones are held
-while a faster one is active and stay held until their own condition clears (:func:`.burn.inhibit`),
-so an incident is one alert, not one per tier.  State changes go to the alert outbox (:mod:`sits_observe.alerting`)
-before they are recorded in ``state_dir/slo.db``, so a crash in between re-announces the change and
-the outbox drops the duplicate.
+while a faster one is active or firing and stay held until their own condition clears, so an incident
+is one alert, not one per tier.  A firing alert resolves only once its condition has been false for
+the tier's ``keep_firing_for`` (:func:`.burn.fire`), so a brief dip near the threshold does not flap;
+a slower tier taken over by a faster one runs out its ``keep_firing_for`` too, as in Prometheus.
+State changes go to the alert outbox (:mod:`sits_observe.alerting`) before they are recorded in
+``state_dir/slo.db``, so a crash in between re-announces the change and the outbox drops the duplicate.
 
 Hooks for other parts:
 
 * ``annotate(slo_name, {"likely_cause": ..., "confidence": ...})`` (the RCA consumer): adds annotations
-  to the SLO's firing alert.  A delivery still queued is updated in place; one already delivered is
+  to the SLO's firing alerts.  A delivery still queued is updated in place; one already delivered is
   sent again with the new annotations.  Made while nothing fires, they ride on the SLO's next alert.
   They are dropped when the incident resolves.
 * ``slos_state()`` and ``alerts_state()``: JSON-ready bodies of ``GET /api/v1/slos`` and ``/api/v1/alerts``.
@@ -36,7 +38,7 @@ from ..alerting.formats import Alert
 from ..alerting.sender import Dispatcher
 from ..errors import SloError
 from ..frame import Frame, Sample
-from .burn import budget_remaining, burn_rate, error_ratio, inhibit, tier_active
+from .burn import budget_remaining, burn_rate, error_ratio, fire, tier_active
 from .sli import SliReader
 from .spec import TIER_NAMES, SloSpec, Tier, error_budget
 from .state import SloState
@@ -54,7 +56,8 @@ RECENT_KEPT = 50
 
 @dataclass(frozen=True, slots=True)
 class Evaluation:
-    """One tick's results: per window pair ``sums (2, P)``; per SLO and tier ``active``, ``firing``, ``held (n, T)``."""
+    """One tick's results: per window pair ``sums (2, P)``; per SLO and tier ``active``, ``firing``, ``held`` and
+    ``cleared (n, T)`` (when a firing tier's condition cleared, NaN while it holds; see :func:`.burn.fire`)."""
 
     ts: float
     sums: np.ndarray
@@ -64,6 +67,7 @@ class Evaluation:
     active: np.ndarray
     firing: np.ndarray
     held: np.ndarray
+    cleared: np.ndarray
     budget: np.ndarray
 
 
@@ -92,12 +96,14 @@ class SloEngine:
         self.t_long = np.zeros((n, T), dtype=np.int64)
         self.t_short = np.zeros((n, T), dtype=np.int64)
         self.t_threshold = np.full((n, T), np.inf)
+        self.keep = np.zeros((n, T))
         for i, s in enumerate(self.specs):
             for j, name in enumerate(TIER_NAMES):
                 t = self.tiers[i].get(name)
                 if t is not None:
                     self.t_long[i, j], self.t_short[i, j] = self.pair_of[(i, t.long)], self.pair_of[(i, t.short)]
                     self.t_threshold[i, j] = t.threshold(s.window, s.objective)
+                    self.keep[i, j] = t.keep_firing_for
         self.budget = np.array([error_budget(s.objective) for s in self.specs])
         self.min_rate = np.array([s.min_rate for s in self.specs])[:, None]
         self.budget_pair = np.array([self.pair_of[(i, s.window)] for i, s in enumerate(self.specs)])
@@ -126,17 +132,27 @@ class SloEngine:
             if stored is not None:
                 self.ring.restore(lvl, *stored)
         self.notes = self.state.notes()
-        self.firing: list[str | None] = [None] * len(self.specs)
-        self.alerts: dict[int, Alert] = {}
+        shape = (len(self.specs), len(TIER_NAMES))
+        self.alerts: dict[tuple[int, str], Alert] = {}
+        self.firing_tiers = np.zeros(shape, dtype=bool)
+        self.cleared = np.full(shape, np.nan)
         index = {s.name: i for i, s in enumerate(self.specs)}
-        self.held = np.zeros((len(self.specs), len(TIER_NAMES)), dtype=bool)
+        self.held = np.zeros(shape, dtype=bool)
         for name, tiers in self.state.held().items():
             self.held[index[name]] = [t in tiers for t in TIER_NAMES]
-        for name, (tier, since) in self.state.alerts().items():
+        for name, firing in self.state.firing().items():
             i = index[name]
-            if tier in self.tiers[i]:
-                self.firing[i] = tier
-                self.alerts[i] = self._alert(i, self.tiers[i][tier], since)
+            for tier, (since, cleared) in firing.items():
+                if tier in self.tiers[i]:
+                    j = TIER_NAMES.index(tier)
+                    self.firing_tiers[i, j] = True
+                    self.cleared[i, j] = np.nan if cleared is None else cleared
+                    self.alerts[(i, tier)] = self._alert(i, self.tiers[i][tier], since)
+
+    @property
+    def firing(self) -> list[str | None]:
+        """Per SLO, the fastest tier whose alert fires (None when none does)."""
+        return [TIER_NAMES[int(row.argmax())] if row.any() else None for row in self.firing_tiers]
 
     def start(self) -> None:
         """Start delivering alerts (done by the first tick if not before)."""
@@ -163,11 +179,9 @@ class SloEngine:
             for i in np.flatnonzero((ev.held != self.held).any(axis=1)):
                 self.state.set_held(self.specs[i].name, [t for t, h in zip(TIER_NAMES, ev.held[i]) if h])
             self.held = ev.held
-            for i in np.flatnonzero(ev.firing.any(axis=1) | np.array([f is not None for f in self.firing])):
-                j = np.flatnonzero(ev.firing[i])
-                tier = TIER_NAMES[j[0]] if len(j) else None
-                if tier != self.firing[i]:
-                    self._transition(int(i), tier, ev.ts)
+            same_cleared = (ev.cleared == self.cleared) | (np.isnan(ev.cleared) & np.isnan(self.cleared))
+            for i in np.flatnonzero(((ev.firing != self.firing_tiers) | ~same_cleared).any(axis=1)):
+                self._transition(int(i), ev)
             if self.dispatcher is not None and self.alerts:
                 self.dispatcher.refresh(list(self.alerts.values()))
 
@@ -176,8 +190,8 @@ class SloEngine:
         err = error_ratio(sums[0], sums[1])
         rate = sums[1] / self.windows
         active = tier_active(err[self.t_long], err[self.t_short], rate[self.t_short], self.t_threshold, self.min_rate)
-        firing, held = inhibit(active, self.held)
-        return Evaluation(ts, sums, err, burn_rate(err, self.budget[self.rows]), rate, active, firing, held,
+        firing, held, cleared = fire(active, self.held, self.firing_tiers, self.cleared, ts, self.keep)
+        return Evaluation(ts, sums, err, burn_rate(err, self.budget[self.rows]), rate, active, firing, held, cleared,
                           budget_remaining(err[self.budget_pair], self.budget))
 
     def _alert(self, i: int, tier: Tier, since: float) -> Alert:
@@ -185,25 +199,27 @@ class SloEngine:
         return Alert({**self.external, **spec.alert_labels(tier)},
                      {**spec.alert_annotations(tier), **self.notes.get(spec.name, {})}, "firing", since)
 
-    def _transition(self, i: int, tier: str | None, ts: float) -> None:
-        """Announce a change of the SLO's firing tier (outbox first, then our own record)."""
+    def _transition(self, i: int, ev: Evaluation) -> None:
+        """Announce the SLO's alerts that started or resolved (outbox first), then record its firing state."""
         name = self.specs[i].name
-        old = self.alerts.get(i)
-        new = None if tier is None else self._alert(i, self.tiers[i][tier], ts)
-        resolved = None if old is None else replace(old, status="resolved", ends_at=ts)
-        for alert in (new, resolved):  # may raise (disk): nothing below changed, the next tick tries again
-            if alert is not None:
-                self._notify(alert)
-        if resolved is not None:
-            self.recent.append(resolved)
-        if new is None:
-            self.alerts.pop(i, None)
+        started = [t for j, t in enumerate(TIER_NAMES) if ev.firing[i, j] and not self.firing_tiers[i, j]]
+        ended = [t for j, t in enumerate(TIER_NAMES) if self.firing_tiers[i, j] and not ev.firing[i, j]]
+        new = {t: self._alert(i, self.tiers[i][t], ev.ts) for t in started}
+        resolved = [replace(self.alerts[(i, t)], status="resolved", ends_at=ev.ts) for t in ended]
+        for alert in (*new.values(), *resolved):  # may raise (disk): nothing below changed, the next tick tries again
+            self._notify(alert)
+        self.recent.extend(resolved)
+        for t in ended:
+            del self.alerts[(i, t)]
+            log.info("SLO %s: %s resolved", name, t)
+        for t, alert in new.items():
+            self.alerts[(i, t)] = alert
+            log.info("SLO %s: %s firing", name, t)
+        if not ev.firing[i].any():
             self.notes.pop(name, None)
-        else:
-            self.alerts[i] = new
-        log.info("SLO %s: %s", name, f"{tier} firing" if tier else "resolved")
-        self.state.set_alert(name, tier, ts)
-        self.firing[i] = tier
+        self.state.set_firing(name, {t: (self.alerts[(i, t)].starts_at, None if np.isnan(c) else float(c))
+                                     for t, f, c in zip(TIER_NAMES, ev.firing[i], ev.cleared[i]) if f})
+        self.firing_tiers[i], self.cleared[i] = ev.firing[i], ev.cleared[i]
 
     def _notify(self, alert: Alert) -> None:
         if self.dispatcher is not None:
@@ -217,13 +233,12 @@ class SloEngine:
             index = {s.name: i for i, s in enumerate(self.specs)}
             if slo_name not in index:
                 raise SloError(f"annotate: unknown SLO {slo_name!r}; configured: {sorted(index)}")
-            i = index[slo_name]
             notes = {**self.notes.get(slo_name, {}), **{str(k): str(v) for k, v in annotations.items()}}
             self.notes[slo_name] = notes
             self.state.set_notes(slo_name, notes)
-            if i in self.alerts:
-                self.alerts[i] = replace(self.alerts[i], annotations={**self.alerts[i].annotations, **notes})
-                self._notify(self.alerts[i])
+            for key in [k for k in self.alerts if k[0] == index[slo_name]]:
+                self.alerts[key] = replace(self.alerts[key], annotations={**self.alerts[key].annotations, **notes})
+                self._notify(self.alerts[key])
 
     def metrics(self) -> Iterable[Sample]:
         with self._lock:

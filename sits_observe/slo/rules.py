@@ -9,10 +9,12 @@ One rule group per SLO, evaluated in order within each evaluation:
 * ``sits_slo:burn_condition{slo, burn_tier}``: present while the tier's long and short windows burn
   above its threshold and the short window has ``min_rate`` events/s; its value is the long-window
   burn rate;
-* ``sits_slo:burn_held{slo, burn_tier}``: a slower tier whose condition holds while a faster one's
-  does, kept (the rule reads its own previous value) until its own condition clears;
-* alert ``SitsSloBurnRate`` per tier ``unless`` held, with the same labels and annotations as the
-  daemon's alerts: the daemon's :func:`~.burn.inhibit`, evaluation for evaluation.
+* per tier, fastest first: ``sits_slo:burn_held{slo, burn_tier}`` (not for the fastest), a tier whose
+  condition holds while a faster one's does or a faster alert fires (``ALERTS``, written by the
+  alerting rules before it in the group, at the same timestamp), kept (the rule reads its own
+  previous value) until its own condition clears; then alert ``SitsSloBurnRate``, the condition
+  ``unless`` held, with ``keep_firing_for`` and the same labels and annotations as the daemon's alerts:
+  the daemon's :func:`~.burn.fire`, evaluation for evaluation.
 
 Latency SLIs select the exported bucket whose ``le`` is the snapped threshold edge, written as the
 exporter writes it (9 significant digits).
@@ -95,22 +97,24 @@ def _group(spec: SloSpec, snapped: Sequence[float], buckets: Sequence[float]) ->
     for tier in tiers:
         rules.append({"record": "sits_slo:burn_condition", "expr": _condition(spec, tier, budget),
                       "labels": {**slo, "burn_tier": tier.name}})
-    for k, tier in enumerate(tiers[1:], start=1):
-        this = _selector("sits_slo:burn_condition", slo=spec.name, burn_tier=tier.name)
-        faster = "|".join(t.name for t in tiers[:k])
-        held = _selector("sits_slo:burn_held", slo=spec.name, burn_tier=tier.name)
-        rules.append({"record": "sits_slo:burn_held",
-                      "expr": f'{this} and on(slo) (sits_slo:burn_condition{{slo="{spec.name}",burn_tier=~"{faster}"}}'
-                              f" or {held})",
-                      "labels": {**slo, "burn_tier": tier.name}})
     for k, tier in enumerate(tiers):
-        expr = _selector("sits_slo:burn_condition", slo=spec.name, burn_tier=tier.name)
+        this = _selector("sits_slo:burn_condition", slo=spec.name, burn_tier=tier.name)
+        expr = this
         if k:
-            expr += " unless on(slo) " + _selector("sits_slo:burn_held", slo=spec.name, burn_tier=tier.name)
+            held = _selector("sits_slo:burn_held", slo=spec.name, burn_tier=tier.name)
+            faster = "|".join(t.name for t in tiers[:k])
+            firing = (f'ALERTS{{alertname="{ALERT_NAME}",alertstate="firing",slo="{spec.name}",'
+                      f'burn_tier=~"{faster}"}} or ' if any(t.keep_firing_for for t in tiers[:k]) else "")
+            cond = f'sits_slo:burn_condition{{slo="{spec.name}",burn_tier=~"{faster}"}}'
+            rules.append({"record": "sits_slo:burn_held", "expr": f"{this} and on(slo) ({cond} or {firing}{held})",
+                          "labels": {**slo, "burn_tier": tier.name}})
+            expr += " unless on(slo) " + held
         labels = spec.alert_labels(tier)
         del labels["alertname"]
-        rules.append({"alert": ALERT_NAME, "expr": expr, "labels": labels,
-                      "annotations": spec.alert_annotations(tier)})
+        alert: dict[str, Any] = {"alert": ALERT_NAME, "expr": expr}
+        if tier.keep_firing_for:
+            alert["keep_firing_for"] = format_duration(tier.keep_firing_for)
+        rules.append({**alert, "labels": labels, "annotations": spec.alert_annotations(tier)})
     return {"name": f"sits-slo-{spec.name}", "rules": rules}
 
 

@@ -8,7 +8,9 @@ An SLO is an ``objective`` (a ratio such as 0.999) over a rolling ``window`` (e.
 
 Burn-rate alerts use four multi-window tiers (Google SRE Workbook); the burn factor of a tier is the
 fraction of the error budget it allows to be spent in its long window, scaled to the SLO window
-(``budget * window / long``), so a 30d SLO gets 14.4/6/3/1 and a 28d one 13.44/5.6/2.8/0.93.
+(``budget * window / long``), so a 30d SLO gets 14.4/6/3/1 and a 28d one 13.44/5.6/2.8/0.93.  A
+firing alert resolves once its condition has been false for ``keep_firing_for`` (per tier, else per
+SLO, else the tier's short window; ``0s`` resolves at once), as Prometheus' ``keep_firing_for`` does.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ __all__ = [
     "SloList",
     "error_budget",
     "parse_duration",
+    "parse_keep",
     "format_duration",
 ]
 
@@ -72,7 +75,18 @@ def format_duration(seconds: int) -> str:
     return out or "0s"
 
 
+def parse_keep(value: Any) -> int:
+    """A ``keep_firing_for`` duration in seconds: like :func:`parse_duration`, and ``0s`` turns the guard off."""
+    if value in (0, "0", "0s") and not isinstance(value, bool):
+        return 0
+    try:
+        return parse_duration(value)
+    except ValueError:
+        raise ValueError(f"{_DURATION_HELP}, or 0s to resolve as soon as the condition clears") from None
+
+
 Duration = Annotated[int, BeforeValidator(parse_duration)]
+KeepDuration = Annotated[int, BeforeValidator(parse_keep)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +98,7 @@ class Tier:
     long: int
     short: int
     budget: float
+    keep_firing_for: int = 0
 
     def factor(self, window: int) -> float:
         """Burn rate that spends ``budget`` of the error budget in ``long`` seconds of a ``window`` SLO."""
@@ -118,6 +133,7 @@ class TierOverride(Section):
     long: Duration | None = Field(None, description="long window (default 1h, 6h, 1d, 3d)")
     short: Duration | None = Field(None, description="short window (default 5m, 30m, 2h, 6h)")
     budget: float | None = Field(None, gt=0, le=1, description="fraction of the error budget spent in `long`")
+    keep_firing_for: KeepDuration | None = Field(None, description="this tier's flap guard (default: the SLO's)")
 
 
 def _tier_shorthand(value: Any) -> Any:
@@ -191,6 +207,8 @@ class SloSpec(Section):
     latency: LatencySli | None = None
     ratio: RatioSli | None = Field(None, validate_default=True)
     min_rate: float = Field(0.0, ge=0, description="events/s below which burn alerts are held back")
+    keep_firing_for: KeepDuration | None = Field(
+        None, description="an alert resolves once its condition stayed false this long (default: tier's short window)")
     labels: dict[str, str] = Field(default_factory=dict, description="extra labels on this SLO's alerts")
 
     @field_validator("objective")
@@ -243,8 +261,8 @@ class SloSpec(Section):
         return check_label_names(v)
 
     def enabled_tiers(self) -> tuple[Tier, ...]:
-        """The tiers that alert, fastest first, with overrides applied."""
-        return _apply(self.tiers, enabled_only=True)
+        """The tiers that alert, fastest first, with overrides and ``keep_firing_for`` applied."""
+        return _apply(self.tiers, enabled_only=True, keep=self.keep_firing_for)
 
     def alert_windows(self) -> tuple[int, ...]:
         """Every distinct alert window (seconds), ascending."""
@@ -268,15 +286,16 @@ class SloSpec(Section):
         return (self.latency or self.ratio).model_dump_json()  # type: ignore[union-attr]
 
 
-def _apply(overrides: dict[str, TierOverride], enabled_only: bool = False) -> tuple[Tier, ...]:
+def _apply(overrides: dict[str, TierOverride], enabled_only: bool = False, keep: int | None = None) -> tuple[Tier, ...]:
+    """The default tiers with overrides; ``keep_firing_for``: the tier's own, else ``keep``, else its short window."""
     out = []
     for tier in DEFAULT_TIERS:
-        o = overrides.get(tier.name)
-        if o is None:
-            out.append(tier)
-        elif o.enabled or not enabled_only:
-            out.append(replace(tier, long=o.long or tier.long, short=o.short or tier.short,
-                               budget=o.budget or tier.budget))
+        o = overrides.get(tier.name) or TierOverride()
+        if o.enabled or not enabled_only:
+            short = o.short or tier.short
+            tier_keep = next(k for k in (o.keep_firing_for, keep, short) if k is not None)
+            out.append(replace(tier, long=o.long or tier.long, short=short, budget=o.budget or tier.budget,
+                               keep_firing_for=tier_keep))
     return tuple(out)
 
 

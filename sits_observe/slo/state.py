@@ -3,8 +3,9 @@
 * ``edges``: the window rings' cumulative counts per SLO, level and edge (so a restart remembers the
   budget already burned); dropped for an SLO whose SLI changed, and for a level whose slot size changed
   (the shortest alert window of all SLOs sets the finest slot);
-* ``alerts``: the firing alert of each SLO (tier and start), so a restart neither re-pages nor forgets
-  to resolve;
+* ``firing``: the firing alerts of each SLO (tier, start, and when the condition cleared while
+  ``keep_firing_for`` keeps it firing), so a restart neither re-pages nor forgets to resolve; replaces
+  the ``alerts`` table of earlier versions (one row per SLO, migrated on open);
 * ``held``: the tiers held quiet because a faster tier took over the incident;
 * ``notes``: annotations added through ``annotate()`` (likely cause) for the current incident.
 """
@@ -32,7 +33,9 @@ CREATE TABLE IF NOT EXISTS edges (
     level INTEGER NOT NULL, idx INTEGER NOT NULL, slo TEXT NOT NULL, good REAL NOT NULL, total REAL NOT NULL,
     PRIMARY KEY (level, idx, slo)
 ) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS alerts (slo TEXT PRIMARY KEY, tier TEXT NOT NULL, since REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS firing (
+    slo TEXT NOT NULL, tier TEXT NOT NULL, since REAL NOT NULL, cleared REAL, PRIMARY KEY (slo, tier)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS notes (slo TEXT PRIMARY KEY, annotations TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS held (slo TEXT PRIMARY KEY, tiers TEXT NOT NULL);
 """
@@ -59,6 +62,9 @@ class SloState:
         return transaction(self.db, self._lock, lambda e: SloError(f"SLO state {self.path}: {e}"))
 
     def _reconcile(self, db: sqlite3.Connection, sli_keys: Sequence[str], levels: str) -> None:
+        if db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='alerts'").fetchone():
+            db.execute("INSERT OR IGNORE INTO firing SELECT slo, tier, since, NULL FROM alerts")
+            db.execute("DROP TABLE alerts")
         row = db.execute("SELECT value FROM meta WHERE key='levels'").fetchone()
         old_res, new_res = json.loads(row[0]) if row else [], json.loads(levels)
         same = 0
@@ -72,7 +78,7 @@ class SloState:
                 db.execute("DELETE FROM edges WHERE slo=?", (name,))
                 db.execute("INSERT OR REPLACE INTO slis VALUES (?, ?)", (name, key))
         gone = [(n,) for n in old if n not in self.names]
-        for table in ("slis", "edges", "alerts", "notes", "held"):
+        for table in ("slis", "edges", "firing", "notes", "held"):
             db.executemany(f"DELETE FROM {table} WHERE slo=?", gone)
 
     def edges(self, level: int) -> tuple[np.ndarray, np.ndarray] | None:
@@ -103,19 +109,23 @@ class SloState:
         with self._tx() as db:
             db.execute("DELETE FROM edges")
 
-    def alerts(self) -> dict[str, tuple[str, float]]:
-        """Firing alert per SLO: ``{slo: (tier, since)}``."""
+    def firing(self) -> dict[str, dict[str, tuple[float, float | None]]]:
+        """Firing alerts: ``{slo: {tier: (since, cleared)}}``; ``cleared`` None while the condition holds."""
         with self._lock:
-            return {s: (t, since) for s, t, since in self.db.execute("SELECT slo, tier, since FROM alerts")}
+            rows = self.db.execute("SELECT slo, tier, since, cleared FROM firing").fetchall()
+        out: dict[str, dict[str, tuple[float, float | None]]] = {}
+        for slo, tier, since, cleared in rows:
+            out.setdefault(slo, {})[tier] = (since, cleared)
+        return out
 
-    def set_alert(self, slo: str, tier: str | None, since: float = 0.0) -> None:
-        """Record the SLO's firing tier; None (resolved) also drops its annotations."""
+    def set_firing(self, slo: str, tiers: dict[str, tuple[float, float | None]]) -> None:
+        """Record the SLO's firing alerts (as :meth:`firing` returns them); none firing also drops its notes."""
         with self._tx() as db:
-            if tier is None:
-                db.execute("DELETE FROM alerts WHERE slo=?", (slo,))
+            db.execute("DELETE FROM firing WHERE slo=?", (slo,))
+            db.executemany("INSERT INTO firing VALUES (?, ?, ?, ?)",
+                           [(slo, t, since, cleared) for t, (since, cleared) in tiers.items()])
+            if not tiers:
                 db.execute("DELETE FROM notes WHERE slo=?", (slo,))
-            else:
-                db.execute("INSERT OR REPLACE INTO alerts VALUES (?, ?, ?)", (slo, tier, since))
 
     def held(self) -> dict[str, list[str]]:
         with self._lock:

@@ -22,7 +22,8 @@ _HELP = {
     "sits_slo_sli_ratio": "Fraction of good events over the window (absent while the window saw no events).",
     "sits_slo_burn_rate": "Error ratio over the window divided by the error budget (1 - objective).",
     "sits_slo_error_budget_remaining_ratio": "Fraction of the SLO window's error budget left (< 0 when overspent).",
-    "sits_slo_alert_firing": "1 while this burn tier's alert fires (at most one tier per SLO fires at a time).",
+    "sits_slo_alert_firing": "1 while this burn tier's alert fires (one tier per SLO, but a tier taken over by a "
+                             "faster one runs out its keep_firing_for).",
 }
 
 
@@ -41,7 +42,7 @@ def metrics_of(engine: SloEngine) -> list[Sample]:
         out.append(_s("sits_slo_objective_ratio", slo, spec.objective))
         for tier in engine.tiers[i].values():
             labels = (*slo, ("severity", tier.severity), ("burn_tier", tier.name))
-            out.append(_s("sits_slo_alert_firing", labels, engine.firing[i] == tier.name))
+            out.append(_s("sits_slo_alert_firing", labels, engine.firing_tiers[i, TIER_NAMES.index(tier.name)]))
         if ev is None:
             continue
         out.append(_s("sits_slo_error_budget_remaining_ratio", slo, ev.budget[i]))
@@ -63,9 +64,10 @@ def slo_view(engine: SloEngine, i: int) -> dict[str, Any]:
         "ts": None if ev is None else ev.ts,
         "firing": None,
     }
-    if i in engine.alerts:
-        alert = engine.alerts[i]
-        out["firing"] = {"burn_tier": engine.firing[i], "since": alert.starts_at, "fingerprint": alert.fingerprint}
+    fastest = engine.firing[i]
+    if fastest is not None:
+        alert = engine.alerts[(i, fastest)]
+        out["firing"] = {"burn_tier": fastest, "since": alert.starts_at, "fingerprint": alert.fingerprint}
     if ev is not None:
         windows = []
         for k in engine.slo_pairs[i]:
@@ -81,12 +83,14 @@ def slo_view(engine: SloEngine, i: int) -> dict[str, Any]:
         if tier is None:
             continue
         row = {"burn_tier": name, "severity": tier.severity, "long": format_duration(tier.long),
-               "short": format_duration(tier.short), "factor": round(tier.factor(spec.window), 6)}
+               "short": format_duration(tier.short), "factor": round(tier.factor(spec.window), 6),
+               "keep_firing_for": format_duration(tier.keep_firing_for)}
         if ev is not None:
             thr = engine.t_threshold[i, j]
             burning = bool(ev.err[engine.t_long[i, j]] > thr and ev.err[engine.t_short[i, j]] > thr)
             row.update(active=bool(ev.active[i, j]), firing=bool(ev.firing[i, j]), held=bool(ev.held[i, j]),
-                       held_back_low_traffic=burning and not bool(ev.active[i, j]))
+                       held_back_low_traffic=burning and not bool(ev.active[i, j]),
+                       condition_cleared_at=_num(ev.cleared[i, j]))
         tiers.append(row)
     out["tiers"] = tiers
     return out
@@ -97,5 +101,6 @@ def _alert_json(alert: Alert) -> dict[str, Any]:
 
 
 def alerts_view(engine: SloEngine) -> dict[str, Any]:
-    return {"firing": [_alert_json(a) for _, a in sorted(engine.alerts.items())],
+    order = sorted(engine.alerts, key=lambda k: (k[0], TIER_NAMES.index(k[1])))
+    return {"firing": [_alert_json(engine.alerts[k]) for k in order],
             "recent": [_alert_json(a) for a in reversed(engine.recent)]}

@@ -101,7 +101,7 @@ def test_alert_arrives_then_resolves_in_alertmanager(tmp_path, alertmanager):
         assert alert["fingerprint"] == ours["fingerprint"]  # Alertmanager's own label fingerprint
         assert alert["status"]["state"] == "active"
         assert alert["annotations"]["summary"].startswith("chat-latency: error budget burning")
-        for _ in range(15):
+        for _ in range(25):  # 10 s until the short window clears, then keep_firing_for (= short window)
             tick(0)
         assert engine.firing == [None]
         _wait(lambda: _get(url) == [])  # resolved alerts leave the active list

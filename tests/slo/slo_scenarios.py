@@ -44,11 +44,25 @@ def _burn(per_step: int, bad: int, start: int, end: int) -> tuple[np.ndarray, np
     return total - errors, total
 
 
+def _pattern(per_step: int, bad: int, start: int, minutes: str) -> tuple[np.ndarray, np.ndarray]:
+    """From step ``start+1`` on, one step per character of ``minutes``: ``x`` carries ``bad`` errors, ``.`` none."""
+    good, total = _burn(per_step, 0, 0, 0)
+    for k, c in enumerate(minutes):
+        good[start + k] -= bad * (c == "x")
+    return good, total
+
+
+# A 2 % burn (page_fast) with dips: 2 clean minutes (kept firing), then 6 minutes in which page_fast's condition
+# is false (4 clean; at T0+27 the 12m window holds 8 bad minutes) and page_slow turns active for the first time at
+# T0+27 (21 bad minutes in 72m): held, because page_fast is kept firing.  keep_firing_for 5m: resolves at T0+28.
+FLAP = "x" * 12 + ".." + "x" * 8 + "...." + "xx"
+
 SCENARIOS = [
     Scenario("fast", "latency", *_burn(600, 12, T0, T0 + 24)),      # 2 % slow requests (burn 20) for 24 min
     Scenario("slow", "latency", *_burn(1000, 4, T0, T0 + 220)),     # 0.4 % (burn 4) for 220 min
     Scenario("quiet", "ratio", *_burn(6, 3, 0, 100)),               # 50 % errors at 0.1 events/s
     Scenario("outage", "latency", *_burn(600, 600, 0, 10)),         # every request slow for 10 min, 28d tiers
+    Scenario("flap", "latency", *_pattern(600, 12, T0, FLAP)),      # keep_firing_for 5m
 ]
 
 
@@ -63,6 +77,7 @@ def config(state_dir: str) -> Config:
         {**base, **SCALED, "name": "quiet", "min_rate": 0.5,
          "ratio": {"total": "requests_total", "bad": "request_errors_total", "workload": "quiet"}},
         {**base, "window": "28d", "name": "outage", "latency": latency("outage")},
+        {**base, **SCALED, "name": "flap", "keep_firing_for": "5m", "latency": latency("flap")},
     ]}, env={})
 
 

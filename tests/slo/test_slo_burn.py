@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from sits_observe.errors import SloError
-from sits_observe.slo.burn import budget_remaining, burn_rate, error_ratio, inhibit, tier_active
+from sits_observe.slo.burn import budget_remaining, burn_rate, error_ratio, fire, tier_active
 from sits_observe.slo.spec import DEFAULT_TIERS, error_budget, format_duration, parse_duration
 from sits_observe.slo.window import Levels, WindowRing
 
@@ -66,6 +66,16 @@ def test_tier_active(err_long, err_short, rate_short, min_rate, active):
     assert bool(tier_active(err_long, err_short, rate_short, 0.01344, min_rate)) is active
 
 
+def _fire_over_time(active, keep):
+    """Run :func:`fire` for one SLO, one evaluation per second; the firing rows."""
+    firing, held, cleared = np.zeros(4, dtype=bool), np.zeros(4, dtype=bool), np.full(4, np.nan)
+    got = []
+    for ts, row in enumerate(active):
+        firing, held, cleared = fire(np.array(row, dtype=bool), held, firing, cleared, float(ts), np.full(4, keep))
+        got.append(firing.astype(int).tolist())
+    return got
+
+
 @pytest.mark.parametrize("name, active, firing", [
     ("all tiers at once: one alert, the fastest",
      [[1, 1, 1, 1], [1, 1, 1, 1], [0, 1, 1, 1], [0, 0, 1, 1], [0, 0, 0, 1], [0, 0, 0, 0], [0, 0, 0, 1]],
@@ -77,13 +87,34 @@ def test_tier_active(err_long, err_short, rate_short, min_rate, active):
      [[1, 1, 0, 0], [0, 1, 0, 0], [0, 0, 0, 0], [0, 1, 0, 0]],
      [[1, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0], [0, 1, 0, 0]]),
 ])
-def test_inhibit_over_time(name, active, firing):
-    held = np.zeros(4, dtype=bool)
-    got = []
-    for row in active:
-        f, held = inhibit(np.array(row, dtype=bool), held)
-        got.append(f.astype(int).tolist())
-    assert got == firing, name
+def test_inhibit_over_time_without_keep_firing_for(name, active, firing):
+    assert _fire_over_time(active, 0.0) == firing, name
+
+
+# keep_firing_for = 2 s, one evaluation per second: an alert resolves at the second evaluation in a row
+# that finds its condition false (as Prometheus: false since t, still firing while now - t < 2 s).
+@pytest.mark.parametrize("name, active, firing", [
+    ("dips of one and two evaluations: one alert, resolved 2 s after the last clear",
+     [[1, 0, 0, 0], [0, 0, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]],
+     [[1, 0, 0, 0], [1, 0, 0, 0], [1, 0, 0, 0], [1, 0, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0]]),
+    ("a faster tier takes over; the ticket runs out its keep_firing_for, the page its own",
+     [[0, 0, 0, 1], [1, 0, 0, 1], [1, 0, 0, 1], [1, 0, 0, 1], [0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]],
+     [[0, 0, 0, 1], [1, 0, 0, 1], [1, 0, 0, 1], [1, 0, 0, 0], [1, 0, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0]]),
+    ("a slower tier that turns active while the faster alert is kept firing stays held",
+     [[1, 0, 0, 0], [0, 1, 0, 0], [0, 1, 0, 0], [0, 1, 0, 0], [0, 0, 0, 0], [0, 1, 0, 0]],
+     [[1, 0, 0, 0], [1, 0, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0], [0, 1, 0, 0]]),
+])
+def test_keep_firing_for_over_time(name, active, firing):
+    assert _fire_over_time(active, 2.0) == firing, name
+
+
+def test_fire_is_vectorised_over_slos():
+    active = np.array([[1, 0, 0, 0], [0, 0, 0, 1]], dtype=bool)
+    firing, held, cleared = fire(active, np.zeros((2, 4), bool), np.array([[0, 0, 0, 0], [1, 0, 0, 0]], bool),
+                                 np.full((2, 4), np.nan), 10.0, np.array([[5.0] * 4, [5.0] * 4]))
+    assert firing.astype(int).tolist() == [[1, 0, 0, 0], [1, 0, 0, 0]]  # row 1: page kept, ticket held
+    assert held.astype(int).tolist() == [[0, 0, 0, 0], [0, 0, 0, 1]]
+    assert np.isnan(cleared[0]).all() and cleared[1, 0] == 10.0
 
 
 @pytest.mark.parametrize("text, seconds, back", [

@@ -4,6 +4,7 @@ state directory, RCA annotations, API and metrics output."""
 import copy
 import json
 import logging
+import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -57,6 +58,10 @@ def _wait(pred, timeout=20.0):
     return pred()
 
 
+def _tier(engine, name):
+    return next(t for t in engine.slos_state()[0]["tiers"] if t["burn_tier"] == name)
+
+
 @pytest.fixture
 def receiver():
     r = Receiver(secret=SECRET)
@@ -83,9 +88,21 @@ def test_restart_remembers_budget_and_firing_alert(tmp_path, receiver):
     engine.on_tick(feed.frame(0.5))
     after = engine.slos_state()[0]["error_budget"]["remaining_ratio"]
     assert after < before  # the burned budget was not forgotten, and this tick burned more
-    for _ in range(15):
+    cleared = None
+    for _ in range(20):  # the 10 s short window clears within 11 ticks
         engine.on_tick(feed.frame(0.0))
-    assert engine.firing == [None]
+        cleared = _tier(engine, "page_fast")["condition_cleared_at"]
+        if cleared is not None:
+            break
+    assert cleared == feed.ts and engine.firing == ["page_fast"]  # kept firing: keep_firing_for = short window
+    engine.close()
+
+    engine = SloEngine.from_config(cfg)  # a restart while the alert is kept firing: the clock is not reset
+    for _ in range(9):
+        engine.on_tick(feed.frame(0.0))
+        assert engine.firing == ["page_fast"] and _tier(engine, "page_fast")["condition_cleared_at"] == cleared
+    engine.on_tick(feed.frame(0.0))
+    assert engine.firing == [None] and feed.ts == cleared + 10
     assert _wait(lambda: len(receiver.accepted()) == 2)
     engine.close()
 
@@ -113,7 +130,7 @@ def test_annotations_ride_on_the_alert(tmp_path, receiver):
     assert _wait(lambda: len(receiver.accepted()) == 2)
     with pytest.raises(Exception, match="unknown SLO 'nope'"):
         engine.annotate("nope", {"likely_cause": "x"})
-    for _ in range(15):
+    for _ in range(25):  # 10 s until the short window clears, 10 s of keep_firing_for
         engine.on_tick(feed.frame(0.0))
     assert _wait(lambda: len(receiver.accepted()) == 3)
     engine.close()
@@ -142,21 +159,24 @@ def test_api_state_and_metrics(tmp_path, receiver):
     assert win["10s"]["total"] == 1000 and win["10s"]["good"] == 700 and win["10s"]["burn_rate"] == pytest.approx(30)
     assert win["1m"]["sli"] == pytest.approx(1 - 30 * 30 / 6000)
     tiers = {t["burn_tier"]: t for t in slo["tiers"]}
-    assert tiers["page_fast"]["firing"] and tiers["ticket_slow"]["held"] and not tiers["ticket_slow"]["firing"]
-    assert alerts["firing"][0]["labels"]["burn_tier"] == "page_fast"
+    # with only 90 s of history the 10m tier burned first: ticket_slow fired, then page_fast took over; held,
+    # ticket_slow runs out its keep_firing_for (its 1m short window) before it resolves
+    assert tiers["page_fast"]["firing"] and tiers["page_fast"]["condition_cleared_at"] is None
+    assert tiers["ticket_slow"]["held"] and tiers["ticket_slow"]["firing"]
+    assert tiers["ticket_slow"]["keep_firing_for"] == "1m" and tiers["ticket_slow"]["condition_cleared_at"] > 0
+    assert [a["labels"]["burn_tier"] for a in alerts["firing"]] == ["page_fast", "ticket_slow"]
     assert alerts["receivers"][0]["name"] == "hook" and set(alerts["receivers"][0]) >= {"queue_depth", "delivered"}
     samples = {(s.name, s.labels): s.value for s in engine.metrics()}
     slo_l = (("slo", "chat-latency"),)
     assert samples[("sits_slo_alert_firing", (*slo_l, ("severity", "page"), ("burn_tier", "page_fast")))] == 1.0
-    assert samples[("sits_slo_alert_firing", (*slo_l, ("severity", "ticket"), ("burn_tier", "ticket_slow")))] == 0.0
+    assert samples[("sits_slo_alert_firing", (*slo_l, ("severity", "ticket"), ("burn_tier", "ticket_slow")))] == 1.0
     assert samples[("sits_slo_burn_rate", (*slo_l, ("window", "10s")))] == pytest.approx(30)
     assert samples[("sits_slo_sli_ratio", (*slo_l, ("window", "1h")))] == pytest.approx(1 - 900 / 12000)
     assert samples[("sits_slo_error_budget_remaining_ratio", slo_l)] == pytest.approx(1 - (900 / 12000) / 0.01)
     assert _wait(lambda: engine.dispatcher.outbox.depth() == {})
     samples = {(s.name, s.labels): s.value for s in engine.metrics()}
-    # with only 90 s of history the 10m tier burned first: ticket_slow fired, then page_fast took over
-    assert [a["labels"]["burn_tier"] for a in alerts["recent"]] == ["ticket_slow"]
-    assert samples[("sits_webhook_deliveries_total", (("receiver", "hook"), ("outcome", "delivered")))] == 3.0
+    assert alerts["recent"] == []
+    assert samples[("sits_webhook_deliveries_total", (("receiver", "hook"), ("outcome", "delivered")))] == 2.0
     assert samples[("sits_webhook_queue_depth", (("receiver", "hook"),))] == 0.0
     engine.close()
 
@@ -195,4 +215,18 @@ def test_a_changed_sli_starts_afresh_and_others_keep_their_history(tmp_path, rec
     engine = SloEngine.from_config(parse(data, env={}))
     engine.on_tick(feed.frame(0.0))
     assert [s["windows"][-1]["total"] for s in engine.slos_state()] == [100, 200]
+    engine.close()
+
+
+def test_firing_alert_of_an_earlier_state_file_is_kept(tmp_path, receiver):
+    """slo.db of earlier versions kept one alert per SLO in an `alerts` table; it is migrated on open."""
+    cfg = _config(tmp_path, receiver.url)
+    SloEngine.from_config(cfg).close()
+    db = sqlite3.connect(tmp_path / "slo.db")
+    db.executescript("DROP TABLE firing;"
+                     "CREATE TABLE alerts (slo TEXT PRIMARY KEY, tier TEXT NOT NULL, since REAL NOT NULL);"
+                     "INSERT INTO alerts VALUES ('chat-latency', 'page_fast', 1700000000.0);")
+    db.close()
+    engine = SloEngine.from_config(cfg)
+    assert engine.firing == ["page_fast"] and engine.slos_state()[0]["firing"]["since"] == 1700000000.0
     engine.close()

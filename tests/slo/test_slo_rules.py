@@ -17,6 +17,7 @@ from sits_observe.daemon import Daemon, WallClock
 from sits_observe.export.http import create_app
 from sits_observe.slo.evaluate import SloEngine
 from sits_observe.slo.rules import dump_rules, rule_groups
+from sits_observe.slo.spec import TIER_NAMES
 
 sys.path.insert(0, str(Path(__file__).parent))
 import slo_scenarios as S  # noqa: E402
@@ -24,23 +25,32 @@ import slo_scenarios as S  # noqa: E402
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 T0 = S.T0
 
-# Hand-computed firing tier per SLO at chosen minutes (None: nothing fires); SLOs not named fire nothing.
+# Hand-computed firing tier per SLO at chosen minutes; SLOs not named fire nothing.  keep_firing_for is each
+# tier's short window (1m, 6m, 24m, 72m scaled; 5m for the 28d outage) unless the SLO sets it (flap: 5m): an
+# alert resolves at the keep_firing_for-th minute after the first one with its condition false.
 #  fast: 12m window error ratio 0.02*k/12 > 13.44*0.001 -> k >= 9 bad minutes; the 1m short window clears
-#        the minute after the burn; page_slow turns active at k = 21 (0.02*21/72 > 0.0056) while page_fast
-#        fires, so it is held, and stays held until its 6m window clears at T0+29: it never fires.
+#        the minute after the burn (T0+25), kept 1m: resolved at T0+26; page_slow turns active at k = 21
+#        (0.02*21/72 > 0.0056) while page_fast fires, so it is held, and stays held until its 6m window clears
+#        at T0+29: it never fires.
 #        Ticket tiers: 0.02*24/288 < 0.0028, and 0.02*24/(T0+24) < 0.000933 (the 864m window is not full).
 #  slow: burn 4 never reaches 5.6 (no page); 288m: 0.004*k/288 > 0.0028 -> k >= 202 (ticket_fast); the
 #        864m window holds T0+k minutes: 0.004*k/(T0+k) > 0.000933 -> k >= 214, so ticket_slow turns active
-#        after ticket_fast and is held; the 24m window clears at T0+228 (16 bad minutes: 0.004*16/24 < 0.0028)
-#        and ticket_slow stays held until its 72m window clears.
+#        after ticket_fast and is held; the 24m window clears at T0+228 (16 bad minutes: 0.004*16/24 < 0.0028),
+#        kept 24m: resolved at T0+252; ticket_slow stays held until its 72m window clears.
 #  quiet: 50 % errors would fire every tier, but 0.1 events/s < min_rate 0.5.
 #  outage (28d, default windows): every tier is active from minute 1; page_fast fires (13.44x over 1h/5m),
-#        the 5m window clears at minute 15; the slower tiers stay held until they clear: one alert.
+#        the 5m window clears at minute 15, kept 5m: resolved at 20; the slower tiers stay held until they
+#        clear: one alert.
+#  flap (see slo_scenarios.FLAP): fires at T0+9, kept through the clean T0+13..14, condition false from T0+23,
+#        page_slow active but held at T0+27, resolved at T0+28: one alert (without the guard: three alerts
+#        and a page_slow one).
+PF, TF = ("page_fast",), ("ticket_fast",)
 HAND = {
-    1: {"outage": "page_fast"}, 14: {"outage": "page_fast"}, 15: {}, 40: {}, 130: {},
-    T0 + 8: {}, T0 + 9: {"fast": "page_fast"}, T0 + 24: {"fast": "page_fast"}, T0 + 25: {}, T0 + 30: {},
-    T0 + 201: {}, T0 + 202: {"slow": "ticket_fast"}, T0 + 227: {"slow": "ticket_fast"}, T0 + 228: {},
-    T0 + 280: {},
+    1: {"outage": PF}, 19: {"outage": PF}, 20: {}, 40: {}, 130: {},
+    T0 + 8: {}, T0 + 9: {"fast": PF, "flap": PF}, T0 + 13: {"fast": PF, "flap": PF},
+    T0 + 14: {"fast": PF, "flap": PF}, T0 + 25: {"fast": PF, "flap": PF}, T0 + 26: {"flap": PF},
+    T0 + 27: {"flap": PF}, T0 + 28: {}, T0 + 30: {},
+    T0 + 201: {}, T0 + 202: {"slow": TF}, T0 + 251: {"slow": TF}, T0 + 252: {}, T0 + 280: {},
 }
 
 
@@ -55,7 +65,8 @@ def setup(tmp_path_factory):
     steps = {}
     for frame in S.frames():
         engine.on_tick(frame)
-        steps[int(frame.ts // 60)] = {s.name: f for s, f in zip(engine.specs, engine.firing) if f}
+        steps[int(frame.ts // 60)] = {s.name: tuple(t for t, f in zip(TIER_NAMES, row) if f)
+                                      for s, row in zip(engine.specs, engine.firing_tiers) if row.any()}
     engine.close()
     return cfg, rules, steps
 
@@ -63,8 +74,7 @@ def setup(tmp_path_factory):
 def _expected_alerts(cfg, firing: dict) -> list[dict]:
     out = []
     for spec in cfg.slos:
-        tier_name = firing.get(spec.name)
-        if tier_name:
+        for tier_name in firing.get(spec.name, ()):
             tier = next(t for t in spec.enabled_tiers() if t.name == tier_name)
             labels = spec.alert_labels(tier)
             del labels["alertname"]
@@ -117,7 +127,7 @@ def test_promtool_fires_at_the_same_steps_as_the_daemon(setup, tmp_path):
         if steps[m] != steps[m - 1]:
             check |= {m - 1, m}
     groups = []
-    for names in (("fast", "slow"), ("outage", "quiet")):
+    for names in (("fast", "slow", "flap"), ("outage", "quiet")):
         mine = sorted(m for m in check if m > S.T0) if "fast" in names else sorted(m for m in check if m < S.T0)
         tests = [_alert_test(cfg, m, steps[m], names) for m in mine]
         # and the hand-computed table, independently of the daemon

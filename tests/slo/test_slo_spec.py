@@ -41,6 +41,13 @@ def _errors(tmp_path, data):
      "slos[0].tiers: page_fast: short window 2h must be shorter than the long window 1h"),
     ({"objective": 0.999, "latency": LATENCY, "labels": {"severity": "low"}},
      "slos[0].labels: ['severity'] are set by sits-observe; choose other label names"),
+    ({"objective": 0.999, "latency": LATENCY, "keep_firing_for": "-5m"},
+     "slos[0].keep_firing_for: must be a duration like 30s, 5m, 1h or 28d (units w, d, h, m, s), or 0s to resolve "
+     "as soon as the condition clears, got '-5m'"),
+    ({"objective": 0.999, "latency": LATENCY, "keep_firing_for": "5 minutes"},
+     "slos[0].keep_firing_for: must be a duration like"),
+    ({"objective": 0.999, "latency": LATENCY, "tiers": {"page_fast": {"keep_firing_for": 1.5}}},
+     "slos[0].tiers.page_fast.keep_firing_for: must be a duration like"),
 ])
 def test_bad_spec_names_field_and_fix(tmp_path, slo, line):
     f, lines = _errors(tmp_path, {"slos": [{"name": "s", **slo}]})
@@ -102,3 +109,13 @@ def test_slo_rules_command(tmp_path):
     empty.write_text("")
     res = subprocess.run([*cli, "--config", str(empty)], capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "no SLOs configured" in res.stderr
+
+
+def test_keep_firing_for_defaults_to_the_short_window_and_can_be_set_per_slo_and_tier():
+    def keeps(**slo):
+        spec = parse({"slos": [{"name": "s", "objective": 0.999, "latency": LATENCY, **slo}]}, env={}).slos[0]
+        return [t.keep_firing_for for t in spec.enabled_tiers()]
+    assert keeps() == [300, 1800, 7200, 21600]
+    assert keeps(keep_firing_for="10m") == [600] * 4
+    assert keeps(keep_firing_for="0s", tiers={"ticket_slow": {"keep_firing_for": "1h"}}) == [0, 0, 0, 3600]
+    assert keeps(tiers={"page_fast": {"short": "2m"}}) == [120, 1800, 7200, 21600]
