@@ -20,7 +20,8 @@ from werkzeug.exceptions import HTTPException
 
 from ..errors import ConfigError, SchedulerError, SitsError
 from .api import register_api
-from .prometheus import HistogramText, StoreCollector
+from .fasttext import GpuText, HistogramText
+from .prometheus import StoreCollector
 
 if TYPE_CHECKING:
     from ..daemon import Daemon
@@ -63,10 +64,11 @@ def create_app(daemon: Daemon, *, ui: bool = True) -> Flask:
     collector = StoreCollector(daemon.store, daemon.providers, daemon.config.store.stale_after, daemon.note_error)
     daemon.registry.register(collector)
     histograms = HistogramText(daemon.store, daemon.config.store.stale_after)
+    gpus = GpuText(daemon.store)
 
     @app.get("/metrics")
     def metrics() -> Response:
-        body = histograms.render().encode() + generate_latest(daemon.registry)
+        body = (histograms.render() + gpus.render()).encode() + generate_latest(daemon.registry)
         return Response(body, mimetype=CONTENT_TYPE_LATEST)
 
     @app.get("/healthz")
