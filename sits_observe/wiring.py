@@ -98,8 +98,8 @@ def _add_consumers(daemon: Daemon) -> None:
         from .rca.engine import RcaEngine
 
         daemon.rca = RcaEngine(cfg.rca, cfg.state_dir,
-                               burning=lambda: bool(_firing_names(daemon)),
-                               annotate=lambda notes: _annotate_firing(daemon, notes),
+                               firing=lambda: _firing_names(daemon),
+                               annotate=daemon.slo.annotate if daemon.slo else None,
                                on_verdict=daemon.scheduler.on_verdict if daemon.scheduler else None)
         daemon.consumers.append(daemon.rca)
     if daemon.scheduler is not None:  # after the classifier: this tick's verdicts are seen this tick
