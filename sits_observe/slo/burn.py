@@ -40,27 +40,21 @@ def tier_active(err_long: np.ndarray, err_short: np.ndarray, rate_short: np.ndar
                 & (np.asarray(rate_short) >= min_rate))
 
 
-def fire(active: np.ndarray, held: np.ndarray, firing: np.ndarray, cleared: np.ndarray, ts: float,
+def fire(active: np.ndarray, held: np.ndarray, last_true: np.ndarray, ts: float,
          keep: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Which tiers fire now, per SLO row and tier column (fastest first): ``(firing, held, cleared)``.
+    """Which tiers fire now, per SLO row and tier column (fastest first): ``(firing, held, last_true)``.
 
-    A tier is *held* while it is active and a faster tier is active or firing, or it was held at the
-    previous evaluation: once a faster tier took over an incident, the slower ones stay quiet until
-    their own condition clears, so one incident is one alert.  A tier's alert condition is "active and
-    not held"; like Prometheus' ``keep_firing_for``, an alert that fired stays firing until its condition
-    has been false for ``keep`` seconds, counted from ``cleared``, the first evaluation that found it
-    false (NaN while the condition holds or nothing fires).  ``held``, ``firing`` and ``cleared`` are the
-    previous evaluation's; rows are independent, columns are decided fastest first.
+    A tier's condition is *kept* (the flap guard) while it is active or was active at an evaluation at
+    most ``keep`` seconds ago; ``last_true`` is the time of that evaluation (NaN when not kept).  A tier
+    is *held* while kept and a faster tier is kept, or it was held at the previous evaluation: once a
+    faster tier took over an incident, the slower ones resolve at once and stay quiet until their own
+    kept condition lapses, so one incident is one alert.  A tier fires when kept and not held.
+    ``held`` and ``last_true`` are the previous evaluation's; rows are independent.
     """
     active = np.asarray(active, dtype=bool)
-    out_firing, out_held, out_cleared = np.zeros_like(active), np.zeros_like(active), np.full(active.shape, np.nan)
-    for k in range(active.shape[-1]):
-        faster = (active[..., :k] | out_firing[..., :k]).any(axis=-1)
-        out_held[..., k] = active[..., k] & (faster | held[..., k])
-        condition = active[..., k] & ~out_held[..., k]
-        was = np.asarray(firing[..., k], dtype=bool)
-        since = np.where(condition, np.nan, np.where(was & np.isnan(cleared[..., k]), ts, cleared[..., k]))
-        with np.errstate(invalid="ignore"):
-            out_firing[..., k] = condition | (was & (ts - since < keep[..., k]))
-        out_cleared[..., k] = np.where(out_firing[..., k], since, np.nan)
-    return out_firing, out_held, out_cleared
+    with np.errstate(invalid="ignore"):
+        kept = active | (ts - np.asarray(last_true) <= keep)
+    last = np.where(active, ts, np.where(kept, last_true, np.nan))
+    faster = (np.cumsum(kept, axis=-1) - kept) > 0
+    out_held = kept & (faster | np.asarray(held, dtype=bool))
+    return kept & ~out_held, out_held, last

@@ -4,11 +4,11 @@ Each tick the engine adds the Frame's good/total events of every SLO to its wind
 (:mod:`.window`, on the source clock ``frame.ts``), computes the error ratio and burn rate of every
 alert window and the error budget left over the SLO window, and decides per SLO which burn tier
 fires: a tier is active when its long and short windows both burn faster than its factor and the short
-window saw at least ``min_rate`` events/s.  Only the fastest active tier fires; slower ones are held
-while a faster one is active or firing and stay held until their own condition clears, so an incident
-is one alert, not one per tier.  A firing alert resolves only once its condition has been false for
-the tier's ``keep_firing_for`` (:func:`.burn.fire`), so a brief dip near the threshold does not flap;
-a slower tier taken over by a faster one runs out its ``keep_firing_for`` too, as in Prometheus.
+window saw at least ``min_rate`` events/s.  A tier's condition is kept through dips of up to its
+``keep_firing_for`` (the flap guard), so a brief dip near the threshold does not flap.  Only the
+fastest kept tier fires: slower ones are held (a firing one resolves at once) while a faster one is
+kept, and stay held until their own kept condition lapses, so an incident is one alert, not one per
+tier (:func:`.burn.fire`).
 State changes go to the alert outbox (:mod:`sits_observe.alerting`) before they are recorded in
 ``state_dir/slo.db``, so a crash in between re-announces the change and the outbox drops the duplicate.
 
@@ -57,7 +57,7 @@ RECENT_KEPT = 50
 @dataclass(frozen=True, slots=True)
 class Evaluation:
     """One tick's results: per window pair ``sums (2, P)``; per SLO and tier ``active``, ``firing``, ``held`` and
-    ``cleared (n, T)`` (when a firing tier's condition cleared, NaN while it holds; see :func:`.burn.fire`)."""
+    ``last_true (n, T)`` (when a kept tier's condition last held, NaN when not kept; see :func:`.burn.fire`)."""
 
     ts: float
     sums: np.ndarray
@@ -67,7 +67,7 @@ class Evaluation:
     active: np.ndarray
     firing: np.ndarray
     held: np.ndarray
-    cleared: np.ndarray
+    last_true: np.ndarray
     budget: np.ndarray
 
 
@@ -135,19 +135,23 @@ class SloEngine:
         shape = (len(self.specs), len(TIER_NAMES))
         self.alerts: dict[tuple[int, str], Alert] = {}
         self.firing_tiers = np.zeros(shape, dtype=bool)
-        self.cleared = np.full(shape, np.nan)
+        self.last_true = np.full(shape, np.nan)
+        self.saved = np.full(shape, np.nan)  # as stored: NaN not kept, inf condition held at the last evaluation
         index = {s.name: i for i, s in enumerate(self.specs)}
         self.held = np.zeros(shape, dtype=bool)
         for name, tiers in self.state.held().items():
             self.held[index[name]] = [t in tiers for t in TIER_NAMES]
-        for name, firing in self.state.firing().items():
+        for name, kept in self.state.tiers().items():
             i = index[name]
-            for tier, (since, cleared) in firing.items():
+            for tier, (since, last_true) in kept.items():
                 if tier in self.tiers[i]:
                     j = TIER_NAMES.index(tier)
-                    self.firing_tiers[i, j] = True
-                    self.cleared[i, j] = np.nan if cleared is None else cleared
-                    self.alerts[(i, tier)] = self._alert(i, self.tiers[i][tier], since)
+                    self.saved[i, j] = np.inf if last_true is None else last_true
+                    if since is not None:
+                        self.firing_tiers[i, j] = True
+                        self.alerts[(i, tier)] = self._alert(i, self.tiers[i][tier], since)
+        self.resume = np.isinf(self.saved)  # held up to the restart: counted as held at the first evaluation
+        self.last_true = np.where(self.resume, np.nan, self.saved)
 
     @property
     def firing(self) -> list[str | None]:
@@ -178,10 +182,11 @@ class SloEngine:
             self.state.save(written, prune)
             for i in np.flatnonzero((ev.held != self.held).any(axis=1)):
                 self.state.set_held(self.specs[i].name, [t for t, h in zip(TIER_NAMES, ev.held[i]) if h])
-            self.held = ev.held
-            same_cleared = (ev.cleared == self.cleared) | (np.isnan(ev.cleared) & np.isnan(self.cleared))
-            for i in np.flatnonzero(((ev.firing != self.firing_tiers) | ~same_cleared).any(axis=1)):
-                self._transition(int(i), ev)
+            self.held, self.last_true, self.resume = ev.held, ev.last_true, np.zeros_like(self.resume)
+            saved = np.where(ev.active, np.inf, ev.last_true)
+            same = (saved == self.saved) | (np.isnan(saved) & np.isnan(self.saved))
+            for i in np.flatnonzero(((ev.firing != self.firing_tiers) | ~same).any(axis=1)):
+                self._transition(int(i), ev, saved[i])
             if self.dispatcher is not None and self.alerts:
                 self.dispatcher.refresh(list(self.alerts.values()))
 
@@ -190,8 +195,9 @@ class SloEngine:
         err = error_ratio(sums[0], sums[1])
         rate = sums[1] / self.windows
         active = tier_active(err[self.t_long], err[self.t_short], rate[self.t_short], self.t_threshold, self.min_rate)
-        firing, held, cleared = fire(active, self.held, self.firing_tiers, self.cleared, ts, self.keep)
-        return Evaluation(ts, sums, err, burn_rate(err, self.budget[self.rows]), rate, active, firing, held, cleared,
+        last = np.where(self.resume, ts, self.last_true)
+        firing, held, last_true = fire(active, self.held, last, ts, self.keep)
+        return Evaluation(ts, sums, err, burn_rate(err, self.budget[self.rows]), rate, active, firing, held, last_true,
                           budget_remaining(err[self.budget_pair], self.budget))
 
     def _alert(self, i: int, tier: Tier, since: float) -> Alert:
@@ -199,8 +205,9 @@ class SloEngine:
         return Alert({**self.external, **spec.alert_labels(tier)},
                      {**spec.alert_annotations(tier), **self.notes.get(spec.name, {})}, "firing", since)
 
-    def _transition(self, i: int, ev: Evaluation) -> None:
-        """Announce the SLO's alerts that started or resolved (outbox first), then record its firing state."""
+    def _transition(self, i: int, ev: Evaluation, saved: np.ndarray) -> None:
+        """Announce the SLO's alerts that started or resolved (outbox first), then record its kept tiers
+        (``saved``: NaN not kept, inf condition holds, else when it last held)."""
         name = self.specs[i].name
         started = [t for j, t in enumerate(TIER_NAMES) if ev.firing[i, j] and not self.firing_tiers[i, j]]
         ended = [t for j, t in enumerate(TIER_NAMES) if self.firing_tiers[i, j] and not ev.firing[i, j]]
@@ -217,9 +224,10 @@ class SloEngine:
             log.info("SLO %s: %s firing", name, t)
         if not ev.firing[i].any():
             self.notes.pop(name, None)
-        self.state.set_firing(name, {t: (self.alerts[(i, t)].starts_at, None if np.isnan(c) else float(c))
-                                     for t, f, c in zip(TIER_NAMES, ev.firing[i], ev.cleared[i]) if f})
-        self.firing_tiers[i], self.cleared[i] = ev.firing[i], ev.cleared[i]
+        self.state.set_tiers(name, {t: (self.alerts[(i, t)].starts_at if f else None,
+                                        None if np.isinf(v) else float(v))
+                                    for t, f, v in zip(TIER_NAMES, ev.firing[i], saved) if not np.isnan(v)})
+        self.firing_tiers[i], self.saved[i] = ev.firing[i], saved
 
     def _notify(self, alert: Alert) -> None:
         if self.dispatcher is not None:

@@ -9,12 +9,15 @@ One rule group per SLO, evaluated in order within each evaluation:
 * ``sits_slo:burn_condition{slo, burn_tier}``: present while the tier's long and short windows burn
   above its threshold and the short window has ``min_rate`` events/s; its value is the long-window
   burn rate;
+* ``sits_slo:burn_condition_held{slo, burn_tier}``, the flap guard: present while the condition holds
+  or held at an evaluation at most ``keep_firing_for`` ago; its value is the time of that evaluation
+  (the rule reads its own previous value);
 * per tier, fastest first: ``sits_slo:burn_held{slo, burn_tier}`` (not for the fastest), a tier whose
-  condition holds while a faster one's does or a faster alert fires (``ALERTS``, written by the
-  alerting rules before it in the group, at the same timestamp), kept (the rule reads its own
-  previous value) until its own condition clears; then alert ``SitsSloBurnRate``, the condition
-  ``unless`` held, with ``keep_firing_for`` and the same labels and annotations as the daemon's alerts:
-  the daemon's :func:`~.burn.fire`, evaluation for evaluation.
+  held condition is present while a faster tier's is, kept (the rule reads its own previous value)
+  until its own held condition lapses; then alert ``SitsSloBurnRate``, the held condition ``unless``
+  ``burn_held``, without ``for`` or ``keep_firing_for`` (so a tier taken over resolves at once), and with
+  the same labels and annotations as the daemon's alerts: the daemon's :func:`~.burn.fire`, evaluation
+  for evaluation.
 
 Latency SLIs select the exported bucket whose ``le`` is the snapped threshold edge, written as the
 exporter writes it (9 significant digits).
@@ -97,24 +100,26 @@ def _group(spec: SloSpec, snapped: Sequence[float], buckets: Sequence[float]) ->
     for tier in tiers:
         rules.append({"record": "sits_slo:burn_condition", "expr": _condition(spec, tier, budget),
                       "labels": {**slo, "burn_tier": tier.name}})
+    for tier in tiers:
+        expr = f"{_selector('sits_slo:burn_condition', slo=spec.name, burn_tier=tier.name)} * 0 + time()"
+        if tier.keep_firing_for:
+            kept = _selector("sits_slo:burn_condition_held", slo=spec.name, burn_tier=tier.name)
+            expr += f" or {kept} >= time() - {tier.keep_firing_for}"
+        rules.append({"record": "sits_slo:burn_condition_held", "expr": expr,
+                      "labels": {**slo, "burn_tier": tier.name}})
     for k, tier in enumerate(tiers):
-        this = _selector("sits_slo:burn_condition", slo=spec.name, burn_tier=tier.name)
-        expr = this
+        expr = _selector("sits_slo:burn_condition_held", slo=spec.name, burn_tier=tier.name)
         if k:
             held = _selector("sits_slo:burn_held", slo=spec.name, burn_tier=tier.name)
-            faster = "|".join(t.name for t in tiers[:k])
-            firing = (f'ALERTS{{alertname="{ALERT_NAME}",alertstate="firing",slo="{spec.name}",'
-                      f'burn_tier=~"{faster}"}} or ' if any(t.keep_firing_for for t in tiers[:k]) else "")
-            cond = f'sits_slo:burn_condition{{slo="{spec.name}",burn_tier=~"{faster}"}}'
-            rules.append({"record": "sits_slo:burn_held", "expr": f"{this} and on(slo) ({cond} or {firing}{held})",
+            names = "|".join(t.name for t in tiers[:k])
+            faster = f'sits_slo:burn_condition_held{{slo="{spec.name}",burn_tier=~"{names}"}}'
+            rules.append({"record": "sits_slo:burn_held", "expr": f"{expr} and on(slo) ({faster} or {held})",
                           "labels": {**slo, "burn_tier": tier.name}})
             expr += " unless on(slo) " + held
         labels = spec.alert_labels(tier)
         del labels["alertname"]
-        alert: dict[str, Any] = {"alert": ALERT_NAME, "expr": expr}
-        if tier.keep_firing_for:
-            alert["keep_firing_for"] = format_duration(tier.keep_firing_for)
-        rules.append({**alert, "labels": labels, "annotations": spec.alert_annotations(tier)})
+        rules.append({"alert": ALERT_NAME, "expr": expr, "labels": labels,
+                      "annotations": spec.alert_annotations(tier)})
     return {"name": f"sits-slo-{spec.name}", "rules": rules}
 
 

@@ -9,8 +9,8 @@ An SLO is an ``objective`` (a ratio such as 0.999) over a rolling ``window`` (e.
 Burn-rate alerts use four multi-window tiers (Google SRE Workbook); the burn factor of a tier is the
 fraction of the error budget it allows to be spent in its long window, scaled to the SLO window
 (``budget * window / long``), so a 30d SLO gets 14.4/6/3/1 and a 28d one 13.44/5.6/2.8/0.93.  A
-firing alert resolves once its condition has been false for ``keep_firing_for`` (per tier, else per
-SLO, else the tier's short window; ``0s`` resolves at once), as Prometheus' ``keep_firing_for`` does.
+tier's condition is kept through dips of up to ``keep_firing_for`` (per tier, else per SLO, else the
+tier's short window; ``0s`` turns the flap guard off).
 """
 
 from __future__ import annotations

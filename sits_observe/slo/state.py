@@ -3,9 +3,10 @@
 * ``edges``: the window rings' cumulative counts per SLO, level and edge (so a restart remembers the
   budget already burned); dropped for an SLO whose SLI changed, and for a level whose slot size changed
   (the shortest alert window of all SLOs sets the finest slot);
-* ``firing``: the firing alerts of each SLO (tier, start, and when the condition cleared while
-  ``keep_firing_for`` keeps it firing), so a restart neither re-pages nor forgets to resolve; replaces
-  the ``alerts`` table of earlier versions (one row per SLO, migrated on open);
+* ``tiers``: per SLO, the tiers whose condition is kept by ``keep_firing_for``: the start of the
+  tier's alert if it fires, and when its condition last held (NULL: at the last evaluation), so a
+  restart neither re-pages nor forgets to resolve nor resets the flap guard; replaces the ``alerts``
+  (one row per SLO) and ``firing`` tables of earlier versions, migrated on open;
 * ``held``: the tiers held quiet because a faster tier took over the incident;
 * ``notes``: annotations added through ``annotate()`` (likely cause) for the current incident.
 """
@@ -33,8 +34,8 @@ CREATE TABLE IF NOT EXISTS edges (
     level INTEGER NOT NULL, idx INTEGER NOT NULL, slo TEXT NOT NULL, good REAL NOT NULL, total REAL NOT NULL,
     PRIMARY KEY (level, idx, slo)
 ) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS firing (
-    slo TEXT NOT NULL, tier TEXT NOT NULL, since REAL NOT NULL, cleared REAL, PRIMARY KEY (slo, tier)
+CREATE TABLE IF NOT EXISTS tiers (
+    slo TEXT NOT NULL, tier TEXT NOT NULL, since REAL, last_true REAL, PRIMARY KEY (slo, tier)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS notes (slo TEXT PRIMARY KEY, annotations TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS held (slo TEXT PRIMARY KEY, tiers TEXT NOT NULL);
@@ -62,9 +63,10 @@ class SloState:
         return transaction(self.db, self._lock, lambda e: SloError(f"SLO state {self.path}: {e}"))
 
     def _reconcile(self, db: sqlite3.Connection, sli_keys: Sequence[str], levels: str) -> None:
-        if db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='alerts'").fetchone():
-            db.execute("INSERT OR IGNORE INTO firing SELECT slo, tier, since, NULL FROM alerts")
-            db.execute("DROP TABLE alerts")
+        for table, last_true in (("alerts", "NULL"), ("firing", "cleared")):  # earlier versions' firing alerts
+            if db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (table,)).fetchone():
+                db.execute(f"INSERT OR IGNORE INTO tiers SELECT slo, tier, since, {last_true} FROM {table}")
+                db.execute(f"DROP TABLE {table}")
         row = db.execute("SELECT value FROM meta WHERE key='levels'").fetchone()
         old_res, new_res = json.loads(row[0]) if row else [], json.loads(levels)
         same = 0
@@ -78,7 +80,7 @@ class SloState:
                 db.execute("DELETE FROM edges WHERE slo=?", (name,))
                 db.execute("INSERT OR REPLACE INTO slis VALUES (?, ?)", (name, key))
         gone = [(n,) for n in old if n not in self.names]
-        for table in ("slis", "edges", "firing", "notes", "held"):
+        for table in ("slis", "edges", "tiers", "notes", "held"):
             db.executemany(f"DELETE FROM {table} WHERE slo=?", gone)
 
     def edges(self, level: int) -> tuple[np.ndarray, np.ndarray] | None:
@@ -109,22 +111,23 @@ class SloState:
         with self._tx() as db:
             db.execute("DELETE FROM edges")
 
-    def firing(self) -> dict[str, dict[str, tuple[float, float | None]]]:
-        """Firing alerts: ``{slo: {tier: (since, cleared)}}``; ``cleared`` None while the condition holds."""
+    def tiers(self) -> dict[str, dict[str, tuple[float | None, float | None]]]:
+        """Kept tiers: ``{slo: {tier: (since, last_true)}}``; ``since`` None unless the tier's alert fires,
+        ``last_true`` None while the condition held at the last evaluation."""
         with self._lock:
-            rows = self.db.execute("SELECT slo, tier, since, cleared FROM firing").fetchall()
-        out: dict[str, dict[str, tuple[float, float | None]]] = {}
-        for slo, tier, since, cleared in rows:
-            out.setdefault(slo, {})[tier] = (since, cleared)
+            rows = self.db.execute("SELECT slo, tier, since, last_true FROM tiers").fetchall()
+        out: dict[str, dict[str, tuple[float | None, float | None]]] = {}
+        for slo, tier, since, last_true in rows:
+            out.setdefault(slo, {})[tier] = (since, last_true)
         return out
 
-    def set_firing(self, slo: str, tiers: dict[str, tuple[float, float | None]]) -> None:
-        """Record the SLO's firing alerts (as :meth:`firing` returns them); none firing also drops its notes."""
+    def set_tiers(self, slo: str, tiers: dict[str, tuple[float | None, float | None]]) -> None:
+        """Record the SLO's kept tiers (as :meth:`tiers` returns them); none firing also drops its notes."""
         with self._tx() as db:
-            db.execute("DELETE FROM firing WHERE slo=?", (slo,))
-            db.executemany("INSERT INTO firing VALUES (?, ?, ?, ?)",
-                           [(slo, t, since, cleared) for t, (since, cleared) in tiers.items()])
-            if not tiers:
+            db.execute("DELETE FROM tiers WHERE slo=?", (slo,))
+            db.executemany("INSERT INTO tiers VALUES (?, ?, ?, ?)",
+                           [(slo, t, since, last) for t, (since, last) in tiers.items()])
+            if all(since is None for since, _ in tiers.values()):
                 db.execute("DELETE FROM notes WHERE slo=?", (slo,))
 
     def held(self) -> dict[str, list[str]]:

@@ -22,8 +22,7 @@ _HELP = {
     "sits_slo_sli_ratio": "Fraction of good events over the window (absent while the window saw no events).",
     "sits_slo_burn_rate": "Error ratio over the window divided by the error budget (1 - objective).",
     "sits_slo_error_budget_remaining_ratio": "Fraction of the SLO window's error budget left (< 0 when overspent).",
-    "sits_slo_alert_firing": "1 while this burn tier's alert fires (one tier per SLO, but a tier taken over by a "
-                             "faster one runs out its keep_firing_for).",
+    "sits_slo_alert_firing": "1 while this burn tier's alert fires (at most one tier per SLO fires at a time).",
 }
 
 
@@ -90,7 +89,7 @@ def slo_view(engine: SloEngine, i: int) -> dict[str, Any]:
             burning = bool(ev.err[engine.t_long[i, j]] > thr and ev.err[engine.t_short[i, j]] > thr)
             row.update(active=bool(ev.active[i, j]), firing=bool(ev.firing[i, j]), held=bool(ev.held[i, j]),
                        held_back_low_traffic=burning and not bool(ev.active[i, j]),
-                       condition_cleared_at=_num(ev.cleared[i, j]))
+                       condition_held_at=_num(ev.last_true[i, j]))
         tiers.append(row)
     out["tiers"] = tiers
     return out

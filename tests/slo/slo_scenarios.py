@@ -52,6 +52,15 @@ def _pattern(per_step: int, bad: int, start: int, minutes: str) -> tuple[np.ndar
     return good, total
 
 
+def _phases(per_step: int, start: int, phases: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """From step ``start+1`` on, ``(bad, minutes)`` phases: ``bad`` errors per step for that many steps."""
+    good, total = _burn(per_step, 0, 0, 0)
+    for bad, minutes in phases:
+        good[start:start + minutes] -= bad
+        start += minutes
+    return good, total
+
+
 # A 2 % burn (page_fast) with dips: 2 clean minutes (kept firing), then 6 minutes in which page_fast's condition
 # is false (4 clean; at T0+27 the 12m window holds 8 bad minutes) and page_slow turns active for the first time at
 # T0+27 (21 bad minutes in 72m): held, because page_fast is kept firing.  keep_firing_for 5m: resolves at T0+28.
@@ -63,6 +72,8 @@ SCENARIOS = [
     Scenario("quiet", "ratio", *_burn(6, 3, 0, 100)),               # 50 % errors at 0.1 events/s
     Scenario("outage", "latency", *_burn(600, 600, 0, 10)),         # every request slow for 10 min, 28d tiers
     Scenario("flap", "latency", *_pattern(600, 12, T0, FLAP)),      # keep_firing_for 5m
+    # 0.4 % (ticket_fast) for 206 min, then 2.4 % (page_fast takes over) with a 1-minute dip at 0.4 %
+    Scenario("takeover", "latency", *_phases(1000, T0, [(4, 206), (24, 12), (4, 1), (24, 6), (4, 40)])),
 ]
 
 
@@ -78,6 +89,7 @@ def config(state_dir: str) -> Config:
          "ratio": {"total": "requests_total", "bad": "request_errors_total", "workload": "quiet"}},
         {**base, "window": "28d", "name": "outage", "latency": latency("outage")},
         {**base, **SCALED, "name": "flap", "keep_firing_for": "5m", "latency": latency("flap")},
+        {**base, **SCALED, "name": "takeover", "latency": latency("takeover")},
     ]}, env={})
 
 

@@ -68,10 +68,10 @@ def test_tier_active(err_long, err_short, rate_short, min_rate, active):
 
 def _fire_over_time(active, keep):
     """Run :func:`fire` for one SLO, one evaluation per second; the firing rows."""
-    firing, held, cleared = np.zeros(4, dtype=bool), np.zeros(4, dtype=bool), np.full(4, np.nan)
+    held, last_true = np.zeros(4, dtype=bool), np.full(4, np.nan)
     got = []
     for ts, row in enumerate(active):
-        firing, held, cleared = fire(np.array(row, dtype=bool), held, firing, cleared, float(ts), np.full(4, keep))
+        firing, held, last_true = fire(np.array(row, dtype=bool), held, last_true, float(ts), np.full(4, keep))
         got.append(firing.astype(int).tolist())
     return got
 
@@ -91,18 +91,25 @@ def test_inhibit_over_time_without_keep_firing_for(name, active, firing):
     assert _fire_over_time(active, 0.0) == firing, name
 
 
-# keep_firing_for = 2 s, one evaluation per second: an alert resolves at the second evaluation in a row
-# that finds its condition false (as Prometheus: false since t, still firing while now - t < 2 s).
+# keep_firing_for = 2 s, one evaluation per second: a tier's condition is kept while it held at most 2 s ago,
+# so an alert resolves at the third evaluation in a row that finds its condition false.
 @pytest.mark.parametrize("name, active, firing", [
     ("dips of one and two evaluations: one alert, resolved 2 s after the last clear",
      [[1, 0, 0, 0], [0, 0, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]],
      [[1, 0, 0, 0], [1, 0, 0, 0], [1, 0, 0, 0], [1, 0, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0]]),
-    ("a faster tier takes over; the ticket runs out its keep_firing_for, the page its own",
+    ("a faster tier takes over: the ticket resolves at that step; the page runs out its keep_firing_for",
      [[0, 0, 0, 1], [1, 0, 0, 1], [1, 0, 0, 1], [1, 0, 0, 1], [0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]],
-     [[0, 0, 0, 1], [1, 0, 0, 1], [1, 0, 0, 1], [1, 0, 0, 0], [1, 0, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0]]),
-    ("a slower tier that turns active while the faster alert is kept firing stays held",
-     [[1, 0, 0, 0], [0, 1, 0, 0], [0, 1, 0, 0], [0, 1, 0, 0], [0, 0, 0, 0], [0, 1, 0, 0]],
-     [[1, 0, 0, 0], [1, 0, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0], [0, 1, 0, 0]]),
+     [[0, 0, 0, 1], [1, 0, 0, 0], [1, 0, 0, 0], [1, 0, 0, 0], [1, 0, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0]]),
+    ("takeover, then the page flaps: kept, and the ticket (kept through its own dip) never fires again",
+     [[0, 0, 0, 1], [1, 0, 0, 1], [0, 0, 0, 1], [1, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0],
+      [0, 0, 0, 1]],
+     [[0, 0, 0, 1], [1, 0, 0, 0], [1, 0, 0, 0], [1, 0, 0, 0], [1, 0, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0],
+      [0, 0, 0, 1]]),
+    ("a slower tier that turns active while the faster alert is kept firing stays held through its own dips",
+     [[1, 0, 0, 0], [0, 1, 0, 0], [0, 1, 0, 0], [0, 1, 0, 0], [0, 0, 0, 0], [0, 1, 0, 0], [0, 0, 0, 0],
+      [0, 0, 0, 0], [0, 0, 0, 0], [0, 1, 0, 0]],
+     [[1, 0, 0, 0], [1, 0, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0],
+      [0, 0, 0, 0], [0, 0, 0, 0], [0, 1, 0, 0]]),
 ])
 def test_keep_firing_for_over_time(name, active, firing):
     assert _fire_over_time(active, 2.0) == firing, name
@@ -110,11 +117,13 @@ def test_keep_firing_for_over_time(name, active, firing):
 
 def test_fire_is_vectorised_over_slos():
     active = np.array([[1, 0, 0, 0], [0, 0, 0, 1]], dtype=bool)
-    firing, held, cleared = fire(active, np.zeros((2, 4), bool), np.array([[0, 0, 0, 0], [1, 0, 0, 0]], bool),
-                                 np.full((2, 4), np.nan), 10.0, np.array([[5.0] * 4, [5.0] * 4]))
+    last = np.full((2, 4), np.nan)
+    last[1, 0] = 6.0  # row 1: the page's condition held 4 s ago
+    firing, held, last_true = fire(active, np.zeros((2, 4), bool), last, 10.0, np.array([[5.0] * 4, [5.0] * 4]))
     assert firing.astype(int).tolist() == [[1, 0, 0, 0], [1, 0, 0, 0]]  # row 1: page kept, ticket held
     assert held.astype(int).tolist() == [[0, 0, 0, 0], [0, 0, 0, 1]]
-    assert np.isnan(cleared[0]).all() and cleared[1, 0] == 10.0
+    assert last_true[0].tolist()[0] == 10.0 and np.isnan(last_true[0, 1:]).all()
+    assert last_true[1, 0] == 6.0 and last_true[1, 3] == 10.0
 
 
 @pytest.mark.parametrize("text, seconds, back", [

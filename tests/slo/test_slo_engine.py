@@ -88,21 +88,21 @@ def test_restart_remembers_budget_and_firing_alert(tmp_path, receiver):
     engine.on_tick(feed.frame(0.5))
     after = engine.slos_state()[0]["error_budget"]["remaining_ratio"]
     assert after < before  # the burned budget was not forgotten, and this tick burned more
-    cleared = None
+    held_at = None
     for _ in range(20):  # the 10 s short window clears within 11 ticks
         engine.on_tick(feed.frame(0.0))
-        cleared = _tier(engine, "page_fast")["condition_cleared_at"]
-        if cleared is not None:
+        if not _tier(engine, "page_fast")["active"]:
+            held_at = _tier(engine, "page_fast")["condition_held_at"]
             break
-    assert cleared == feed.ts and engine.firing == ["page_fast"]  # kept firing: keep_firing_for = short window
+    assert held_at == feed.ts - 1 and engine.firing == ["page_fast"]  # kept firing: keep_firing_for = short window
     engine.close()
 
-    engine = SloEngine.from_config(cfg)  # a restart while the alert is kept firing: the clock is not reset
+    engine = SloEngine.from_config(cfg)  # a restart while the alert is kept firing: the flap guard is not reset
     for _ in range(9):
         engine.on_tick(feed.frame(0.0))
-        assert engine.firing == ["page_fast"] and _tier(engine, "page_fast")["condition_cleared_at"] == cleared
+        assert engine.firing == ["page_fast"] and _tier(engine, "page_fast")["condition_held_at"] == held_at
     engine.on_tick(feed.frame(0.0))
-    assert engine.firing == [None] and feed.ts == cleared + 10
+    assert engine.firing == [None] and feed.ts == held_at + 11
     assert _wait(lambda: len(receiver.accepted()) == 2)
     engine.close()
 
@@ -159,24 +159,25 @@ def test_api_state_and_metrics(tmp_path, receiver):
     assert win["10s"]["total"] == 1000 and win["10s"]["good"] == 700 and win["10s"]["burn_rate"] == pytest.approx(30)
     assert win["1m"]["sli"] == pytest.approx(1 - 30 * 30 / 6000)
     tiers = {t["burn_tier"]: t for t in slo["tiers"]}
-    # with only 90 s of history the 10m tier burned first: ticket_slow fired, then page_fast took over; held,
-    # ticket_slow runs out its keep_firing_for (its 1m short window) before it resolves
-    assert tiers["page_fast"]["firing"] and tiers["page_fast"]["condition_cleared_at"] is None
-    assert tiers["ticket_slow"]["held"] and tiers["ticket_slow"]["firing"]
-    assert tiers["ticket_slow"]["keep_firing_for"] == "1m" and tiers["ticket_slow"]["condition_cleared_at"] > 0
-    assert [a["labels"]["burn_tier"] for a in alerts["firing"]] == ["page_fast", "ticket_slow"]
+    # with only 90 s of history the 10m tier burned first: ticket_slow fired, then page_fast took over and
+    # ticket_slow resolved at that tick (held while its condition is kept)
+    assert tiers["page_fast"]["firing"] and tiers["page_fast"]["condition_held_at"] == feed.ts
+    assert tiers["ticket_slow"]["held"] and not tiers["ticket_slow"]["firing"]
+    assert tiers["ticket_slow"]["keep_firing_for"] == "1m" and tiers["ticket_slow"]["condition_held_at"] == feed.ts
+    assert [a["labels"]["burn_tier"] for a in alerts["firing"]] == ["page_fast"]
+    assert [a["labels"]["burn_tier"] for a in alerts["recent"]] == ["ticket_slow"]
     assert alerts["receivers"][0]["name"] == "hook" and set(alerts["receivers"][0]) >= {"queue_depth", "delivered"}
     samples = {(s.name, s.labels): s.value for s in engine.metrics()}
     slo_l = (("slo", "chat-latency"),)
     assert samples[("sits_slo_alert_firing", (*slo_l, ("severity", "page"), ("burn_tier", "page_fast")))] == 1.0
-    assert samples[("sits_slo_alert_firing", (*slo_l, ("severity", "ticket"), ("burn_tier", "ticket_slow")))] == 1.0
+    assert samples[("sits_slo_alert_firing", (*slo_l, ("severity", "ticket"), ("burn_tier", "ticket_slow")))] == 0.0
     assert samples[("sits_slo_burn_rate", (*slo_l, ("window", "10s")))] == pytest.approx(30)
     assert samples[("sits_slo_sli_ratio", (*slo_l, ("window", "1h")))] == pytest.approx(1 - 900 / 12000)
     assert samples[("sits_slo_error_budget_remaining_ratio", slo_l)] == pytest.approx(1 - (900 / 12000) / 0.01)
     assert _wait(lambda: engine.dispatcher.outbox.depth() == {})
     samples = {(s.name, s.labels): s.value for s in engine.metrics()}
-    assert alerts["recent"] == []
-    assert samples[("sits_webhook_deliveries_total", (("receiver", "hook"), ("outcome", "delivered")))] == 2.0
+    # ticket_slow firing, page_fast firing, ticket_slow resolved
+    assert samples[("sits_webhook_deliveries_total", (("receiver", "hook"), ("outcome", "delivered")))] == 3.0
     assert samples[("sits_webhook_queue_depth", (("receiver", "hook"),))] == 0.0
     engine.close()
 
@@ -218,14 +219,21 @@ def test_a_changed_sli_starts_afresh_and_others_keep_their_history(tmp_path, rec
     engine.close()
 
 
-def test_firing_alert_of_an_earlier_state_file_is_kept(tmp_path, receiver):
-    """slo.db of earlier versions kept one alert per SLO in an `alerts` table; it is migrated on open."""
+@pytest.mark.parametrize("script", [
+    # one alert per SLO
+    "CREATE TABLE alerts (slo TEXT PRIMARY KEY, tier TEXT NOT NULL, since REAL NOT NULL);"
+    "INSERT INTO alerts VALUES ('chat-latency', 'page_fast', 1700000000.0);",
+    # firing alerts with when their condition cleared
+    "CREATE TABLE firing (slo TEXT NOT NULL, tier TEXT NOT NULL, since REAL NOT NULL, cleared REAL,"
+    " PRIMARY KEY (slo, tier));"
+    "INSERT INTO firing VALUES ('chat-latency', 'page_fast', 1700000000.0, NULL);",
+])
+def test_firing_alert_of_an_earlier_state_file_is_kept(tmp_path, receiver, script):
+    """slo.db of earlier versions kept firing alerts in an `alerts` or `firing` table; migrated on open."""
     cfg = _config(tmp_path, receiver.url)
     SloEngine.from_config(cfg).close()
     db = sqlite3.connect(tmp_path / "slo.db")
-    db.executescript("DROP TABLE firing;"
-                     "CREATE TABLE alerts (slo TEXT PRIMARY KEY, tier TEXT NOT NULL, since REAL NOT NULL);"
-                     "INSERT INTO alerts VALUES ('chat-latency', 'page_fast', 1700000000.0);")
+    db.executescript("DROP TABLE tiers;" + script)
     db.close()
     engine = SloEngine.from_config(cfg)
     assert engine.firing == ["page_fast"] and engine.slos_state()[0]["firing"]["since"] == 1700000000.0

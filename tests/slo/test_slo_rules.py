@@ -26,8 +26,9 @@ PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 T0 = S.T0
 
 # Hand-computed firing tier per SLO at chosen minutes; SLOs not named fire nothing.  keep_firing_for is each
-# tier's short window (1m, 6m, 24m, 72m scaled; 5m for the 28d outage) unless the SLO sets it (flap: 5m): an
-# alert resolves at the keep_firing_for-th minute after the first one with its condition false.
+# tier's short window (1m, 6m, 24m, 72m scaled; 5m for the 28d outage) unless the SLO sets it (flap: 5m): a
+# tier's condition is kept while it held at most keep_firing_for ago, so an alert resolves at the
+# keep_firing_for-th minute after the first one with its condition false.
 #  fast: 12m window error ratio 0.02*k/12 > 13.44*0.001 -> k >= 9 bad minutes; the 1m short window clears
 #        the minute after the burn (T0+25), kept 1m: resolved at T0+26; page_slow turns active at k = 21
 #        (0.02*21/72 > 0.0056) while page_fast fires, so it is held, and stays held until its 6m window clears
@@ -44,13 +45,21 @@ T0 = S.T0
 #  flap (see slo_scenarios.FLAP): fires at T0+9, kept through the clean T0+13..14, condition false from T0+23,
 #        page_slow active but held at T0+27, resolved at T0+28: one alert (without the guard: three alerts
 #        and a page_slow one).
+#  takeover: 0.4 % for 206 min: ticket_fast fires at T0+202 as for slow; then 2.4 %: after j minutes the 12m
+#        window holds (24j + 4(12-j))/12000 > 0.01344 -> j >= 6: page_fast fires at T0+212 and ticket_fast
+#        resolves at that same step (page_slow, active from the same minute, is held too); the 1m window dips
+#        at T0+219 (0.4 %): kept; from T0+226 it stays clean: resolved at T0+227.  ticket_fast stays held (its
+#        condition holds until T0+273, then is kept 24m): no second ticket.
 PF, TF = ("page_fast",), ("ticket_fast",)
 HAND = {
     1: {"outage": PF}, 19: {"outage": PF}, 20: {}, 40: {}, 130: {},
     T0 + 8: {}, T0 + 9: {"fast": PF, "flap": PF}, T0 + 13: {"fast": PF, "flap": PF},
     T0 + 14: {"fast": PF, "flap": PF}, T0 + 25: {"fast": PF, "flap": PF}, T0 + 26: {"flap": PF},
     T0 + 27: {"flap": PF}, T0 + 28: {}, T0 + 30: {},
-    T0 + 201: {}, T0 + 202: {"slow": TF}, T0 + 251: {"slow": TF}, T0 + 252: {}, T0 + 280: {},
+    T0 + 201: {}, T0 + 202: {"slow": TF, "takeover": TF}, T0 + 211: {"slow": TF, "takeover": TF},
+    T0 + 212: {"slow": TF, "takeover": PF}, T0 + 219: {"slow": TF, "takeover": PF},
+    T0 + 226: {"slow": TF, "takeover": PF}, T0 + 227: {"slow": TF}, T0 + 228: {"slow": TF},
+    T0 + 251: {"slow": TF}, T0 + 252: {}, T0 + 280: {}, T0 + 290: {},
 }
 
 
@@ -127,7 +136,7 @@ def test_promtool_fires_at_the_same_steps_as_the_daemon(setup, tmp_path):
         if steps[m] != steps[m - 1]:
             check |= {m - 1, m}
     groups = []
-    for names in (("fast", "slow", "flap"), ("outage", "quiet")):
+    for names in (("fast", "slow", "flap", "takeover"), ("outage", "quiet")):
         mine = sorted(m for m in check if m > S.T0) if "fast" in names else sorted(m for m in check if m < S.T0)
         tests = [_alert_test(cfg, m, steps[m], names) for m in mine]
         # and the hand-computed table, independently of the daemon
