@@ -1,15 +1,15 @@
 """The in-daemon consumer: classify the latest window when an SLO burns, and every K ticks otherwise.
 
 A verdict is stored in the verdict log (SQLite under ``state_dir``), counted for export, added to the
-firing alerts' annotations (``likely_cause``, ``rca_confidence``, ``rca_verdict_id``) through the SLO
-engine's hook, and handed to the scheduler's ``on_verdict``.  A missing or corrupt model, or a store
+annotations of every firing SLO alert (``likely_cause``, ``confidence``, ``rca_verdict``) through the SLO
+engine's ``annotate(slo_name, annotations)``, and handed to the scheduler's ``on_verdict``.  A missing or corrupt model, or a store
 that lacks the model's features, is logged once and RCA stays off; the daemon runs on without it.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,16 +30,16 @@ log = logging.getLogger("sits_observe.rca")
 
 
 class RcaEngine:
-    """Consumer ``rca``; ``burning()`` says whether any SLO burn tier fires now."""
+    """Consumer ``rca``; ``firing()`` names the SLOs whose burn tier fires now (empty: none)."""
 
     name = "rca"
 
     def __init__(self, cfg: RcaConfig, state_dir: str | Path, *,
-                 burning: Callable[[], bool] | None = None,
-                 annotate: Callable[[Mapping[str, str]], None] | None = None,
+                 firing: Callable[[], Sequence[str]] | None = None,
+                 annotate: Callable[[str, Mapping[str, str]], None] | None = None,
                  on_verdict: Callable[[Verdict], Any] | None = None) -> None:
         self.cfg = cfg
-        self.burning = burning
+        self.firing = firing
         self.annotate = annotate
         self.on_verdict = on_verdict
         self.log = VerdictLog(Path(state_dir) / "rca.sqlite", keep=cfg.keep_verdicts)
@@ -49,6 +49,13 @@ class RcaEngine:
         self._proba: dict[str, float] = {}
         self._counts: dict[str, int] = {}
         self._load()
+
+    @classmethod
+    def wire(cls, cfg: RcaConfig, state_dir: str | Path, slo: Any = None, scheduler: Any = None) -> RcaEngine:
+        """Hooked to the SLO engine (``specs``, ``firing``, ``annotate``) and the scheduler (``on_verdict``)."""
+        firing = None if slo is None else (lambda: [s.name for s, f in zip(slo.specs, slo.firing) if f])
+        return cls(cfg, state_dir, firing=firing, annotate=None if slo is None else slo.annotate,
+                   on_verdict=None if scheduler is None else scheduler.on_verdict)
 
     def _load(self) -> None:
         path = self.cfg.model_path()
@@ -83,8 +90,8 @@ class RcaEngine:
         if self.model is None:
             return
         self._ticks += 1
-        firing = bool(self.burning()) if self.burning is not None else False
-        if not firing and self._ticks % self.cfg.every_ticks:
+        burning = list(self.firing()) if self.firing is not None else []
+        if not burning and self._ticks % self.cfg.every_ticks:
             return
         if store.ticks < self.model.window:
             return
@@ -93,7 +100,8 @@ class RcaEngine:
         except StoreError as exc:
             self._disable(f"the store cannot compute the model's features: {exc}")
             return
-        self.record(self.classify(raw, frame.ts, "slo_burn" if firing else "periodic", store))
+        verdict = self.classify(raw, frame.ts, "slo_burn" if burning else "periodic", store)
+        self.record(verdict, burning)
 
     def classify(self, raw: np.ndarray, ts: float, trigger: str, store: SeriesStore | None = None) -> Verdict:
         """A verdict for one ``(window, F)`` raw window in model feature order."""
@@ -108,12 +116,14 @@ class RcaEngine:
         ex = explain(m, raw, k, store, self.cfg.top_features)
         return Verdict(cause, round(float(proba[k]), 4), ts, ex.gpus, ex.stages, ex.top_features, trigger)
 
-    def record(self, v: Verdict) -> None:
+    def record(self, v: Verdict, burning: Sequence[str] = ()) -> None:
+        """Store and count ``v``, annotate the ``burning`` SLOs' alerts, hand it to the scheduler."""
         self._counts[v.cause] = self._counts.get(v.cause, 0) + 1
         self.log.append(v)
-        if v.trigger == "slo_burn" and self.annotate is not None:
-            self._call("annotate", self.annotate, {"likely_cause": v.cause, "rca_confidence": f"{v.confidence:.2f}",
-                                                   "rca_verdict_id": v.id})
+        if self.annotate is not None:
+            notes = {"likely_cause": v.cause, "confidence": f"{v.confidence:.2f}", "rca_verdict": v.id}
+            for slo in burning:
+                self._call("annotate", lambda n, s=slo: self.annotate(s, n), notes)  # type: ignore[misc]
         if self.on_verdict is not None:
             self._call("on_verdict", self.on_verdict, v)
 

@@ -34,8 +34,8 @@ _STAGE_STATS = {
 _GPU_STATS = {
     "utilization_ratio": ("mean", "max", "std"),
     "memory_used_bytes": ("mean", "max"),
-    "sm_clock_hertz": ("mean", "max"),
-    "temperature_celsius": ("mean", "max"),
+    "sm_clock_hertz": ("mean",),
+    "temperature_celsius": ("max",),
     "throttle_reasons": ("max",),
     "nvlink_rx_bytes_per_second": ("mean", "max"),
     "pcie_rx_bytes_per_second": ("mean", "max"),

@@ -10,6 +10,7 @@ names, normalization, window, classes, the temperature fitted on validation data
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +41,8 @@ class Normalizer:
     @classmethod
     def fit(cls, data: np.ndarray) -> Normalizer:
         """Fit on ``(N, F)`` raw rows (NaN ignored); a never-seen feature maps to 0."""
-        with np.errstate(all="ignore"):
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns: defaults below
             absd = np.where(np.abs(data) > 0, np.abs(data), np.nan)
             scale = np.nan_to_num(np.nanmedian(absd, axis=0), nan=1.0)
             scale = np.where(scale > 0, scale, 1.0)

@@ -1,5 +1,8 @@
 """Training: windows from a generic dataset -> a calibrated :class:`RcaModel`.
 
+Each training window is augmented by scaling every feature with its own log-normal factor
+(``jitter`` = sigma of its log), so the network learns shapes and large changes rather than the exact
+levels of the training hosts (other GPUs, traces and loads have other healthy levels).
 Validation data are whole time blocks (every ``val_every``-th block of ``8 * window`` steps); windows
 that straddle a train/validation boundary are dropped, so no training window overlaps a validation one.
 Early stopping keeps the epoch with the best validation macro-F1; the softmax temperature is then fitted
@@ -27,7 +30,7 @@ __all__ = ["TrainOptions", "train", "split", "fit_temperature"]
 @dataclass(frozen=True)
 class TrainOptions:
     window: int = 64
-    epochs: int = 15
+    epochs: int = 12
     hidden: tuple[int, int] = (64, 32)
     dropout: float = 0.2
     lr: float = 3e-3
@@ -39,6 +42,7 @@ class TrainOptions:
     seed: int = 0
     threads: int = 2
     min_confidence: float = 0.6
+    jitter: float = 0.3
 
 
 class Progress(Protocol):
@@ -101,7 +105,10 @@ def train(ds: Dataset, opts: TrainOptions = TrainOptions(), progress: Progress |
         total = 0.0
         for b in range(batches):
             idx = order[b * opts.batch:(b + 1) * opts.batch]
-            x = torch.from_numpy(encode(train_w.batch(idx), model.norm))
+            raw = train_w.batch(idx)
+            if opts.jitter:  # every feature of every window scaled by its own log-normal factor
+                raw = raw * np.exp(rng.normal(0.0, opts.jitter, (len(idx), 1, raw.shape[2]))).astype(np.float32)
+            x = torch.from_numpy(encode(raw, model.norm))
             loss = loss_fn(model.net(x), torch.from_numpy(y_tr[idx]))
             optim.zero_grad()
             loss.backward()

@@ -41,4 +41,5 @@ def synth_fixture() -> Callable[..., Dataset]:
 
 @pytest.fixture(scope="session")
 def tiny_model() -> RcaModel:
-    return train(synth(), TrainOptions(window=16, epochs=10, hidden=(16, 8), stride=2, margin=5, threads=1))
+    return train(synth(), TrainOptions(window=16, epochs=10, hidden=(16, 8), batch=64, patience=10, stride=2, margin=5,
+                                      threads=1))

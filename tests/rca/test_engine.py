@@ -54,16 +54,16 @@ def _daemon(tmp_path: Path, model: Path, every: int, **hooks: Any) -> tuple[Daem
 def test_verdicts_are_classified_stored_exported_and_handed_on(tmp_path: Path, tiny_model: RcaModel) -> None:
     path = tmp_path / "m.pt"
     tiny_model.save(path)
-    burning = {"now": False}
-    annotations: list[dict[str, str]] = []
+    burning: list[str] = []
+    annotations: list[tuple[str, dict[str, str]]] = []
     handed: list[Verdict] = []
-    daemon, engine = _daemon(tmp_path, path, every=10, burning=lambda: burning["now"],
-                             annotate=lambda a: annotations.append(dict(a)), on_verdict=handed.append)
+    daemon, engine = _daemon(tmp_path, path, every=10, firing=lambda: burning,
+                             annotate=lambda slo, a: annotations.append((slo, dict(a))), on_verdict=handed.append)
     daemon.sources.append(HostSource(daemon.layout, hot_gpu=2))
     for _ in range(40):  # window 16: periodic verdicts at ticks 20, 30, 40
         daemon.tick()
     assert [v.trigger for v in handed] == ["periodic"] * 3 and not annotations
-    burning["now"] = True
+    burning += ["chat-latency", "chat-availability"]
     for _ in range(2):  # a burn classifies every tick and annotates the firing alerts
         daemon.tick()
     assert [v.trigger for v in handed[-2:]] == ["slo_burn"] * 2
@@ -71,8 +71,8 @@ def test_verdicts_are_classified_stored_exported_and_handed_on(tmp_path: Path, t
     assert v.cause == "thermal_throttling" and v.confidence >= 0.6
     assert v.gpus[:1] == (2,)  # occluding the hot GPU is what lowers the verdict most
     assert v.top_features[0][0] == "gpu.temperature_celsius.max"
-    assert annotations[-1] == {"likely_cause": "thermal_throttling", "rca_confidence": f"{v.confidence:.2f}",
-                               "rca_verdict_id": v.id}
+    notes = {"likely_cause": "thermal_throttling", "confidence": f"{v.confidence:.2f}", "rca_verdict": v.id}
+    assert annotations[-2:] == [("chat-latency", notes), ("chat-availability", notes)]
     assert daemon.health["rca"].errors == 0
 
     client = create_app(daemon, ui=False).test_client()
