@@ -38,10 +38,12 @@ window.__sits = {graphs: 0, drawn: [], updates: [], open: null};
       return r;
     });
   };
+  let quiet = 0;  // frames without a new graph drawn: after a second of them, look only twice a second
   function watch() {
     let drawn = 0;
-    document.querySelectorAll('#page .js-plotly-plot').forEach(function (g) {
-      if (g._fullLayout && g.querySelector('.overplot image, .overplot path')) drawn += 1;
+    for (const g of document.getElementsByClassName('js-plotly-plot')) {
+      if (!g.__sitsDrawn && g._fullLayout && g.querySelector('.overplot image, .overplot path')) g.__sitsDrawn = true;
+      if (g.__sitsDrawn) drawn += 1;
       if (!g.__sitsHooked && g.on) {
         g.__sitsHooked = true;
         g.on('plotly_afterplot', function () {
@@ -49,10 +51,10 @@ window.__sits = {graphs: 0, drawn: [], updates: [], open: null};
           if (u && u.response !== null) u.end = performance.now();
         });
       }
-    });
-    if (drawn > window.__sits.graphs) window.__sits.drawn.push([performance.now(), drawn]);
+    }
+    if (drawn > window.__sits.graphs) { window.__sits.drawn.push([performance.now(), drawn]); quiet = 0; }
     window.__sits.graphs = drawn;
-    requestAnimationFrame(watch);
+    if (++quiet < 60) requestAnimationFrame(watch); else setTimeout(watch, 500);
   }
   requestAnimationFrame(watch);
 })();
