@@ -5,7 +5,8 @@
   (Youden's J over quantile candidates); the cause whose rule is exceeded by the most (in healthy
   interquartile ranges) wins, no rule firing means healthy.  This is what a hand-written alert table does.
 * :class:`TreeBaseline`: scikit-learn ``HistGradientBoostingClassifier`` on per-window summary
-  statistics of every feature (last, mean, std, min, max, last - first).
+  statistics of every feature (last, mean, std, min, max, last - first, and last and mean over the
+  host's baseline: the same information the LSTM gets).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from .verdict import HEALTHY
 
 __all__ = ["summaries", "ThresholdBaseline", "TreeBaseline"]
 
-STATS = ("last", "mean", "std", "min", "max", "delta")
+STATS = ("last", "mean", "std", "min", "max", "delta", "last_over_base", "mean_over_base")
 
 
 def summaries(win: Windows, cols: np.ndarray, chunk: int = 2048) -> np.ndarray:
@@ -29,10 +30,13 @@ def summaries(win: Windows, cols: np.ndarray, chunk: int = 2048) -> np.ndarray:
     out = []
     for i in range(0, len(win), chunk):
         x = fill_forward(win.batch(slice(i, i + chunk))[..., cols])[0]
-        with warnings.catch_warnings():
+        base = win.bases(slice(i, i + chunk))[:, cols]
+        base = np.where(base != 0, base, np.nan)
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore", RuntimeWarning)
-            out.append(np.concatenate([x[:, -1], np.nanmean(x, 1), np.nanstd(x, 1), np.nanmin(x, 1),
-                                       np.nanmax(x, 1), x[:, -1] - x[:, 0]], axis=1))
+            mean = np.nanmean(x, 1)
+            out.append(np.concatenate([x[:, -1], mean, np.nanstd(x, 1), np.nanmin(x, 1), np.nanmax(x, 1),
+                                       x[:, -1] - x[:, 0], x[:, -1] / base, mean / base], axis=1))
     return np.concatenate(out) if out else np.zeros((0, len(STATS) * len(cols)))
 
 

@@ -76,17 +76,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         model = RcaModel.load(model_file)
 
     torch.set_num_threads(1)  # inference as the daemon runs it (rca.threads default 1)
-    win = ds.windows(model.window, stride=1)
+    win = ds.windows(model.window, stride=1, baseline=model.baseline)
     pick = np.linspace(0, len(win) - 1, min(args.samples, len(win))).astype(np.int64)
-    raws = [win.batch(np.array([k])) for k in pick]
-    for r in raws[:20]:
-        model.proba(r)  # warm-up
-    lstm_ms = _timed(model.proba, raws)
+    items = [(win.batch(np.array([k])), win.bases(np.array([k]))) for k in pick]
+    for r, b in items[:20]:
+        model.proba(r, b)  # warm-up
+    lstm_ms = _timed(lambda rb: model.proba(*rb), items)
     faulty = min(1, len(model.classes) - 1)  # classes[0] is healthy; explain the first fault class
-    explain_ms = _timed(lambda r: explain(model, r[0], faulty, None, 5), raws[:50])
+    explain_ms = _timed(lambda rb: explain(model, rb[0][0], rb[1][0], faulty, None, 5), items[:50])
 
     cols = np.arange(len(ds.features))
-    fit_win = ds.windows(model.window, stride=1, margin=opts.margin)
+    fit_win = ds.windows(model.window, stride=1, margin=opts.margin, baseline=model.baseline)
     fit_win = fit_win.subset(np.linspace(0, len(fit_win) - 1, min(len(fit_win), 30000)).astype(np.int64))
     t0 = time.perf_counter()
     fit_sum = summaries(fit_win, cols)

@@ -66,7 +66,8 @@ def register(sub: Any) -> None:
     t.add_argument("--epochs", type=int, help="maximum epochs; early stopping may end sooner (default 12)")
     t.add_argument("--hidden", type=_pair, help="LSTM hidden sizes H1,H2 (default 64,32)")
     t.add_argument("--dropout", type=float, help="dropout between layers and before the head (default 0.2)")
-    t.add_argument("--stride", type=int, help="train on every N-th window (default 4)")
+    t.add_argument("--stride", type=int, help="train on every N-th window (default 8)")
+    t.add_argument("--batch", type=int, help="windows per optimizer step (default 256)")
     t.add_argument("--margin", type=int, help="steps after a label edge left out as transition (default 10)")
     t.add_argument("--seed", type=int, help="random seed (default 0)")
     t.add_argument("--threads", type=int, help="CPU threads for torch (default 2)")
@@ -107,9 +108,9 @@ def _train(args: argparse.Namespace) -> int:
     from . import dataset
     from .train import TrainOptions, train
 
-    given = {k: getattr(args, k) for k in ("window", "epochs", "hidden", "dropout", "stride", "margin", "seed",
-                                           "threads") if getattr(args, k) is not None}
-    for name in ("window", "epochs", "stride", "threads"):
+    given = {k: getattr(args, k) for k in ("window", "epochs", "hidden", "dropout", "stride", "batch", "margin",
+                                           "seed", "threads") if getattr(args, k) is not None}
+    for name in ("window", "epochs", "stride", "batch", "threads"):
         if given.get(name, 1) < 1:
             raise ConfigError(f"--{name}: must be at least 1, got {given[name]}")
     if not 0 <= given.get("dropout", 0) < 1:
@@ -135,7 +136,8 @@ def _train(args: argparse.Namespace) -> int:
     model.training["command"] = (
         f"sits-observe rca train --dataset {args.dataset} --out {args.out} --window {opts.window} "
         f"--epochs {opts.epochs} --hidden {opts.hidden[0]},{opts.hidden[1]} --dropout {opts.dropout} "
-        f"--stride {opts.stride} --margin {opts.margin} --seed {opts.seed} --threads {opts.threads}")
+        f"--stride {opts.stride} --batch {opts.batch} --margin {opts.margin} --seed {opts.seed} "
+        f"--threads {opts.threads}")
     model.save(args.out)
     val = model.metrics["validation"]
     print(f"wrote {args.out}: validation macro-F1 {val['macro_f1']:.4f}, healthy FP rate "

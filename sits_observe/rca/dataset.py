@@ -7,10 +7,15 @@ per entity per step.  ``labels.csv``: ``entity,start,end,cause``; a step at ``t`
 Gaps: each entity is laid on a regular grid (the step is the median spacing of its timestamps), so a
 missing step is a row of NaN at its own time and never shifts a window; empty cells are NaN too.  NaN is
 carried forward inside each window with a missing indicator by :func:`sits_observe.rca.model.encode`.
+
+Each window also carries the entity's own *baseline* at its last step (:func:`rolling_baseline`: the
+per-feature median of the preceding ``horizon`` steps, refreshed every ``every`` steps), the same
+figure the daemon keeps from its store, so a model can tell "high for this host" from "high".
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +26,8 @@ import pandas as pd
 from ..errors import ConfigError
 from .verdict import HEALTHY
 
-__all__ = ["Label", "Entity", "Dataset", "Windows", "fill_forward", "read", "write", "METRICS", "LABELS"]
+__all__ = ["Label", "Entity", "Dataset", "Windows", "Baseline", "fill_forward", "rolling_baseline", "read", "write",
+           "METRICS", "LABELS"]
 
 METRICS = "metrics.csv"
 LABELS = "labels.csv"
@@ -37,6 +43,25 @@ def fill_forward(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     steps = np.arange(x.shape[-2]).reshape(-1, 1)
     idx = np.maximum.accumulate(np.where(missing, 0, steps), axis=-2)
     return np.take_along_axis(x, idx, axis=-2), missing
+
+
+@dataclass(frozen=True, slots=True)
+class Baseline:
+    """Per-feature median of the last ``horizon`` steps, recomputed every ``every`` steps."""
+
+    horizon: int = 3600
+    every: int = 60
+
+
+def rolling_baseline(values: np.ndarray, b: Baseline) -> np.ndarray:
+    """``(T, F)``: row ``t`` holds the baseline last refreshed at step ``u = t - t % every``, i.e. the
+    NaN-ignoring median of rows ``u - horizon + 1 .. u`` (fewer at the start); NaN where never observed."""
+    out = np.full(values.shape, np.nan, dtype=np.float32)
+    with warnings.catch_warnings():  # all-NaN columns: NaN is the answer
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for u in range(0, len(values), b.every):
+            out[u:u + b.every] = np.nanmedian(values[max(0, u - b.horizon + 1):u + 1], axis=0)
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +89,7 @@ class Windows:
     """Windows over the concatenated entity grids: rows ``ends[k] - window + 1 .. ends[k]`` of ``data``."""
 
     data: np.ndarray  # (total steps, F) float32, NaN = missing
+    base: np.ndarray  # (total steps, F) float32, the entity's baseline at each step
     ends: np.ndarray  # (M,) int64 row index of each window's last step
     y: np.ndarray  # (M,) object: the cause at the last step
     times: np.ndarray  # (M,) float64 timestamp of the last step
@@ -78,8 +104,12 @@ class Windows:
         rows = ends[:, None] + np.arange(1 - self.window, 1)[None, :]
         return self.data[rows]
 
+    def bases(self, idx: np.ndarray | slice | None = None) -> np.ndarray:
+        """The baseline at each window's last step, ``(len(idx), F)``."""
+        return self.base[self.ends if idx is None else self.ends[idx]]
+
     def subset(self, mask: np.ndarray) -> Windows:
-        return Windows(self.data, self.ends[mask], self.y[mask], self.times[mask], self.window)
+        return Windows(self.data, self.base, self.ends[mask], self.y[mask], self.times[mask], self.window)
 
 
 @dataclass(slots=True)
@@ -113,12 +143,12 @@ class Dataset:
         """``healthy`` first, then every cause in the labels, sorted."""
         return [HEALTHY] + sorted({lab.cause for lab in self.labels} - {HEALTHY})
 
-    def windows(self, window: int, stride: int = 1, margin: int = 0) -> Windows:
+    def windows(self, window: int, stride: int = 1, margin: int = 0, baseline: Baseline = Baseline()) -> Windows:
         """Every ``stride``-th window whose last step was observed, at most half of whose steps are
         missing, and whose last step is not within ``margin`` steps after a label boundary."""
         if window < 2:
             raise ConfigError(f"window: must be at least 2 steps, got {window}")
-        data, ends, ys, ts = [], [], [], []
+        data, base, ends, ys, ts = [], [], [], [], []
         offset = 0
         for ent in self.entities:
             vals = ent.values
@@ -135,10 +165,13 @@ class Dataset:
                 ys.append(self.causes(ent)[local])
                 ts.append(ent.times(self.step)[local])
             data.append(vals)
+            base.append(rolling_baseline(vals, baseline))
             offset += n
         cat = (lambda parts, dt: np.concatenate(parts) if parts else np.zeros(0, dt))
+        empty = np.zeros((0, len(self.features)), np.float32)
         return Windows(
-            data=np.concatenate(data) if data else np.zeros((0, len(self.features)), np.float32),
+            data=np.concatenate(data) if data else empty,
+            base=np.concatenate(base) if base else empty,
             ends=cat(ends, np.int64).astype(np.int64),
             y=cat(ys, object).astype(object),
             times=cat(ts, np.float64),

@@ -9,6 +9,7 @@ that lacks the model's features, is logged once and RCA stays off; the daemon ru
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,8 @@ class RcaEngine:
         self.model: RcaModel | None = None
         self.error: str | None = None
         self._ticks = 0
+        self._base: np.ndarray | None = None
+        self._base_tick = -1
         self._proba: dict[str, float] = {}
         self._counts: dict[str, int] = {}
         self._load()
@@ -97,23 +100,40 @@ class RcaEngine:
             return
         try:
             raw = store.window(self.model.features, self.model.window)
+            base = self._baseline(store)
         except StoreError as exc:
             self._disable(f"the store cannot compute the model's features: {exc}")
             return
-        verdict = self.classify(raw, frame.ts, "slo_burn" if burning else "periodic", store)
+        verdict = self.classify(raw, base, frame.ts, "slo_burn" if burning else "periodic", store)
         self.record(verdict, burning)
 
-    def classify(self, raw: np.ndarray, ts: float, trigger: str, store: SeriesStore | None = None) -> Verdict:
-        """A verdict for one ``(window, F)`` raw window in model feature order."""
+    def _baseline(self, store: SeriesStore) -> np.ndarray:
+        """The host's per-feature median over the model's baseline horizon, refreshed every ``every`` ticks
+        from the ticks up to the refresh point, exactly as :func:`sits_observe.rca.dataset.rolling_baseline`
+        computes it for training (row ``t`` = tick ``t + 1``)."""
+        b = self.model.baseline  # type: ignore[union-attr]
+        since = (store.ticks - 1) % b.every  # ticks after the refresh point
+        due = store.ticks - 1 - since
+        if self._base is None or due != self._base_tick:
+            hist = store.window(self.model.features, b.horizon + since)  # type: ignore[union-attr]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # a feature never seen: NaN
+                self._base = np.nanmedian(hist[:len(hist) - since], axis=0).astype(np.float32)
+            self._base_tick = due
+        return self._base
+
+    def classify(self, raw: np.ndarray, base: np.ndarray, ts: float, trigger: str,
+                 store: SeriesStore | None = None) -> Verdict:
+        """A verdict for one ``(window, F)`` raw window and its ``(F,)`` baseline, in model feature order."""
         m = self.model
         assert m is not None
-        proba = m.proba(raw[None])[0]
+        proba = m.proba(raw[None], base[None])[0]
         self._proba = {c: float(p) for c, p in zip(m.classes, proba)}
         k = int(proba.argmax())
         cause = str(m.decide(proba[None], self.cfg.min_confidence)[0])
         if cause in (HEALTHY, UNKNOWN):
             return Verdict(cause, round(float(proba[k]), 4), ts, trigger=trigger)
-        ex = explain(m, raw, k, store, self.cfg.top_features)
+        ex = explain(m, raw, base, k, store, self.cfg.top_features)
         return Verdict(cause, round(float(proba[k]), 4), ts, ex.gpus, ex.stages, ex.top_features, trigger)
 
     def record(self, v: Verdict, burning: Sequence[str] = ()) -> None:

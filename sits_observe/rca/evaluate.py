@@ -26,13 +26,14 @@ __all__ = ["evaluate", "load_train", "model_proba", "render"]
 
 def model_proba(model: RcaModel, win: Windows, cols: np.ndarray, chunk: int = 2048) -> np.ndarray:
     """Calibrated probabilities for every window, in chunks to bound memory."""
-    parts = [model.proba(win.batch(slice(i, i + chunk))[..., cols]) for i in range(0, len(win), chunk)]
+    parts = [model.proba(win.batch(slice(i, i + chunk))[..., cols], win.bases(slice(i, i + chunk))[:, cols])
+             for i in range(0, len(win), chunk)]
     return np.concatenate(parts) if parts else np.zeros((0, len(model.classes)))
 
 
 def _fit_windows(train: Dataset, model: RcaModel, margin: int, cap: int) -> tuple[Windows, np.ndarray]:
     cols = model.columns(train.features, source=f"{train.path or 'training dataset'}")
-    win = train.windows(model.window, stride=1, margin=margin)
+    win = train.windows(model.window, stride=1, margin=margin, baseline=model.baseline)
     if len(win) > cap:
         win = win.subset(np.linspace(0, len(win) - 1, cap).astype(np.int64))
     return win, cols
@@ -44,7 +45,7 @@ def evaluate(model: RcaModel, test: Dataset, train: Dataset, min_confidence: flo
     if margin is None:
         margin = int(model.training.get("options", {}).get("margin", 0))
     cols = model.columns(test.features, source=f"{test.path or 'dataset'}")
-    win = test.windows(model.window, stride=stride, margin=margin)
+    win = test.windows(model.window, stride=stride, margin=margin, baseline=model.baseline)
     if not len(win):
         raise ConfigError(f"{test.path}: no complete window of {model.window} steps to evaluate")
     classes = list(model.classes) + sorted(set(win.y) - set(model.classes))

@@ -1,7 +1,8 @@
 """Occlusion: which features, stages and GPUs a verdict rests on.
 
 A feature's contribution is the drop in the verdict cause's probability when that feature is replaced,
-over the whole window, by its typical value (the one the normalizer maps to 0).  A GPU's contribution is
+over the whole window, by its normal value for this host (its baseline; the training data's typical
+value where the host has none).  A GPU's contribution is
 the drop when that GPU's readings are replaced by the median of the other GPUs before the GPU aggregates
 are computed.  A stage's contribution is the sum of its features' positive contributions.  Everything is
 scored in one batched forward pass.
@@ -29,16 +30,19 @@ class Explanation:
     gpus: tuple[int, ...]
 
 
-def explain(model: RcaModel, raw: np.ndarray, cause: int, store: SeriesStore | None, top: int) -> Explanation:
-    """Rank features, stages and GPUs of ``raw`` (``(n, F)`` in model order) for class index ``cause``."""
+def explain(model: RcaModel, raw: np.ndarray, base: np.ndarray, cause: int, store: SeriesStore | None,
+            top: int) -> Explanation:
+    """Rank features, stages and GPUs of ``raw`` (``(n, F)`` in model order, baseline ``base``) for
+    class index ``cause``."""
     nf = len(model.features)
-    typical = (model.norm.scale * np.sinh(model.norm.mean)).astype(np.float32)
+    normal = np.where(np.isfinite(base), base, model.norm.typical()).astype(np.float32)
     occl = np.repeat(raw[None].astype(np.float32), nf + 1, axis=0)
-    occl[np.arange(1, nf + 1), :, np.arange(nf)] = typical[:, None]
+    occl[np.arange(1, nf + 1), :, np.arange(nf)] = normal[:, None]
     parts = [occl]
     if store is not None and len(store.gpu_info()):
         parts.append(gpu_occluded(store, model.features, raw, raw.shape[0]).astype(np.float32))
-    p = model.proba(np.concatenate(parts))[:, cause]
+    batch = np.concatenate(parts)
+    p = model.proba(batch, np.repeat(base[None].astype(np.float32), len(batch), axis=0))[:, cause]
     feat = p[0] - p[1:nf + 1]
     gpu = p[0] - p[nf + 1:]
     order = np.argsort(-feat, kind="stable")

@@ -54,7 +54,8 @@ class GenOptions:
 
 
 # The training set of the shipped model (models/README.md gives the command line).
-SHIPPED_TRAIN = GenOptions(seed=1, hours=6.0, topology="nvswitch-8", trace="conv", severity=(0.5, 0.8), entities=2)
+SHIPPED_TRAIN = GenOptions(seed=1, hours=3.0, topology="nvswitch-8", trace="conv", severity=(0.5, 0.8), entities=8,
+                           rates=(0.5, 0.8, 1.1, 1.4), bursty=True)
 
 
 def _scenario(seed: int, opts: GenOptions) -> Scenario:

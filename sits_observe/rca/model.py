@@ -2,8 +2,9 @@
 
 Input encoding (:func:`encode`): each feature is compressed with ``asinh(x / scale)`` (log-like for large
 values, so a 10x latency spike and a 10x throughput change weigh alike), standardised with the training
-mean and deviation, clipped to +-8; NaN is carried forward inside the window and a per-feature missing
-indicator is appended, so the network sees ``2 * F`` inputs per step.  The model file is a
+mean and deviation, clipped to +-8; NaN is carried forward inside the window.  Per step the network sees
+three groups of ``F`` inputs: that level, the same compressed value minus the host's own baseline
+(:func:`sits_observe.rca.dataset.rolling_baseline`; "high for this host"), and a missing indicator.  The model file is a
 ``torch.save`` dict of plain values and tensors, loaded with ``weights_only=True``; it records feature
 names, normalization, window, classes, the temperature fitted on validation data and the metrics reached.
 """
@@ -21,12 +22,12 @@ import torch
 from torch import nn
 
 from ..errors import ModelError
-from .dataset import fill_forward
+from .dataset import Baseline, fill_forward
 from .verdict import UNKNOWN
 
 __all__ = ["FORMAT", "Normalizer", "RcaNet", "RcaModel", "encode"]
 
-FORMAT = "sits-rca-lstm/1"
+FORMAT = "sits-rca-lstm/2"
 CLIP = 8.0
 
 
@@ -51,9 +52,17 @@ class Normalizer:
             std = np.nan_to_num(np.nanstd(a, axis=0), nan=1.0)
         return cls(scale.astype(np.float32), mean.astype(np.float32), np.where(std > 1e-6, std, 1.0).astype(np.float32))
 
+    def compress(self, x: np.ndarray) -> np.ndarray:
+        """``asinh(x / scale) / std``: the standardised scale without the offset (NaN kept)."""
+        return np.arcsinh(x / self.scale) / self.std
+
     def apply(self, x: np.ndarray) -> np.ndarray:
-        z = (np.arcsinh(x / self.scale) - self.mean) / self.std
+        z = self.compress(x) - self.mean / self.std
         return np.clip(np.nan_to_num(z, nan=0.0), -CLIP, CLIP)
+
+    def typical(self) -> np.ndarray:
+        """The raw value of each feature that maps to 0."""
+        return (self.scale * np.sinh(self.mean)).astype(np.float32)
 
     def to_dict(self) -> dict[str, list[float]]:
         return {k: getattr(self, k).astype(float).tolist() for k in ("scale", "mean", "std")}
@@ -63,12 +72,14 @@ class Normalizer:
         return cls(*(np.asarray(d[k], dtype=np.float32) for k in ("scale", "mean", "std")))
 
 
-def encode(raw: np.ndarray, norm: Normalizer) -> np.ndarray:
-    """``(B, W, F)`` raw windows (NaN = missing) -> ``(B, W, 2F)`` float32 network input."""
+def encode(raw: np.ndarray, base: np.ndarray, norm: Normalizer) -> np.ndarray:
+    """``(B, W, F)`` raw windows (NaN = missing) and ``(B, F)`` baselines -> ``(B, W, 3F)`` network input."""
     filled, missing = fill_forward(np.asarray(raw, dtype=np.float32))
     with np.errstate(all="ignore"):
-        z = norm.apply(filled)
-    return np.concatenate([z, missing.astype(np.float32)], axis=-1).astype(np.float32)
+        level = norm.apply(filled)
+        rel = norm.compress(filled) - norm.compress(np.asarray(base, dtype=np.float32))[:, None, :]
+    rel = np.clip(np.nan_to_num(rel, nan=0.0), -CLIP, CLIP)
+    return np.concatenate([level, rel, missing.astype(np.float32)], axis=-1).astype(np.float32)
 
 
 class RcaNet(nn.Module):
@@ -99,16 +110,17 @@ class RcaModel:
     dropout: float
     norm: Normalizer
     net: RcaNet
+    baseline: Baseline = Baseline()
     temperature: float = 1.0
     metrics: dict[str, Any] = field(default_factory=dict)
     training: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def new(cls, features: Sequence[str], classes: Sequence[str], window: int, hidden: Sequence[int],
-            dropout: float, norm: Normalizer) -> RcaModel:
-        net = RcaNet(2 * len(features), hidden, len(classes), dropout)
+            dropout: float, norm: Normalizer, baseline: Baseline = Baseline()) -> RcaModel:
+        net = RcaNet(3 * len(features), hidden, len(classes), dropout)
         return cls(tuple(features), tuple(classes), int(window), (int(hidden[0]), int(hidden[1])),
-                   float(dropout), norm, net)
+                   float(dropout), norm, net, baseline)
 
     def columns(self, available: Sequence[str], source: str = "dataset") -> np.ndarray:
         """Indices of the model's features in ``available``; ModelError listing any that are missing."""
@@ -120,18 +132,19 @@ class RcaModel:
                 f"{', '.join(missing)}; use data with these columns or retrain on it")
         return np.array([pos[f] for f in self.features], dtype=np.int64)
 
-    def logits(self, raw: np.ndarray, batch: int = 1024) -> np.ndarray:
-        """Uncalibrated logits for ``(B, W, F)`` raw windows in the model's feature order."""
+    def logits(self, raw: np.ndarray, base: np.ndarray, batch: int = 1024) -> np.ndarray:
+        """Uncalibrated logits for ``(B, W, F)`` raw windows and ``(B, F)`` baselines in model feature order."""
         self.net.eval()
         out = []
         with torch.inference_mode():
             for i in range(0, len(raw), batch):
-                out.append(self.net(torch.from_numpy(encode(raw[i:i + batch], self.norm))).numpy())
+                x = encode(raw[i:i + batch], base[i:i + batch], self.norm)
+                out.append(self.net(torch.from_numpy(x)).numpy())
         return np.concatenate(out) if out else np.zeros((0, len(self.classes)), np.float32)
 
-    def proba(self, raw: np.ndarray) -> np.ndarray:
+    def proba(self, raw: np.ndarray, base: np.ndarray) -> np.ndarray:
         """Calibrated class probabilities ``(B, C)``."""
-        lg = self.logits(raw) / self.temperature
+        lg = self.logits(raw, base) / self.temperature
         lg = lg - lg.max(axis=1, keepdims=True)
         e = np.exp(lg)
         return e / e.sum(axis=1, keepdims=True)
@@ -152,6 +165,7 @@ class RcaModel:
             "hidden": list(self.hidden),
             "dropout": self.dropout,
             "norm": self.norm.to_dict(),
+            "baseline": {"horizon": self.baseline.horizon, "every": self.baseline.every},
             "temperature": float(self.temperature),
             "metrics": self.metrics,
             "training": self.training,
@@ -179,7 +193,8 @@ class RcaModel:
             if meta.get("format") != FORMAT:
                 raise ModelError(f"{p}: model format {meta.get('format')!r} is not {FORMAT!r}; {hint}")
             model = cls.new(meta["features"], meta["classes"], meta["window"], meta["hidden"],
-                            meta["dropout"], Normalizer.from_dict(meta["norm"]))
+                            meta["dropout"], Normalizer.from_dict(meta["norm"]),
+                            Baseline(int(meta["baseline"]["horizon"]), int(meta["baseline"]["every"])))
             model.net.load_state_dict(blob["state"])
             model.temperature = float(meta["temperature"])
             model.metrics = dict(meta.get("metrics", {}))

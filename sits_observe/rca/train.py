@@ -1,8 +1,9 @@
 """Training: windows from a generic dataset -> a calibrated :class:`RcaModel`.
 
-Each training window is augmented by scaling every feature with its own log-normal factor
-(``jitter`` = sigma of its log), so the network learns shapes and large changes rather than the exact
-levels of the training hosts (other GPUs, traces and loads have other healthy levels).
+Each training window is augmented by scaling every feature, and its baseline with it, by its own
+log-normal factor (``jitter`` = sigma of its log): levels move, changes relative to the host's own
+baseline do not, so the network leans on "high for this host" where the exact healthy levels of the
+training hosts would not carry over to other GPUs, traces and loads.
 Validation data are whole time blocks (every ``val_every``-th block of ``8 * window`` steps); windows
 that straddle a train/validation boundary are dropped, so no training window overlaps a validation one.
 Early stopping keeps the epoch with the best validation macro-F1; the softmax temperature is then fitted
@@ -20,7 +21,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
-from .dataset import Dataset, Windows
+from .dataset import Baseline, Dataset, Windows
 from .metrics import expected_calibration_error, scores
 from .model import Normalizer, RcaModel, encode
 
@@ -36,13 +37,14 @@ class TrainOptions:
     lr: float = 3e-3
     batch: int = 256
     patience: int = 4
-    stride: int = 4
+    stride: int = 8
     margin: int = 10
     val_every: int = 5
     seed: int = 0
     threads: int = 2
     min_confidence: float = 0.6
     jitter: float = 0.3
+    baseline: Baseline = Baseline()
 
 
 class Progress(Protocol):
@@ -80,7 +82,7 @@ def train(ds: Dataset, opts: TrainOptions = TrainOptions(), progress: Progress |
     torch.manual_seed(opts.seed)
     rng = np.random.default_rng(opts.seed)
     torch.set_num_threads(opts.threads)
-    win = ds.windows(opts.window, opts.stride, opts.margin)
+    win = ds.windows(opts.window, opts.stride, opts.margin, opts.baseline)
     classes = ds.classes()
     tr, va = split(win, opts.val_every)
     if tr.sum() < 10 or va.sum() < 2:
@@ -92,7 +94,8 @@ def train(ds: Dataset, opts: TrainOptions = TrainOptions(), progress: Progress |
     y_tr = np.array([cidx[c] for c in train_w.y])
     y_va = np.array([cidx[c] for c in val_w.y])
     rows = np.unique((train_w.ends[:, None] - np.arange(opts.window)[None, :]).ravel())
-    model = RcaModel.new(ds.features, classes, opts.window, opts.hidden, opts.dropout, Normalizer.fit(win.data[rows]))
+    model = RcaModel.new(ds.features, classes, opts.window, opts.hidden, opts.dropout, Normalizer.fit(win.data[rows]),
+                         opts.baseline)
     optim = torch.optim.AdamW(model.net.parameters(), lr=opts.lr, weight_decay=1e-4)
     loss_fn = nn.CrossEntropyLoss(weight=_class_weights(y_tr, len(classes)))
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(optim, T_max=max(opts.epochs, 1))
@@ -105,10 +108,11 @@ def train(ds: Dataset, opts: TrainOptions = TrainOptions(), progress: Progress |
         total = 0.0
         for b in range(batches):
             idx = order[b * opts.batch:(b + 1) * opts.batch]
-            raw = train_w.batch(idx)
-            if opts.jitter:  # every feature of every window scaled by its own log-normal factor
-                raw = raw * np.exp(rng.normal(0.0, opts.jitter, (len(idx), 1, raw.shape[2]))).astype(np.float32)
-            x = torch.from_numpy(encode(raw, model.norm))
+            raw, base = train_w.batch(idx), train_w.bases(idx)
+            if opts.jitter:
+                f = np.exp(rng.normal(0.0, opts.jitter, (len(idx), raw.shape[2]))).astype(np.float32)
+                raw, base = raw * f[:, None, :], base * f
+            x = torch.from_numpy(encode(raw, base, model.norm))
             loss = loss_fn(model.net(x), torch.from_numpy(y_tr[idx]))
             optim.zero_grad()
             loss.backward()
@@ -118,7 +122,7 @@ def train(ds: Dataset, opts: TrainOptions = TrainOptions(), progress: Progress |
             if progress:
                 progress(epoch, b + 1, batches, {})
         sched.step()
-        pred = model.logits(val_w.batch()).argmax(axis=1)
+        pred = model.logits(val_w.batch(), val_w.bases()).argmax(axis=1)
         f1 = scores(val_w.y, np.asarray(classes, dtype=object)[pred], classes)["macro_f1"]
         if f1 > best["f1"]:
             best = {"f1": f1, "state": {k: v.clone() for k, v in model.net.state_dict().items()}, "epoch": epoch}
@@ -127,9 +131,9 @@ def train(ds: Dataset, opts: TrainOptions = TrainOptions(), progress: Progress |
         if epoch - best["epoch"] >= opts.patience:
             break
     model.net.load_state_dict(best["state"])
-    logits = model.logits(val_w.batch())
+    logits = model.logits(val_w.batch(), val_w.bases())
     model.temperature = fit_temperature(logits, y_va)
-    proba = model.proba(val_w.batch())
+    proba = model.proba(val_w.batch(), val_w.bases())
     val = scores(val_w.y, model.decide(proba, opts.min_confidence), classes)
     val["ece"] = expected_calibration_error(proba, y_va)
     val["argmax_macro_f1"] = scores(val_w.y, model.decide(proba, 0.0), classes)["macro_f1"]

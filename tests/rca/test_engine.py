@@ -23,7 +23,7 @@ GPUS = tuple(GpuInfo(i, f"GPU-{i}", "sim", f"0:{i}") for i in range(4))
 
 
 class HostSource:
-    """Steady host at the synthetic baseline; ``hot_gpu`` runs 80 % hotter than the rest."""
+    """Steady host at the synthetic baseline; from tick 30 ``hot_gpu`` runs 80 % hotter than the rest."""
 
     name = "host"
 
@@ -31,11 +31,14 @@ class HostSource:
         self.layout = layout
         self.hot_gpu = hot_gpu
         self.rng = np.random.default_rng(0)
+        self.ticks = 0
 
     def collect(self, frame: Frame) -> None:
+        self.ticks += 1
         frame.gpu = GpuFrame.empty(GPUS)
         for g in range(len(GPUS)):
-            frame.gpu.set(g, "temperature_celsius", 60.0 * (1.8 if g == self.hot_gpu else 1.0))
+            hot = g == self.hot_gpu and self.ticks > 30
+            frame.gpu.set(g, "temperature_celsius", 60.0 * (1.8 if hot else 1.0))
         frame.host["cpu_utilization_ratio"] = 0.3
         frame.add_values("ingress", "chat", self.rng.uniform(0.0015, 0.0021, 50), self.layout)
         frame.add_values("e2e", "chat", self.rng.uniform(0.3, 0.5, 50), self.layout)

@@ -41,10 +41,11 @@ def test_generated_dataset_has_the_daemon_features_and_ground_truth_labels(gener
 def test_training_on_a_tiny_generated_dataset_learns_far_above_chance(generated: Path, tmp_path: Path) -> None:
     model_file = tmp_path / "m.pt"
     assert main(["rca", "train", "--dataset", str(generated), "--out", str(model_file), "--window", "16",
-                 "--epochs", "8", "--hidden", "24,12", "--stride", "2", "--margin", "5", "--threads", "1"]) == 0
+                 "--epochs", "8", "--hidden", "24,12", "--stride", "2", "--batch", "32", "--margin", "5",
+                 "--threads", "1"]) == 0
     model = RcaModel.load(model_file)
     ds = dataset.read(generated)
-    win = ds.windows(model.window, margin=5)
+    win = ds.windows(model.window, margin=5, baseline=model.baseline)
     pred = np.asarray(model.classes, dtype=object)[model_proba(model, win, np.arange(len(FEATURES))).argmax(1)]
     classes = sorted(set(win.y))
     recall = [float((pred[win.y == c] == c).mean()) for c in classes]
