@@ -28,7 +28,7 @@ def create_dash(server: Flask, daemon: Any, *, incremental: bool = True) -> Dash
     ctx = UiContext(daemon, incremental=incremental)
     app = Dash("sits_observe.ui", server=server, url_base_pathname="/", title="sits-observe", update_title=None,
                suppress_callback_exceptions=True, serve_locally=True)
-    app.layout = _shell(ctx)
+    app.layout = lambda: _shell(ctx)  # per page load, so the status line is current
     for page in PAGES.values():
         page.register(app, ctx)
 
@@ -84,15 +84,18 @@ def _status(ctx: UiContext) -> list[Any]:
     clock = time.strftime("%H:%M:%S", time.gmtime(store.latest_ts))
     items = [html.Span(f"tick {store.ticks} · {clock} (source clock)", className="item")]
     firing = parts.alerts(ctx)
-    items.append(html.Span(f"{len(firing)} alert{'s' if len(firing) != 1 else ''} firing",
-                           className="item bad" if firing else "item ok"))
+    names = ", ".join(f"{a['labels'].get('slo', '?')} ({a['labels'].get('burn_tier', '?')})"
+                      for a in firing[:2] if isinstance(a.get("labels"), dict))
+    count = f"{len(firing)} alert{'s' if len(firing) != 1 else ''} firing"
+    items.append(html.Span(f"{count}: {names}" if names else count, className="item bad" if firing else "item ok"))
     ctx.verdicts.refresh(ctx)  # every open page polls the classifier, so the causes timeline misses none
     v = ctx.verdicts.latest()
     if v:
         items.append(html.Span(f"likely cause: {v.get('cause')} ({float(v.get('confidence', 0)):.2f})",
                                className="item"))
-    d = parts.decisions(ctx, 1)
-    if d:
-        items.append(html.Span(f"last decision: {d[0].get('action')} {d[0].get('shard_id') or ''}".rstrip(),
-                               className="item"))
+    moves = [d for d in parts.decisions(ctx, 64) if d.get("action") != "no_action"]
+    if moves:
+        m = moves[0]
+        gpus = ",".join(map(str, m.get("source_gpus") or [])) + " → " + ",".join(map(str, m.get("target_gpus") or []))
+        items.append(html.Span(f"last move: {m.get('action')} {m.get('shard_id') or ''} {gpus}", className="item"))
     return items
