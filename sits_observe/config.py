@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from .alerting.config import AlertingConfig
 from .collectors.config import ServerConfig, check_url
@@ -26,7 +26,11 @@ from .section import Section
 from .slo.spec import SloList
 from .ui.config import UiConfig
 
+M = TypeVar("M", bound=BaseModel)
+
 __all__ = [
+    "parse_yaml",
+    "validate",
     "DEFAULT_LISTEN",
     "DEFAULT_STATE_DIR",
     "DEFAULT_BUCKETS",
@@ -185,10 +189,7 @@ def parse(data: Any, source: str = "<config>", env: dict[str, str] | None = None
     for var, key in ENV_OVERRIDES.items():
         if env.get(var):
             data[key] = env[var].lower() if key == "log_level" else env[var]
-    try:
-        return Config.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError("\n".join(format_errors(exc, source))) from None
+    return validate(Config, data, source)
 
 
 def load(path: str | Path | None = None, env: dict[str, str] | None = None) -> Config:
@@ -202,10 +203,22 @@ def load(path: str | Path | None = None, env: dict[str, str] | None = None) -> C
         text = p.read_text()
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read config file: {exc.strerror}; check the path") from None
+    return parse(parse_yaml(text, str(p)), str(p), env)
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """YAML text -> data; a syntax error becomes one ConfigError line with the position."""
     try:
-        data = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"{p}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
-    return parse(data, str(p), env)
+        raise ConfigError(f"{source}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+
+
+def validate(model: type[M], data: Any, source: str, sep: str = "\n") -> M:
+    """``model.model_validate(data)`` with every problem as ``source: path: message, got value``."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(sep.join(format_errors(exc, source))) from None

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from ..config import format_errors
+from ..config import validate
 from ..errors import ConfigError, SchedulerError
 from ..frame import GPU_FIELD_INDEX, Frame, Sample
 from ..rca.verdict import HEALTHY, Verdict
@@ -56,10 +56,7 @@ def _parse(model: type[BaseModel], body: Any, where: str) -> Any:
     """Validate an API body: :class:`ConfigError` (HTTP 400) naming each bad field and value."""
     if not isinstance(body, dict):
         raise ConfigError(f"{where}: body must be a JSON object, got {type(body).__name__}")
-    try:
-        return model.model_validate(body)
-    except ValidationError as exc:
-        raise ConfigError("; ".join(format_errors(exc, where))) from None
+    return validate(model, body, where, sep="; ")
 
 
 class Scheduler:

@@ -15,10 +15,9 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
-from ..config import Section, format_errors
+from ..config import Section, parse_yaml, validate
 from ..errors import ConfigError
 from ..topology import Topology, preset
 from .shards import default_placement
@@ -123,18 +122,10 @@ class Scenario(Section):
 
     @classmethod
     def parse(cls, text: str, source: str) -> Scenario:
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-            raise ConfigError(f"{source}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+        data = parse_yaml(text, source)
         if not isinstance(data, dict):
             raise ConfigError(f"{source}: a scenario is a mapping with 'faults', got {type(data).__name__}")
-        try:
-            return cls.model_validate(data)
-        except ValidationError as exc:
-            raise ConfigError("\n".join(format_errors(exc, source))) from None
+        return validate(cls, data, source)
 
     def check(self, shards: list[str], gpus: int, numa_nodes: int, workloads: list[str], source: str) -> None:
         """Refuse targets this host does not have (one line per problem)."""
