@@ -173,3 +173,26 @@ def test_ui_can_be_switched_off(make_daemon: Callable[..., Daemon]) -> None:
     client = create_app(make_daemon(ticks=2, ui={"enabled": False})).test_client()
     assert client.get("/").status_code == 404 and client.get("/stages").status_code == 404
     assert client.get("/metrics").status_code == 200
+
+
+def test_a_migration_in_flight_is_outlined_and_logged(make_daemon: Callable[..., Daemon]) -> None:
+    d = make_daemon(ticks=5)
+    client = create_app(d).test_client()
+    tree = page(client, "/topology")
+    assert find(tree, "topo-moves")["children"] == "No shard is migrating."
+    decision = d.scheduler.manual_reshard("chat-1", "move it for the UI test")
+    d.tick()
+    r = dash_call(client, ["topo-links.figure", "topo-strip.figure", "topo-moves.children"],
+                  [("topo-tick.n_intervals", 1)], [("topo-held.data", {"gpu": None})])
+    out = r.get_json()["response"]
+    text = out["topo-moves"]["children"]
+    source, target = decision["source_gpus"], decision["target_gpus"]
+    assert text.startswith("Migrating: shard chat-1: GPUs ") and f"{','.join(map(str, source))} → " in text
+    strip_ops = {tuple(op["location"]): op["params"]["value"] for op in out["topo-strip"]["figure"]["operations"]}
+    boxes = strip_ops[("layout", "shapes")]
+    assert len(boxes) == len(source) + len(target)  # one outline per GPU the shard leaves or moves to
+    assert {b["line"]["dash"] for b in boxes} == {"dash", "solid"}
+    tree = page(client, "/causes")
+    rows = find(tree, "causes-decisions")["children"]["props"]["children"][1]["props"]["children"]
+    first = rows[0]["props"]
+    assert first["data-shard"] == "chat-1" and first["data-span"] == decision["span_id"]
