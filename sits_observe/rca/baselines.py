@@ -20,7 +20,7 @@ from threadpoolctl import threadpool_limits
 from .dataset import Windows, fill_forward
 from .verdict import HEALTHY
 
-__all__ = ["summaries", "ThresholdBaseline", "TreeBaseline"]
+__all__ = ["ThresholdBaseline", "TreeBaseline", "summaries"]
 
 STATS = ("last", "mean", "std", "min", "max", "delta", "last_over_base", "mean_over_base")
 
@@ -31,13 +31,18 @@ def summaries(win: Windows, cols: np.ndarray, chunk: int = 2048) -> np.ndarray:
     for i in range(0, len(win), chunk):
         x = fill_forward(win.batch(slice(i, i + chunk))[..., cols])[0]
         base = win.bases(slice(i, i + chunk))[:, cols]
-        base = np.where(base != 0, base, np.nan)
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore", RuntimeWarning)
             mean = np.nanmean(x, 1)
             out.append(np.concatenate([x[:, -1], mean, np.nanstd(x, 1), np.nanmin(x, 1), np.nanmax(x, 1),
-                                       x[:, -1] - x[:, 0], x[:, -1] / base, mean / base], axis=1))
+                                       x[:, -1] - x[:, 0], _ratio(x[:, -1], base), _ratio(mean, base)], axis=1))
     return np.concatenate(out) if out else np.zeros((0, len(STATS) * len(cols)))
+
+
+def _ratio(x: np.ndarray, base: np.ndarray) -> np.ndarray:
+    """``x / base``; 1 where both are 0 (no change), NaN where only the baseline is 0."""
+    with np.errstate(all="ignore"):
+        return np.where(base != 0, x / base, np.where(x == 0, 1.0, np.nan))
 
 
 class ThresholdBaseline:
@@ -87,14 +92,16 @@ class TreeBaseline:
 
     def __init__(self, seed: int = 0, threads: int = 2) -> None:
         self.threads = threads
+        self.keep: np.ndarray = np.zeros(0, dtype=bool)
         self.clf = HistGradientBoostingClassifier(max_iter=200, learning_rate=0.1, early_stopping=True,
                                                   validation_fraction=0.15, random_state=seed)
 
     def fit(self, x: np.ndarray, y: np.ndarray) -> TreeBaseline:
+        self.keep = ~np.isnan(x).all(axis=0)  # the trees cannot bin a column with no value at all
         with threadpool_limits(self.threads):
-            self.clf.fit(x, y.astype(str))
+            self.clf.fit(x[:, self.keep], y.astype(str))
         return self
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         with threadpool_limits(self.threads):
-            return self.clf.predict(x).astype(object)
+            return self.clf.predict(x[:, self.keep]).astype(object)

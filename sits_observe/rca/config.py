@@ -8,7 +8,7 @@ from pydantic import Field
 
 from ..section import Section
 
-__all__ = ["RcaConfig", "SHIPPED_MODEL"]
+__all__ = ["SHIPPED_MODEL", "RcaConfig"]
 
 # The model shipped in the repository (``models/rca-lstm.pt``), used when ``rca.model`` is not set.
 SHIPPED_MODEL = Path(__file__).resolve().parents[2] / "models" / "rca-lstm.pt"

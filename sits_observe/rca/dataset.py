@@ -26,8 +26,20 @@ import pandas as pd
 from ..errors import ConfigError
 from .verdict import HEALTHY
 
-__all__ = ["Label", "Entity", "Dataset", "Windows", "Baseline", "fill_forward", "rolling_baseline", "read", "write",
-           "METRICS", "LABELS"]
+__all__ = [
+    "LABELS",
+    "METRICS",
+    "DEFAULT_BASELINE",
+    "Baseline",
+    "Dataset",
+    "Entity",
+    "Label",
+    "Windows",
+    "fill_forward",
+    "read",
+    "rolling_baseline",
+    "write",
+]
 
 METRICS = "metrics.csv"
 LABELS = "labels.csv"
@@ -51,6 +63,9 @@ class Baseline:
 
     horizon: int = 3600
     every: int = 60
+
+
+DEFAULT_BASELINE = Baseline()
 
 
 def rolling_baseline(values: np.ndarray, b: Baseline) -> np.ndarray:
@@ -143,7 +158,7 @@ class Dataset:
         """``healthy`` first, then every cause in the labels, sorted."""
         return [HEALTHY] + sorted({lab.cause for lab in self.labels} - {HEALTHY})
 
-    def windows(self, window: int, stride: int = 1, margin: int = 0, baseline: Baseline = Baseline()) -> Windows:
+    def windows(self, window: int, stride: int = 1, margin: int = 0, baseline: Baseline = DEFAULT_BASELINE) -> Windows:
         """Every ``stride``-th window whose last step was observed, at most half of whose steps are
         missing, and whose last step is not within ``margin`` steps after a label boundary."""
         if window < 2:

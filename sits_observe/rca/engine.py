@@ -2,8 +2,9 @@
 
 A verdict is stored in the verdict log (SQLite under ``state_dir``), counted for export, added to the
 annotations of every firing SLO alert (``likely_cause``, ``confidence``, ``rca_verdict``) through the SLO
-engine's ``annotate(slo_name, annotations)``, and handed to the scheduler's ``on_verdict``.  A missing or corrupt model, or a store
-that lacks the model's features, is logged once and RCA stays off; the daemon runs on without it.
+engine's ``annotate(slo_name, annotations)``, and handed to the scheduler's ``on_verdict``.  A missing
+or corrupt model, or a store that lacks the model's features, is logged once and RCA stays off; the
+daemon runs on without it.
 """
 
 from __future__ import annotations
@@ -151,7 +152,7 @@ class RcaEngine:
     def _call(what: str, fn: Callable[[Any], Any], arg: Any) -> None:
         try:
             fn(arg)
-        except Exception as exc:  # a failing consumer of verdicts must not lose the verdict or stop RCA
+        except Exception as exc:  # noqa: BLE001 - a failing hook must not lose the verdict or stop RCA
             log.warning("rca: %s hook failed: %s: %s", what, type(exc).__name__, exc)
 
     # ---- reporting -----------------------------------------------------------------------------

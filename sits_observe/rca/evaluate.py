@@ -74,7 +74,7 @@ def evaluate(model: RcaModel, test: Dataset, train: Dataset, min_confidence: flo
         "dataset": test.path,
         "train_dataset": train.path,
         "window": model.window,
-        "windows": int(len(win)),
+        "windows": len(win),
         "min_confidence": min_confidence,
         "margin": margin,
         "classes": classes,

@@ -18,7 +18,7 @@ from ..store.series import SeriesStore
 from .features import gpu_occluded, stage_of
 from .model import RcaModel
 
-__all__ = ["Explanation", "explain", "MIN_CONTRIBUTION"]
+__all__ = ["MIN_CONTRIBUTION", "Explanation", "explain"]
 
 MIN_CONTRIBUTION = 0.01  # a GPU or stage is implicated when occluding it lowers the probability this much
 

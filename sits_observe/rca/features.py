@@ -13,7 +13,7 @@ import numpy as np
 from ..store.features import feature_series
 from ..store.series import SeriesStore
 
-__all__ = ["FEATURES", "stage_of", "gpu_field_of", "gpu_occluded"]
+__all__ = ["FEATURES", "gpu_field_of", "gpu_occluded", "stage_of"]
 
 # Per-call latencies (device and host stages) carry most of the signal and do not scale with load or
 # hardware the way throughput and power do; GPU aggregates are kept to those that mean the same on any box.

@@ -5,9 +5,10 @@ with ``Scenario.random`` faults (every class, random onset, duration, severity a
 load surges laid over the whole run (hard negatives: they overlap healthy time and faults alike and are
 never labeled).  Entity ``k`` replays the trace at ``rates[k % len(rates)]``; with ``bursty`` its arrivals
 are also switched off and on (a two-state Markov chain per minute: off about a fifth of the time, on
-minutes keep 30-100 % of their requests), so one trace yields many load levels and idle spells.  Frames go into a SeriesStore and the features are read back with
-``store.window(FEATURES, ...)``, exactly as the daemon reads them; labels come from the simulator's
-fault log (ground truth, on the source clock).
+minutes keep 30-100 % of their requests), so one trace yields many load levels and idle spells.
+Frames go into a SeriesStore and the features are read back with ``store.window(FEATURES, ...)``,
+exactly as the daemon reads them; labels come from the simulator's fault log (ground truth, on the
+source clock).
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ import numpy as np
 from ..config import SimConfig, StoreConfig
 from ..frame import BucketLayout, Frame
 from ..sim.faults import CAUSES, LOAD_SURGE, FaultSpec, Scenario
-from ..sim.shards import default_placement
 from ..sim.host import SimulatedHost
+from ..sim.shards import default_placement
 from ..sim.trace import Trace
 from ..store.series import SeriesStore
 from ..topology import preset
@@ -33,7 +34,7 @@ from . import dataset
 from .dataset import Dataset, Entity, Label
 from .features import FEATURES
 
-__all__ = ["GenOptions", "SHIPPED_TRAIN", "generate", "simulate"]
+__all__ = ["SHIPPED_TRAIN", "GenOptions", "generate", "simulate"]
 
 T0 = 1_700_000_000.0  # source-clock start of every entity (the simulator's clock, not wall time)
 CHUNK = 2048  # ticks simulated between feature reads (the store keeps 2 * CHUNK)
@@ -54,7 +55,7 @@ class GenOptions:
 
 
 # The training set of the shipped model (models/README.md gives the command line).
-SHIPPED_TRAIN = GenOptions(seed=1, hours=3.0, topology="nvswitch-8", trace="conv", severity=(0.5, 0.8), entities=8,
+SHIPPED_TRAIN = GenOptions(seed=1, hours=3.0, topology="nvswitch-8", trace="conv", severity=(0.5, 0.8), entities=16,
                            rates=(0.5, 0.8, 1.1, 1.4), bursty=True)
 
 
@@ -108,7 +109,7 @@ def simulate(seed: int, opts: GenOptions, name: str, rate: float = 1.0, trace_pa
     cfg = SimConfig(topology=opts.topology, trace=opts.trace, seed=seed, rate=rate, trace_path=trace_path)
     host = SimulatedHost(cfg, layout, scenario=_scenario(seed, opts))
     store = SeriesStore(layout, history=2 * CHUNK)
-    steps = int(round(opts.hours * 3600.0 / opts.interval))
+    steps = round(opts.hours * 3600.0 / opts.interval)
     parts, pending = [], 0
     for i in range(steps):
         frame = Frame(ts=T0 + (i + 1) * opts.interval, interval=opts.interval)

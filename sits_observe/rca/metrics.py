@@ -7,6 +7,7 @@ window is not a false positive (it never triggers a re-shard) but is reported as
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,7 +15,7 @@ import numpy as np
 
 from .verdict import HEALTHY, UNKNOWN
 
-__all__ = ["scores", "expected_calibration_error"]
+__all__ = ["expected_calibration_error", "scores"]
 
 
 def scores(y_true: Sequence[str], y_pred: Sequence[str], classes: Sequence[str]) -> dict[str, Any]:
@@ -65,7 +66,7 @@ def expected_calibration_error(proba: np.ndarray, y: np.ndarray, bins: int = 10)
     hit = proba.argmax(axis=1) == y
     edges = np.linspace(0.0, 1.0, bins + 1)
     ece = 0.0
-    for lo, hi in zip(edges[:-1], edges[1:]):
+    for lo, hi in itertools.pairwise(edges):
         sel = (conf > lo) & (conf <= hi)
         if sel.any():
             ece += sel.mean() * abs(hit[sel].mean() - conf[sel].mean())

@@ -22,10 +22,10 @@ import torch
 from torch import nn
 
 from ..errors import ModelError
-from .dataset import Baseline, fill_forward
+from .dataset import DEFAULT_BASELINE, Baseline, fill_forward
 from .verdict import UNKNOWN
 
-__all__ = ["FORMAT", "Normalizer", "RcaNet", "RcaModel", "encode"]
+__all__ = ["FORMAT", "Normalizer", "RcaModel", "RcaNet", "encode"]
 
 FORMAT = "sits-rca-lstm/2"
 CLIP = 8.0
@@ -110,14 +110,14 @@ class RcaModel:
     dropout: float
     norm: Normalizer
     net: RcaNet
-    baseline: Baseline = Baseline()
+    baseline: Baseline = DEFAULT_BASELINE
     temperature: float = 1.0
     metrics: dict[str, Any] = field(default_factory=dict)
     training: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def new(cls, features: Sequence[str], classes: Sequence[str], window: int, hidden: Sequence[int],
-            dropout: float, norm: Normalizer, baseline: Baseline = Baseline()) -> RcaModel:
+            dropout: float, norm: Normalizer, baseline: Baseline = DEFAULT_BASELINE) -> RcaModel:
         net = RcaNet(3 * len(features), hidden, len(classes), dropout)
         return cls(tuple(features), tuple(classes), int(window), (int(hidden[0]), int(hidden[1])),
                    float(dropout), norm, net, baseline)

@@ -1,9 +1,5 @@
 """Training: windows from a generic dataset -> a calibrated :class:`RcaModel`.
 
-Each training window is augmented by scaling every feature, and its baseline with it, by its own
-log-normal factor (``jitter`` = sigma of its log): levels move, changes relative to the host's own
-baseline do not, so the network leans on "high for this host" where the exact healthy levels of the
-training hosts would not carry over to other GPUs, traces and loads.
 Validation data are whole time blocks (every ``val_every``-th block of ``8 * window`` steps); windows
 that straddle a train/validation boundary are dropped, so no training window overlaps a validation one.
 Early stopping keeps the epoch with the best validation macro-F1; the softmax temperature is then fitted
@@ -21,11 +17,11 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
-from .dataset import Baseline, Dataset, Windows
+from .dataset import DEFAULT_BASELINE, Baseline, Dataset, Windows
 from .metrics import expected_calibration_error, scores
 from .model import Normalizer, RcaModel, encode
 
-__all__ = ["TrainOptions", "train", "split", "fit_temperature"]
+__all__ = ["TrainOptions", "fit_temperature", "split", "train"]
 
 
 @dataclass(frozen=True)
@@ -43,8 +39,7 @@ class TrainOptions:
     seed: int = 0
     threads: int = 2
     min_confidence: float = 0.6
-    jitter: float = 0.3
-    baseline: Baseline = Baseline()
+    baseline: Baseline = DEFAULT_BASELINE
 
 
 class Progress(Protocol):
@@ -108,11 +103,7 @@ def train(ds: Dataset, opts: TrainOptions = TrainOptions(), progress: Progress |
         total = 0.0
         for b in range(batches):
             idx = order[b * opts.batch:(b + 1) * opts.batch]
-            raw, base = train_w.batch(idx), train_w.bases(idx)
-            if opts.jitter:
-                f = np.exp(rng.normal(0.0, opts.jitter, (len(idx), raw.shape[2]))).astype(np.float32)
-                raw, base = raw * f[:, None, :], base * f
-            x = torch.from_numpy(encode(raw, base, model.norm))
+            x = torch.from_numpy(encode(train_w.batch(idx), train_w.bases(idx), model.norm))
             loss = loss_fn(model.net(x), torch.from_numpy(y_tr[idx]))
             optim.zero_grad()
             loss.backward()
@@ -140,7 +131,7 @@ def train(ds: Dataset, opts: TrainOptions = TrainOptions(), progress: Progress |
     model.metrics = {"validation": val}
     model.training = {
         "dataset": ds.path, "options": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(opts).items()},
-        "train_windows": int(len(train_w)), "val_windows": int(len(val_w)), "epochs_run": epoch,
+        "train_windows": len(train_w), "val_windows": len(val_w), "epochs_run": epoch,
         "best_epoch": best["epoch"], "seconds": round(time.perf_counter() - t0, 1), "torch": str(torch.__version__),
     }
     return model

@@ -10,7 +10,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["Verdict", "HEALTHY", "UNKNOWN", "CAUSES"]
+__all__ = ["CAUSES", "HEALTHY", "UNKNOWN", "Verdict"]
 
 HEALTHY = "healthy"
 UNKNOWN = "unknown"

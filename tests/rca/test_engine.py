@@ -102,7 +102,7 @@ def test_daemon_runs_on_without_rca_when_the_model_is_broken(tmp_path: Path, tin
         tiny_model.save(path)
         path.write_bytes(path.read_bytes()[:200] if content == b"" else content)
     with caplog.at_level(logging.WARNING, logger="sits_observe.rca"):
-        daemon, engine = _daemon(tmp_path, path, every=1)
+        daemon, _ = _daemon(tmp_path, path, every=1)
         daemon.sources.append(HostSource(daemon.layout))
         for _ in range(30):
             daemon.tick()
