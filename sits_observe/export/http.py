@@ -135,5 +135,13 @@ class Server:
         self._thread.start()
 
     def close(self) -> None:
-        self._server.close()
+        """Stop accepting, close every socket inside the server's own loop thread, then stop the workers.
+
+        Closing sockets from another thread while the loop polls them makes waitress log EBADF tracebacks.
+        """
+        from waitress import wasyncore
+
+        srv = self._server
+        srv.trigger.pull_trigger(lambda: wasyncore.close_all(srv._map))  # type: ignore[union-attr]
         self._thread.join(timeout=3)
+        srv.task_dispatcher.shutdown()  # type: ignore[union-attr]
