@@ -18,6 +18,7 @@ class RcaConfig(Section):
     enabled: bool = Field(True, description="run the root-cause classifier in the daemon")
     model: str | None = Field(None, description="model file; default: the shipped models/rca-lstm.pt")
     every_ticks: int = Field(60, ge=1, le=86400, description="classify every N ticks when no SLO burns")
+    burn_every_ticks: int = Field(5, ge=1, le=3600, description="classify every N ticks while an SLO burns")
     min_confidence: float = Field(0.6, ge=0.0, le=1.0, description="below this the verdict is `unknown`")
     top_features: int = Field(5, ge=1, le=64, description="features reported per verdict")
     keep_verdicts: int = Field(10000, ge=10, le=10_000_000, description="verdicts kept in SQLite")

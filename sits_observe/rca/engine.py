@@ -95,7 +95,7 @@ class RcaEngine:
             return
         self._ticks += 1
         burning = list(self.firing()) if self.firing is not None else []
-        if not burning and self._ticks % self.cfg.every_ticks:
+        if self._ticks % (self.cfg.burn_every_ticks if burning else self.cfg.every_ticks):
             return
         if store.ticks < self.model.window:
             return

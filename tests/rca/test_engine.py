@@ -46,7 +46,7 @@ class HostSource:
 
 def _daemon(tmp_path: Path, model: Path, every: int, **hooks: Any) -> tuple[Daemon, RcaEngine]:
     cfg = parse({"state_dir": str(tmp_path), "gpu": {"backend": "none"},
-                 "rca": {"model": str(model), "every_ticks": every}}, env={})
+                 "rca": {"model": str(model), "every_ticks": every, "burn_every_ticks": 1}}, env={})
     daemon = Daemon(config=cfg, clock=SimClock(1.0, 1.0, start=1000.0))
     engine = RcaEngine(cfg.rca, cfg.state_dir, **hooks)
     daemon.consumers.append(engine)
@@ -127,3 +127,18 @@ def test_a_failing_hook_does_not_lose_the_verdict(tmp_path: Path, tiny_model: Rc
     for _ in range(17):
         daemon.tick()
     assert daemon.health["rca"].errors == 0 and len(engine.verdicts_state()["verdicts"]) == 2
+
+
+def test_a_burn_classifies_every_burn_every_ticks(tmp_path: Path, tiny_model: RcaModel) -> None:
+    path = tmp_path / "m.pt"
+    tiny_model.save(path)
+    handed: list[Verdict] = []
+    cfg = parse({"state_dir": str(tmp_path), "gpu": {"backend": "none"},
+                 "rca": {"model": str(path), "every_ticks": 1000, "burn_every_ticks": 4}}, env={})
+    daemon = Daemon(config=cfg, clock=SimClock(1.0, 1.0, start=1000.0))
+    daemon.consumers.append(RcaEngine(cfg.rca, cfg.state_dir, firing=lambda: ["chat-latency"],
+                                      on_verdict=handed.append))
+    daemon.sources.append(HostSource(daemon.layout, hot_gpu=2))
+    for _ in range(40):  # window 16: burn verdicts at ticks 16, 20, ..., 40
+        daemon.tick()
+    assert [v.trigger for v in handed] == ["slo_burn"] * 7
