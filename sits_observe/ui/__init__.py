@@ -1,1 +1,1 @@
-"""ui subsystem."""
+"""The Dash UI served at ``/``: topology, load, stages, SLOs, causes and decisions pages."""
