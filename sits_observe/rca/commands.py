@@ -63,7 +63,7 @@ def register(sub: Any) -> None:
     t.add_argument("--dataset", required=True, help="dataset directory (metrics.csv, labels.csv)")
     t.add_argument("--out", default=str(SHIPPED_MODEL), help="model file to write")
     t.add_argument("--window", type=int, help="steps per window (default 64)")
-    t.add_argument("--epochs", type=int, help="maximum epochs; early stopping may end sooner (default 12)")
+    t.add_argument("--epochs", type=int, help="maximum epochs; early stopping may end sooner (default 15)")
     t.add_argument("--hidden", type=_pair, help="LSTM hidden sizes H1,H2 (default 64,32)")
     t.add_argument("--dropout", type=float, help="dropout between layers and before the head (default 0.2)")
     t.add_argument("--stride", type=int, help="train on every N-th window (default 8)")
