@@ -27,9 +27,9 @@ from ..errors import ConfigError
 from .verdict import HEALTHY
 
 __all__ = [
+    "DEFAULT_BASELINE",
     "LABELS",
     "METRICS",
-    "DEFAULT_BASELINE",
     "Baseline",
     "Dataset",
     "Entity",
