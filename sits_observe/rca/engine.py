@@ -54,13 +54,6 @@ class RcaEngine:
         self._counts: dict[str, int] = {}
         self._load()
 
-    @classmethod
-    def wire(cls, cfg: RcaConfig, state_dir: str | Path, slo: Any = None, scheduler: Any = None) -> RcaEngine:
-        """Hooked to the SLO engine (``specs``, ``firing``, ``annotate``) and the scheduler (``on_verdict``)."""
-        firing = None if slo is None else (lambda: [s.name for s, f in zip(slo.specs, slo.firing) if f])
-        return cls(cfg, state_dir, firing=firing, annotate=None if slo is None else slo.annotate,
-                   on_verdict=None if scheduler is None else scheduler.on_verdict)
-
     def _load(self) -> None:
         path = self.cfg.model_path()
         try:
