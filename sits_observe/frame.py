@@ -8,7 +8,7 @@ array with NaN where a field is unsupported; counters are deltas.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -32,6 +32,9 @@ __all__ = [
     "GpuInfo",
     "GpuFrame",
     "Sample",
+    "NUMA_CPU",
+    "numa_cpu_sample",
+    "numa_cpu",
     "Frame",
 ]
 
@@ -180,6 +183,20 @@ class Sample:
     help: str
     labels: tuple[tuple[str, str], ...]
     value: float
+
+
+NUMA_CPU = "sits_host_numa_cpu_utilization_ratio"
+
+
+def numa_cpu_sample(node: int, busy: float) -> Sample:
+    """The busy fraction of one NUMA node's CPUs (what the scheduler reads to find contended host cores)."""
+    return Sample(NUMA_CPU, "gauge", "CPU busy fraction of one NUMA node's cores (0-1).",
+                  (("numa_node", str(node)),), float(busy))
+
+
+def numa_cpu(samples: Iterable[Sample]) -> dict[int, float]:
+    """NUMA node -> CPU busy fraction from a tick's samples (empty when no source reports it)."""
+    return {int(dict(s.labels)["numa_node"]): s.value for s in samples if s.name == NUMA_CPU}
 
 
 @dataclass(slots=True)

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..config import validate
 from ..errors import ConfigError, SchedulerError
-from ..frame import GPU_FIELD_INDEX, Frame, Sample
+from ..frame import GPU_FIELD_INDEX, Frame, Sample, numa_cpu
 from ..rca.verdict import HEALTHY, Verdict
 from ..topology import Topology
 from .actuators import Actuator, StepOutcome, build_actuator
@@ -34,7 +34,7 @@ from .placement import Candidate, GpuLoad, Planner, Result
 from .states import NotFound, State
 from .store import Placement, PlacementStore
 from .tracing import Decision, DecisionTracer
-from .triggers import Trigger, Triggers, culprit_gpu
+from .triggers import Trigger, Triggers, culprits
 from .view import ShardView, gpu_load, in_flight, request_for, shard_views
 
 __all__ = ["Scheduler", "AckBody"]
@@ -89,6 +89,7 @@ class Scheduler:
         self._total = np.array([g.memory_total_bytes for g in topology.gpus], dtype=np.float64)
         self._values: np.ndarray | None = None
         self._host_cpu = float("nan")
+        self._numa_cpu: dict[int, float] = {}
         self._now = clock()
         with self._lock:
             self.walker.resume(self._now)
@@ -115,6 +116,7 @@ class Scheduler:
                 self._mem = g.values[:, GPU_FIELD_INDEX["memory_used_bytes"]]
                 self._healthy = np.asarray(g.healthy, dtype=bool)
             self._host_cpu = float(frame.host.get("cpu_utilization_ratio", float("nan")))
+            self._numa_cpu = numa_cpu(frame.samples)
             self.walker.poll(ts)
             self.walker.expire(ts)
             fired = []
@@ -136,16 +138,16 @@ class Scheduler:
             self._no_action(t, t.reason, annotate=True)
             return
         views = self._views()
-        culprits = set(t.gpus) or {culprit_gpu(t.cause, self._values)}
-        view, why_not = pick_shard(t, culprits, views, self.cfg.cooldown, self.store.last_reshard_ts)
+        implicated = set(t.gpus) or culprits(t.cause, self._values, self.topo, self._numa_cpu)
+        view, why_not = pick_shard(t, implicated, views, self.cfg.cooldown, self.store.last_reshard_ts)
         if view is None:
-            where = "on any node" if t.other_node else f"on GPUs {sorted(culprits)}"
+            where = "on any node" if t.other_node else f"on GPUs {sorted(implicated)}"
             self._no_action(t, f"{t.reason}; no movable shard {where}" + (f": {'; '.join(why_not)}" if why_not else ""))
             return
         if in_flight(views) >= self.cfg.max_migrations:
             self._no_action(t, f"{t.reason}; {self.cfg.max_migrations} migrations already in flight")
             return
-        req = request_for(view.spec, views, self._util, view.gpus, avoid(self.topo, t, culprits, view))
+        req = request_for(view.spec, views, self._util, view.gpus, avoid(self.topo, t, implicated, view))
         load = self._load(views)
         res = self.planner.place(req, load)
         current = self.planner.score(req, load, view.gpus).score

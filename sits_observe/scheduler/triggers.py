@@ -15,9 +15,10 @@ import numpy as np
 
 from ..frame import GPU_FIELD_INDEX
 from ..rca.verdict import HEALTHY, UNKNOWN, Verdict
+from ..topology import Topology
 from .config import SchedulerConfig
 
-__all__ = ["FIXABLE", "NON_FIXABLE", "Trigger", "Sustained", "Triggers", "culprit_gpu"]
+__all__ = ["FIXABLE", "NON_FIXABLE", "Trigger", "Sustained", "Triggers", "culprits"]
 
 FIXABLE = frozenset({"gpu_compute_saturation", "gpu_memory_pressure", "interconnect_contention",
                      "cpu_contention", "thermal_throttling"})
@@ -32,12 +33,24 @@ _CULPRIT_FIELD = {"gpu_memory_pressure": "memory_used_bytes", "thermal_throttlin
                   "interconnect_contention": "nvlink_tx_bytes_per_second"}
 
 
-def culprit_gpu(cause: str, values: np.ndarray | None) -> int:
-    """The GPU most implicated in ``cause`` by the latest ``(gpus, GPU_FIELDS)`` values."""
+def culprits(cause: str, values: np.ndarray | None, topo: Topology, numa_cpu: dict[int, float]) -> set[int]:
+    """The GPUs most implicated in ``cause`` when the verdict names none.
+
+    ``cpu_contention``: the GPUs fed by the busiest NUMA node of this host (``numa_cpu``, from the tick's
+    per-node CPU samples; the serving processes run on the cores of their GPUs' node).  Otherwise, and
+    when no per-node CPU is reported: the GPU with the highest value of the field that points at the
+    cause in the latest ``(gpus, GPU_FIELDS)`` values (utilization when no field does).
+    """
+    if cause == "cpu_contention" and numa_cpu:
+        local = topo.gpus[0].node
+        nodes = {n: gs for n, gs in topo.numa_nodes().items() if n in numa_cpu}
+        if nodes:
+            busiest = max(nodes, key=lambda n: numa_cpu[n])
+            return {g for g in nodes[busiest] if topo.gpus[g].node == local}
     if values is None:
-        return 0
+        return {0}
     field = _CULPRIT_FIELD.get(cause, "utilization_ratio")
-    return int(np.argmax(np.nan_to_num(values[:, GPU_FIELD_INDEX[field]], nan=-np.inf)))
+    return {int(np.argmax(np.nan_to_num(values[:, GPU_FIELD_INDEX[field]], nan=-np.inf)))}
 
 
 @dataclass(frozen=True, slots=True)

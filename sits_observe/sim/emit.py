@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..frame import BucketLayout, Frame
+from ..frame import BucketLayout, Frame, numa_cpu_sample
 from .device import StageSampler, add_shard_stages
 from .engine import TickStats
 from .gpu import GpuInputs, GpuModel
@@ -125,8 +125,10 @@ class TickOutput:
             g.row(link)[:] += eff.link_load * bw  # the foreign traffic shows in the GPU's link counters
         frame.gpu = gpus.step(dt, g, eff.steal, eff.cooling)
         used = HOST_MEMORY_BASE + shards * HOST_MEMORY_PER_SHARD
+        busy = np.maximum(rho, OS_CPU_SHARE)
+        frame.samples += [numa_cpu_sample(node, float(b)) for node, b in enumerate(busy)]
         frame.host.update({
-            "cpu_utilization_ratio": float((np.maximum(rho, OS_CPU_SHARE) * cores).sum() / cores.sum()),
+            "cpu_utilization_ratio": float((busy * cores).sum() / cores.sum()),
             "memory_used_ratio": used / HOST_MEMORY,
             "memory_used_bytes": float(used),
             "memory_total_bytes": float(HOST_MEMORY),

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from sched_helpers import PendingActuator, frame, live_gpus
 
+from sits_observe.frame import numa_cpu_sample
 from sits_observe.rca.verdict import Verdict
 from sits_observe.scheduler.config import SchedulerConfig
 from sits_observe.scheduler.engine import Scheduler
@@ -135,6 +136,26 @@ def test_cooldown_and_one_migration_per_gpu(make_scheduler: Callable[..., Schedu
     s.on_tick(frame(1100.0, BUSY))
     last = s.decisions_state()["decisions"][0]
     assert last["action"] == "no_action" and "a in cooldown for 200 s more" in last["reason"]
+
+
+@pytest.mark.parametrize(("numa_busy", "moved", "away_from"), [
+    ({0: 0.2, 1: 0.95}, "b", {4, 5, 6, 7}),   # node 1's cores are contended: b (GPUs 4, 5) leaves node 1
+    ({0: 0.95, 1: 0.2}, "a", {0, 1, 2, 3}),
+    (None, "a", {0, 1, 2, 3}),                 # no per-node CPU reported: the busiest GPU (0) stands in
+])
+def test_cpu_contention_without_gpus_moves_a_shard_off_the_busiest_numa_node(
+        make_scheduler: Callable[..., Scheduler], numa_busy: dict[int, float] | None, moved: str,
+        away_from: set[int]) -> None:
+    s = make_scheduler(verdict_consecutive=1)   # pcie-8: GPUs 0-3 on NUMA node 0, 4-7 on node 1
+    s.register_shard({"id": "a", "gpus": 2, "memory_per_gpu": 20 * 2**30, "comm_intensity": 1.0, "placement": [0, 1]})
+    s.register_shard({"id": "b", "gpus": 2, "memory_per_gpu": 20 * 2**30, "comm_intensity": 1.0, "placement": [4, 5]})
+    f = frame(1000.0, [0.9, 0.9, 0.0, 0.0, 0.6, 0.6, 0.0, 0.0])
+    f.samples += [numa_cpu_sample(n, busy) for n, busy in (numa_busy or {}).items()]
+    s.on_verdict(verdict("cpu_contention", 0.9, 1000.0, gpus=()))
+    s.on_tick(f)
+    d = s.decisions_state()["decisions"][0]
+    assert (d["action"], d["shard_id"]) == ("migrate", moved)
+    assert not set(d["target_gpus"]) & away_from
 
 
 def test_imbalance_moves_only_for_a_real_gain(make_scheduler: Callable[..., Scheduler]) -> None:
