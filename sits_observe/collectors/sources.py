@@ -11,6 +11,7 @@ from ..config import Config
 from ..errors import CollectorError
 from ..frame import BucketLayout
 from .dcgm import DcgmSource
+from .host import HostSource
 from .nvml import NvmlSource
 from .servers import ServerSource
 
@@ -21,12 +22,13 @@ log = logging.getLogger(__name__)
 
 def build_sources(config: Config, layout: BucketLayout, *, resolve_workload: Callable[[int], str | None] | None = None,
                   nvml: Any = None, clock: Callable[[], float] = time.monotonic) -> list[Any]:
-    """The GPU source of ``gpu.backend`` (nvml or dcgm; sim and none add none here) and one per ``servers`` entry.
+    """The host source (CPU, memory, per NUMA node; not with the simulator, which has its own host), the GPU
+    source of ``gpu.backend`` (nvml or dcgm; sim and none add none here) and one per ``servers`` entry.
 
     NVML that cannot start (no driver) is logged as one line and left out, so everything else still runs.
     """
     gpu = config.gpu
-    sources: list[Any] = []
+    sources: list[Any] = [] if gpu.backend == "sim" else [HostSource()]
     if gpu.backend == "nvml":
         try:
             sources.append(NvmlSource(nvml, sample_interval=gpu.sample_interval, clock=clock,

@@ -296,17 +296,17 @@ def test_backend_nvml_without_driver_leaves_nvml_out_and_runs_the_rest(caplog: p
                  "servers": [{"kind": "vllm", "url": "http://127.0.0.1:1/metrics", "workload": "chat"}]}, env={})
     with caplog.at_level(logging.WARNING):
         sources = build_sources(cfg, BucketLayout(cfg.store.snapped()))  # the real pynvml: no driver here
-    assert [s.name for s in sources] == ["vllm:chat"]
+    assert [s.name for s in sources] == ["host", "vllm:chat"]
     lines = [r.getMessage() for r in caplog.records if "nvml" in r.getMessage()]
     assert len(lines) == 1 and "NVIDIA driver not available" in lines[0]
 
 
 def test_backend_nvml_with_a_driver_and_dcgm(fake: FakeNvml) -> None:
     cfg = parse({"gpu": {"backend": "nvml", "sample_interval": 2}}, env={})
-    (src,) = build_sources(cfg, BucketLayout(cfg.store.snapped()), nvml=fake)
-    assert src.name == "nvml" and src.sample_interval == 2
+    host, src = build_sources(cfg, BucketLayout(cfg.store.snapped()), nvml=fake)
+    assert host.name == "host" and src.name == "nvml" and src.sample_interval == 2
     cfg = parse({"gpu": {"backend": "dcgm", "dcgm_url": "http://127.0.0.1:9400/metrics"}}, env={})
-    (src,) = build_sources(cfg, BucketLayout(cfg.store.snapped()))
+    host, src = build_sources(cfg, BucketLayout(cfg.store.snapped()))
     assert src.name == "dcgm" and src.url == "http://127.0.0.1:9400/metrics"
 
 

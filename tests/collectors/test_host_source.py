@@ -1,0 +1,110 @@
+"""Host CPU (all CPUs and per NUMA node) and memory from /proc and /sys: exact values on written files,
+sane values from this machine's kernel, a clear error for unreadable files, and the daemon on a GPU-less
+host exporting them (real promtool)."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from sits_observe.collectors.host import HostSource
+from sits_observe.config import parse
+from sits_observe.errors import CollectorError
+from sits_observe.export.http import create_app
+from sits_observe.frame import Frame, numa_cpu
+from sits_observe.wiring import build_daemon
+
+MEMINFO = "MemTotal:       1000000 kB\nMemFree:         100000 kB\nMemAvailable:    250000 kB\n"
+
+
+def _stat(rows: list[tuple[int, int, int, int, int]]) -> str:
+    """/proc/stat with one line per CPU: user, system, idle, iowait, steal jiffies."""
+    lines = ["cpu  0 0 0 0 0 0 0 0 0 0"]
+    lines += [f"cpu{i} {u} 0 {s} {idle} {io} 0 0 {st} 0 0" for i, (u, s, idle, io, st) in enumerate(rows)]
+    return "\n".join([*lines, "intr 1 2 3", "ctxt 42", ""])
+
+
+@pytest.fixture
+def roots(tmp_path: Path) -> tuple[Path, Path]:
+    proc, sys_root = tmp_path / "proc", tmp_path / "sys"
+    proc.mkdir()
+    (proc / "meminfo").write_text(MEMINFO)
+    for node, cpus in ((0, "0-1"), (1, "2-3")):
+        d = sys_root / "devices/system/node" / f"node{node}"
+        d.mkdir(parents=True)
+        (d / "cpulist").write_text(cpus + "\n")
+    return proc, sys_root
+
+
+def test_busy_shares_per_host_and_numa_node_and_memory(roots: tuple[Path, Path]) -> None:
+    proc, sys_root = roots
+    src = HostSource(proc, sys_root)
+    (proc / "stat").write_text(_stat([(100, 0, 100, 0, 0)] * 4))
+    first = Frame(1.0, 1.0)
+    src.collect(first)
+    assert first.host == {"memory_total_bytes": 1024e6, "memory_used_bytes": 750e3 * 1024, "memory_used_ratio": 0.75}
+    assert numa_cpu(first.samples) == {}  # no interval yet
+    # +100 jiffies each: CPU0 all user, CPU1 half system half iowait, CPU2 all idle, CPU3 a quarter steal
+    (proc / "stat").write_text(_stat([(200, 0, 100, 0, 0), (100, 50, 100, 50, 0), (100, 0, 200, 0, 0),
+                                      (100, 0, 175, 0, 25)]))
+    f = Frame(2.0, 1.0)
+    src.collect(f)
+    assert f.host["cpu_utilization_ratio"] == pytest.approx((100 + 50 + 0 + 25) / 400)
+    assert numa_cpu(f.samples) == pytest.approx({0: 150 / 200, 1: 25 / 200})
+
+
+def test_without_numa_directory_the_host_is_one_node(roots: tuple[Path, Path], tmp_path: Path) -> None:
+    proc, _ = roots
+    src = HostSource(proc, tmp_path / "no-sys")
+    for user, idle in ((100, 100), (160, 140)):  # +60 busy, +40 idle on each CPU
+        (proc / "stat").write_text(_stat([(user, 0, idle, 0, 0)] * 2))
+        f = Frame(1.0, 1.0)
+        src.collect(f)
+    assert numa_cpu(f.samples) == pytest.approx({0: 0.6})
+
+
+@pytest.mark.parametrize(("broken", "says"), [
+    ("stat", "proc/stat"), ("meminfo", "proc/meminfo"), ("stat-empty", "has no per-CPU lines"),
+    ("meminfo-empty", "lacks MemTotal/MemAvailable")])
+def test_unreadable_or_foreign_files_name_the_file(roots: tuple[Path, Path], broken: str, says: str) -> None:
+    proc, sys_root = roots
+    (proc / "stat").write_text(_stat([(1, 1, 1, 1, 0)]))
+    name, _, empty = broken.partition("-")
+    if empty:
+        (proc / name).write_text("nothing useful\n")
+    else:
+        (proc / name).unlink()
+    with pytest.raises(CollectorError, match=says):
+        HostSource(proc, sys_root).collect(Frame(1.0, 1.0))
+
+
+def test_this_machines_kernel() -> None:
+    src = HostSource()
+    frames = [Frame(float(t), 1.0) for t in range(2)]
+    for f in frames:
+        src.collect(f)
+        time.sleep(0.1)  # /proc/stat counts in 10 ms jiffies: let some pass between the reads
+    f = frames[1]
+    assert 0.0 <= f.host["cpu_utilization_ratio"] <= 1.0
+    assert 0.0 < f.host["memory_used_ratio"] < 1.0 and f.host["memory_total_bytes"] > 2**30
+    nodes = numa_cpu(f.samples)
+    assert 0 in nodes and all(0.0 <= v <= 1.0 for v in nodes.values())
+
+
+def test_gpu_less_daemon_exports_host_gauges(tmp_path: Path) -> None:
+    cfg = parse({"state_dir": str(tmp_path), "gpu": {"backend": "none"}, "rca": {"enabled": False}}, env={})
+    daemon = build_daemon(cfg)
+    try:
+        for _ in range(2):
+            daemon.tick()
+            time.sleep(0.1)  # /proc/stat counts in 10 ms jiffies: let some pass between the reads
+        body = create_app(daemon, ui=False).test_client().get("/metrics").data.decode()
+    finally:
+        daemon.close()
+    assert "sits_host_cpu_utilization_ratio " in body and "sits_host_memory_used_ratio " in body
+    assert 'sits_host_numa_cpu_utilization_ratio{numa_node="0"}' in body
+    res = subprocess.run(["promtool", "check", "metrics"], input=body, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
