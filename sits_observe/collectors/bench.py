@@ -1,9 +1,13 @@
-"""`sits-observe bench collectors`: our cost per NVML GPU-sample and per 64-GPU dcgm-exporter page.
+"""`sits-observe bench collectors`: our cost per NVML GPU-sample, per 64-GPU dcgm-exporter page and per
+host-source tick.
 
 NVML: the collector reads the test-only fake NVML (``tests/fakes/fake_nvml.py``, so the driver's own cost
 is left out); the baseline is the same sequence of fake NVML calls replayed bare, so ``ours - baseline``
 is what our code adds.  DCGM: reading a synthetic 64-GPU page into GPU fields against the baseline of
-prometheus_client's full text parser walking the same page.
+prometheus_client's full text parser walking the same page.  Host: one tick of the host source on a
+written ``/proc`` and ``/sys`` of a large machine (``--host-cpus`` CPUs in 8 NUMA nodes, two ``/proc/stat``
+snapshots read in turn) and on this machine's own, against the baseline of reading the same two files
+bare (what any reader pays).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import argparse
 import importlib.util
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +28,7 @@ from ..errors import ConfigError
 from ..frame import Frame
 from ..topology import preset
 from .dcgm import DCGM_MAP, DCGM_SAMPLES, DcgmSource
+from .host import HostSource
 from .nvml import NvmlSource
 
 __all__ = ["add_arguments", "run", "dcgm_page"]
@@ -39,6 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--processes", type=int, default=4, help="compute processes per GPU on the fake host")
     p.add_argument("--dcgm-gpus", type=int, default=64)
     p.add_argument("--pages", type=int, default=30, help="dcgm-exporter pages to time")
+    p.add_argument("--host-cpus", type=int, default=256, help="CPUs of the written large host (8 NUMA nodes)")
+    p.add_argument("--host-ticks", type=int, default=500, help="host-source ticks to time")
 
 
 def _load_fake() -> Any:
@@ -124,6 +132,43 @@ def _dcgm(args: argparse.Namespace) -> dict[str, Any]:
             "baseline_full_parser_ms_per_page": _ms(base), "speedup": round(_ms(base) / _ms(ours), 1)}
 
 
+def _write_host(root: Path, cpus: int, tick: int) -> None:
+    (root / "proc").mkdir(parents=True, exist_ok=True)
+    rows = [f"cpu{c} {1000 * tick + c} 3 {500 * tick} {90000 + 400 * tick} 12 0 7 0 0 0" for c in range(cpus)]
+    (root / "proc" / "stat").write_text("\n".join(["cpu  1 2 3 4 5 6 7 8 0 0", *rows, "intr 1 2", "ctxt 3", ""]))
+    (root / "proc" / "meminfo").write_text("MemTotal: 2113929216 kB\nMemFree: 1000 kB\nMemAvailable: 1500000000 kB\n")
+    per = cpus // 8
+    for n in range(8):
+        d = root / "sys" / "devices/system/node" / f"node{n}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "cpulist").write_text(f"{n * per}-{(n + 1) * per - 1}\n")
+
+
+def _host_case(proc: list[Path], sys_root: Path, ticks: int) -> dict[str, float]:
+    src = HostSource(proc[0], sys_root)
+    src.collect(Frame(0.0, 1.0))
+    turn = iter(range(1, ticks + 1))
+
+    def tick() -> None:
+        src.proc = proc[next(turn) % len(proc)]
+        src.collect(Frame(0.0, 1.0))
+
+    ours = _times(tick, ticks)
+    base = _times(lambda: [(p / name).read_text() for p in proc[:1] for name in ("stat", "meminfo")], ticks)
+    return {"ours_ms_per_tick": _ms(ours), "baseline_read_files_ms_per_tick": _ms(base),
+            "overhead_ms_per_tick": round(_ms(ours) - _ms(base), 4)}
+
+
+def _host(args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="sits-bench-host-") as tmp:
+        roots = [Path(tmp) / f"t{k}" for k in range(2)]
+        for k, root in enumerate(roots):
+            _write_host(root, args.host_cpus, k + 1)
+        written = _host_case([r / "proc" for r in roots], roots[0] / "sys", args.host_ticks)
+    return {"written": {"cpus": args.host_cpus, "numa_nodes": 8, **written},
+            "this_machine": _host_case([Path("/proc")], Path("/sys"), args.host_ticks)}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    return {"bench": "collectors", "nvml": _nvml(args), "dcgm": _dcgm(args),
+    return {"bench": "collectors", "nvml": _nvml(args), "dcgm": _dcgm(args), "host": _host(args),
             "targets": {"nvml_overhead_ms_per_gpu_sample": 2.0, "dcgm_ms_per_64_gpu_page": 20.0}}

@@ -36,13 +36,10 @@ def numa_cpus(sys_root: Path) -> dict[int, tuple[int, ...]]:
     return out
 
 
-def _busy(delta: dict[int, np.ndarray], cpus: tuple[int, ...]) -> float | None:
-    """Busy share of ``cpus`` over the interval (None when no jiffies passed)."""
-    d = np.zeros(2)
-    for c in cpus:
-        if c in delta:
-            d += delta[c]
-    return float(d[0] / d[1]) if d[1] > 0 else None
+def _busy(delta: np.ndarray) -> float | None:
+    """Busy share over rows of ``(busy, total)`` jiffy deltas (None when no jiffies passed)."""
+    busy, total = delta.sum(axis=0)
+    return float(busy / total) if total > 0 else None
 
 
 class HostSource:
@@ -52,21 +49,22 @@ class HostSource:
 
     def __init__(self, proc_root: str | Path = "/proc", sys_root: str | Path = "/sys") -> None:
         self.proc = Path(proc_root)
-        self._nodes = numa_cpus(Path(sys_root))
-        self._last: dict[int, np.ndarray] | None = None
+        self._nodes = {n: np.array(cpus) for n, cpus in numa_cpus(Path(sys_root)).items()}
+        self._last: tuple[np.ndarray, np.ndarray] | None = None
 
-    def _cpu_jiffies(self) -> dict[int, np.ndarray]:
-        """CPU number -> (busy, total) jiffies since boot."""
-        out = {}
-        for line in _read(self.proc / "stat").splitlines():
-            head, _, rest = line.partition(" ")
-            if head.startswith("cpu") and head[3:].isdigit():
-                v = np.array([float(x) for x in rest.split()[:8]])
-                idle = v[3] + (v[4] if len(v) > 4 else 0.0)
-                out[int(head[3:])] = np.array([v.sum() - idle, v.sum()])
-        if not out:
-            raise CollectorError(f"host: {self.proc / 'stat'} has no per-CPU lines")
-        return out
+    def _cpu_jiffies(self) -> tuple[np.ndarray, np.ndarray]:
+        """CPU numbers and their ``(busy, total)`` jiffies since boot, one row per CPU."""
+        path = self.proc / "stat"
+        lines = [ln.split(None, 1) for ln in _read(path).splitlines() if ln.startswith("cpu") and ln[3:4].isdigit()]
+        try:
+            ids = np.array([int(head[3:]) for head, _ in lines])
+            v = np.fromstring(" ".join(body for _, body in lines), sep=" ").reshape(len(lines), -1)
+        except ValueError:  # no per-CPU lines, or lines of different lengths or not numbers
+            raise CollectorError(f"host: {path} has no per-CPU lines of jiffy counts") from None
+        if v.shape[1] < 5:
+            raise CollectorError(f"host: {path} has {v.shape[1]} fields per CPU line, expected at least 5")
+        total = v[:, :8].sum(axis=1)
+        return ids, np.stack([total - v[:, 3] - v[:, 4], total], axis=1)
 
     def _memory(self) -> tuple[float, float]:
         kib = {}
@@ -81,13 +79,17 @@ class HostSource:
     def collect(self, frame: Frame) -> None:
         total, used = self._memory()
         frame.host.update({"memory_total_bytes": total, "memory_used_bytes": used, "memory_used_ratio": used / total})
-        now = self._cpu_jiffies()
-        last, self._last = self._last, now
+        ids, now = self._cpu_jiffies()
+        last, self._last = self._last, (ids, now)
         if last is None:
             return
-        delta = {c: now[c] - last[c] for c in now if c in last}
-        if (all_cpus := _busy(delta, tuple(delta))) is not None:
+        if not np.array_equal(ids, last[0]):  # CPUs went on- or offline: compare the ones seen both times
+            ids, keep, was = np.intersect1d(ids, last[0], return_indices=True)
+            delta = now[keep] - last[1][was]
+        else:
+            delta = now - last[1]
+        if (all_cpus := _busy(delta)) is not None:
             frame.host["cpu_utilization_ratio"] = all_cpus
-        for node, cpus in (self._nodes or {0: tuple(delta)}).items():
-            if (b := _busy(delta, cpus)) is not None:
+        for node, cpus in (self._nodes or {0: ids}).items():
+            if (b := _busy(delta[np.isin(ids, cpus)])) is not None:
                 frame.samples.append(numa_cpu_sample(node, b))

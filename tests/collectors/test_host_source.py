@@ -67,7 +67,7 @@ def test_without_numa_directory_the_host_is_one_node(roots: tuple[Path, Path], t
 
 
 @pytest.mark.parametrize(("broken", "says"), [
-    ("stat", "proc/stat"), ("meminfo", "proc/meminfo"), ("stat-empty", "has no per-CPU lines"),
+    ("stat", "proc/stat"), ("meminfo", "proc/meminfo"), ("stat-empty", "has no per-CPU lines of jiffy counts"),
     ("meminfo-empty", "lacks MemTotal/MemAvailable")])
 def test_unreadable_or_foreign_files_name_the_file(roots: tuple[Path, Path], broken: str, says: str) -> None:
     proc, sys_root = roots
