@@ -66,6 +66,19 @@ def test_without_numa_directory_the_host_is_one_node(roots: tuple[Path, Path], t
     assert numa_cpu(f.samples) == pytest.approx({0: 0.6})
 
 
+def test_a_cpu_going_offline_between_reads_is_left_out(roots: tuple[Path, Path]) -> None:
+    proc, sys_root = roots
+    src = HostSource(proc, sys_root)
+    (proc / "stat").write_text(_stat([(100, 0, 100, 0, 0)] * 4))
+    src.collect(Frame(1.0, 1.0))
+    lines = _stat([(150, 0, 150, 0, 0)] * 4).splitlines()
+    (proc / "stat").write_text("\n".join(line for line in lines if not line.startswith("cpu3 ")))
+    f = Frame(2.0, 1.0)
+    src.collect(f)
+    assert f.host["cpu_utilization_ratio"] == pytest.approx(0.5)
+    assert numa_cpu(f.samples) == pytest.approx({0: 0.5, 1: 0.5})
+
+
 @pytest.mark.parametrize(("broken", "says"), [
     ("stat", "proc/stat"), ("meminfo", "proc/meminfo"), ("stat-empty", "has no per-CPU lines of jiffy counts"),
     ("meminfo-empty", "lacks MemTotal/MemAvailable")])
