@@ -34,7 +34,7 @@ __all__ = [
     "Sample",
     "NUMA_CPU",
     "numa_cpu_sample",
-    "numa_cpu",
+    "numa_cpu_by_node",
     "Frame",
 ]
 
@@ -194,7 +194,7 @@ def numa_cpu_sample(node: int, busy: float) -> Sample:
                   (("numa_node", str(node)),), float(busy))
 
 
-def numa_cpu(samples: Iterable[Sample]) -> dict[int, float]:
+def numa_cpu_by_node(samples: Iterable[Sample]) -> dict[int, float]:
     """NUMA node -> CPU busy fraction from a tick's samples (empty when no source reports it)."""
     return {int(dict(s.labels)["numa_node"]): s.value for s in samples if s.name == NUMA_CPU}
 

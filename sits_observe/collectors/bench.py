@@ -160,6 +160,8 @@ def _host_case(proc: list[Path], sys_root: Path, ticks: int) -> dict[str, float]
 
 
 def _host(args: argparse.Namespace) -> dict[str, Any]:
+    if args.host_cpus < 8 or args.host_cpus % 8:
+        raise ConfigError(f"bench collectors: --host-cpus {args.host_cpus}: use a multiple of 8 (8 NUMA nodes)")
     with tempfile.TemporaryDirectory(prefix="sits-bench-host-") as tmp:
         roots = [Path(tmp) / f"t{k}" for k in range(2)]
         for k, root in enumerate(roots):

@@ -2,8 +2,10 @@
 
 CPU busy is the share of non-idle jiffies between two reads of ``/proc/stat`` (idle and iowait count as
 idle), over all CPUs and over the CPUs of each NUMA node (``/sys/devices/system/node/node*/cpulist``;
-a machine without that directory is one node).  Memory used is ``MemTotal - MemAvailable`` from
-``/proc/meminfo``.  The first read has no interval, so it reports memory only.
+a machine without that directory is one node; re-read when the set of CPUs changes).  Counters that
+went backwards (the kernel allows it for iowait) count as no time.  Memory used is
+``MemTotal - MemAvailable`` from ``/proc/meminfo``.  The first read has no interval, so it reports memory
+only.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ def _read(path: Path) -> str:
         raise CollectorError(f"host: cannot read {path}: {exc.strerror or exc}") from None
 
 
-def numa_cpus(sys_root: Path) -> dict[int, tuple[int, ...]]:
+def _numa_cpus(sys_root: Path) -> dict[int, tuple[int, ...]]:
     """NUMA node -> its CPUs, from ``node*/cpulist`` (empty when the kernel has no NUMA directory)."""
     out = {}
     for d in sorted(sys_root.glob("devices/system/node/node[0-9]*")):
@@ -49,20 +51,27 @@ class HostSource:
 
     def __init__(self, proc_root: str | Path = "/proc", sys_root: str | Path = "/sys") -> None:
         self.proc = Path(proc_root)
-        self._nodes = {n: np.array(cpus) for n, cpus in numa_cpus(Path(sys_root)).items()}
+        self.sys = Path(sys_root)
+        self._nodes: dict[int, np.ndarray] = {}
         self._last: tuple[np.ndarray, np.ndarray] | None = None
 
     def _cpu_jiffies(self) -> tuple[np.ndarray, np.ndarray]:
         """CPU numbers and their ``(busy, total)`` jiffies since boot, one row per CPU."""
         path = self.proc / "stat"
         lines = [ln.split(None, 1) for ln in _read(path).splitlines() if ln.startswith("cpu") and ln[3:4].isdigit()]
-        try:
-            ids = np.array([int(head[3:]) for head, _ in lines])
-            v = np.fromstring(" ".join(body for _, body in lines), sep=" ").reshape(len(lines), -1)
-        except ValueError:  # no per-CPU lines, or lines of different lengths or not numbers
-            raise CollectorError(f"host: {path} has no per-CPU lines of jiffy counts") from None
-        if v.shape[1] < 5:
-            raise CollectorError(f"host: {path} has {v.shape[1]} fields per CPU line, expected at least 5")
+        bodies = [body.strip() for _, body in lines]
+        widths = {body.count(" ") + 1 for body in bodies}
+        if len(widths) != 1 or min(widths) < 5:
+            raise CollectorError(f"host: {path} has no per-CPU lines of at least 5 jiffy counts, all alike")
+        width = widths.pop()
+        try:  # numpy 2.x raises at a word that is not a number; 1.x warns and stops there
+            v = np.fromstring(" ".join(bodies), sep=" ")
+        except ValueError:
+            v = np.zeros(0)
+        if v.size != len(lines) * width:
+            raise CollectorError(f"host: {path} has a per-CPU line that is not jiffy counts")
+        ids = np.array([int(head[3:]) for head, _ in lines])
+        v = v.reshape(len(lines), width)
         total = v[:, :8].sum(axis=1)
         return ids, np.stack([total - v[:, 3] - v[:, 4], total], axis=1)
 
@@ -81,6 +90,8 @@ class HostSource:
         frame.host.update({"memory_total_bytes": total, "memory_used_bytes": used, "memory_used_ratio": used / total})
         ids, now = self._cpu_jiffies()
         last, self._last = self._last, (ids, now)
+        if last is None or not np.array_equal(ids, last[0]):
+            self._nodes = {n: np.array(cpus) for n, cpus in _numa_cpus(self.sys).items()}
         if last is None:
             return
         if not np.array_equal(ids, last[0]):  # CPUs went on- or offline: compare the ones seen both times
@@ -88,6 +99,7 @@ class HostSource:
             delta = now[keep] - last[1][was]
         else:
             delta = now - last[1]
+        delta = np.clip(delta, 0.0, None)
         if (all_cpus := _busy(delta)) is not None:
             frame.host["cpu_utilization_ratio"] = all_cpus
         for node, cpus in (self._nodes or {0: ids}).items():

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..config import validate
 from ..errors import ConfigError, SchedulerError
-from ..frame import GPU_FIELD_INDEX, Frame, Sample, numa_cpu
+from ..frame import GPU_FIELD_INDEX, Frame, Sample, numa_cpu_by_node
 from ..rca.verdict import HEALTHY, Verdict
 from ..topology import Topology
 from .actuators import Actuator, StepOutcome, build_actuator
@@ -116,7 +116,7 @@ class Scheduler:
                 self._mem = g.values[:, GPU_FIELD_INDEX["memory_used_bytes"]]
                 self._healthy = np.asarray(g.healthy, dtype=bool)
             self._host_cpu = float(frame.host.get("cpu_utilization_ratio", float("nan")))
-            self._numa_cpu = numa_cpu(frame.samples)
+            self._numa_cpu = numa_cpu_by_node(frame.samples)
             self.walker.poll(ts)
             self.walker.expire(ts)
             fired = []

@@ -36,17 +36,17 @@ _CULPRIT_FIELD = {"gpu_memory_pressure": "memory_used_bytes", "thermal_throttlin
 def culprits(cause: str, values: np.ndarray | None, topo: Topology, numa_cpu: dict[int, float]) -> set[int]:
     """The GPUs most implicated in ``cause`` when the verdict names none.
 
-    ``cpu_contention``: the GPUs fed by the busiest NUMA node of this host (``numa_cpu``, from the tick's
-    per-node CPU samples; the serving processes run on the cores of their GPUs' node).  Otherwise, and
-    when no per-node CPU is reported: the GPU with the highest value of the field that points at the
-    cause in the latest ``(gpus, GPU_FIELDS)`` values (utilization when no field does).
+    ``cpu_contention``: the GPUs fed by the busiest NUMA node that has GPUs (``numa_cpu``: node -> busy
+    share from the tick's per-node CPU samples; the serving processes run on the cores of their GPUs'
+    node).  The samples carry the node number only, so on a topology of several hosts the node's GPUs
+    on every host are named (the simulator models one CPU load per node number).  Otherwise, and when
+    no per-node CPU is reported: the GPU with the highest value of the field that points at the cause
+    in the latest ``(gpus, GPU_FIELDS)`` values (utilization when no field does).
     """
-    if cause == "cpu_contention" and numa_cpu:
-        local = topo.gpus[0].node
-        nodes = {n: gs for n, gs in topo.numa_nodes().items() if n in numa_cpu}
+    if cause == "cpu_contention":
+        nodes = {n: gs for n, gs in topo.numa_nodes().items() if not np.isnan(numa_cpu.get(n, np.nan))}
         if nodes:
-            busiest = max(nodes, key=lambda n: numa_cpu[n])
-            return {g for g in nodes[busiest] if topo.gpus[g].node == local}
+            return set(nodes[max(nodes, key=lambda n: numa_cpu[n])])
     if values is None:
         return {0}
     field = _CULPRIT_FIELD.get(cause, "utilization_ratio")

@@ -11,7 +11,7 @@ from pytest import approx
 from sits_observe.collectors import bench
 from sits_observe.collectors.dcgm import DCGM_MAP, DcgmSource
 from sits_observe.collectors.host import HostSource
-from sits_observe.frame import GPU_FIELD_INDEX, Frame, numa_cpu
+from sits_observe.frame import GPU_FIELD_INDEX, Frame, numa_cpu_by_node
 
 
 def test_bench_page_has_every_mapped_field_for_every_gpu() -> None:
@@ -48,4 +48,4 @@ def test_bench_host_snapshots_are_a_real_workload(tmp_path: Path) -> None:
     src.collect(f)
     share = (1000 + 500) / (1000 + 500 + 400)  # per CPU: +1000 user, +500 system, +400 idle between snapshots
     assert f.host["cpu_utilization_ratio"] == approx(share)
-    assert numa_cpu(f.samples) == approx(dict.fromkeys(range(8), share))
+    assert numa_cpu_by_node(f.samples) == approx(dict.fromkeys(range(8), share))

@@ -14,7 +14,7 @@ from sits_observe.collectors.host import HostSource
 from sits_observe.config import parse
 from sits_observe.errors import CollectorError
 from sits_observe.export.http import create_app
-from sits_observe.frame import Frame, numa_cpu
+from sits_observe.frame import Frame, numa_cpu_by_node
 from sits_observe.wiring import build_daemon
 
 MEMINFO = "MemTotal:       1000000 kB\nMemFree:         100000 kB\nMemAvailable:    250000 kB\n"
@@ -46,14 +46,14 @@ def test_busy_shares_per_host_and_numa_node_and_memory(roots: tuple[Path, Path])
     first = Frame(1.0, 1.0)
     src.collect(first)
     assert first.host == {"memory_total_bytes": 1024e6, "memory_used_bytes": 750e3 * 1024, "memory_used_ratio": 0.75}
-    assert numa_cpu(first.samples) == {}  # no interval yet
+    assert numa_cpu_by_node(first.samples) == {}  # no interval yet
     # +100 jiffies each: CPU0 all user, CPU1 half system half iowait, CPU2 all idle, CPU3 a quarter steal
     (proc / "stat").write_text(_stat([(200, 0, 100, 0, 0), (100, 50, 100, 50, 0), (100, 0, 200, 0, 0),
                                       (100, 0, 175, 0, 25)]))
     f = Frame(2.0, 1.0)
     src.collect(f)
     assert f.host["cpu_utilization_ratio"] == pytest.approx((100 + 50 + 0 + 25) / 400)
-    assert numa_cpu(f.samples) == pytest.approx({0: 150 / 200, 1: 25 / 200})
+    assert numa_cpu_by_node(f.samples) == pytest.approx({0: 150 / 200, 1: 25 / 200})
 
 
 def test_without_numa_directory_the_host_is_one_node(roots: tuple[Path, Path], tmp_path: Path) -> None:
@@ -63,7 +63,7 @@ def test_without_numa_directory_the_host_is_one_node(roots: tuple[Path, Path], t
         (proc / "stat").write_text(_stat([(user, 0, idle, 0, 0)] * 2))
         f = Frame(1.0, 1.0)
         src.collect(f)
-    assert numa_cpu(f.samples) == pytest.approx({0: 0.6})
+    assert numa_cpu_by_node(f.samples) == pytest.approx({0: 0.6})
 
 
 def test_a_cpu_going_offline_between_reads_is_left_out(roots: tuple[Path, Path]) -> None:
@@ -76,18 +76,51 @@ def test_a_cpu_going_offline_between_reads_is_left_out(roots: tuple[Path, Path])
     f = Frame(2.0, 1.0)
     src.collect(f)
     assert f.host["cpu_utilization_ratio"] == pytest.approx(0.5)
-    assert numa_cpu(f.samples) == pytest.approx({0: 0.5, 1: 0.5})
+    assert numa_cpu_by_node(f.samples) == pytest.approx({0: 0.5, 1: 0.5})
+
+
+def test_a_cpu_coming_online_joins_its_node(roots: tuple[Path, Path]) -> None:
+    proc, sys_root = roots
+    (sys_root / "devices/system/node/node1/cpulist").write_text("2\n")  # CPU 3 offline at start
+    src = HostSource(proc, sys_root)
+    (proc / "stat").write_text(_stat([(100, 0, 100, 0, 0)] * 3))
+    src.collect(Frame(1.0, 1.0))
+    (sys_root / "devices/system/node/node1/cpulist").write_text("2-3\n")
+    (proc / "stat").write_text(_stat([(150, 0, 150, 0, 0)] * 3 + [(7, 0, 7, 0, 0)]))
+    src.collect(Frame(2.0, 1.0))  # CPU 3 has no interval yet
+    (proc / "stat").write_text(_stat([(200, 0, 200, 0, 0)] * 3 + [(107, 0, 7, 0, 0)]))
+    f = Frame(3.0, 1.0)
+    src.collect(f)
+    assert numa_cpu_by_node(f.samples) == pytest.approx({0: 0.5, 1: (50 + 100) / 200})
+
+
+def test_counters_going_backwards_count_as_no_time(roots: tuple[Path, Path]) -> None:
+    proc, sys_root = roots
+    src = HostSource(proc, sys_root)
+    (proc / "stat").write_text(_stat([(100, 0, 100, 0, 0)] * 3 + [(900, 0, 100, 0, 0)]))
+    src.collect(Frame(1.0, 1.0))
+    (proc / "stat").write_text(_stat([(150, 0, 150, 0, 0)] * 3 + [(20, 0, 120, 0, 0)]))  # CPU 3's user count fell
+    f = Frame(2.0, 1.0)
+    src.collect(f)
+    # CPU 3's interval (busy -880, total -860 jiffies) counts as none; unclipped the host would read 1.3
+    assert f.host["cpu_utilization_ratio"] == pytest.approx(0.5)
+    assert numa_cpu_by_node(f.samples) == pytest.approx({0: 0.5, 1: 0.5})
 
 
 @pytest.mark.parametrize(("broken", "says"), [
-    ("stat", "proc/stat"), ("meminfo", "proc/meminfo"), ("stat-empty", "has no per-CPU lines of jiffy counts"),
-    ("meminfo-empty", "lacks MemTotal/MemAvailable")])
+    ("stat", "proc/stat"), ("meminfo", "proc/meminfo"), ("stat-empty", "has no per-CPU lines of at least 5 jiffy counts"),
+    ("meminfo-empty", "lacks MemTotal/MemAvailable"),
+    ("stat-uneven", "all alike"), ("stat-words", "not jiffy counts")])
 def test_unreadable_or_foreign_files_name_the_file(roots: tuple[Path, Path], broken: str, says: str) -> None:
     proc, sys_root = roots
     (proc / "stat").write_text(_stat([(1, 1, 1, 1, 0)]))
-    name, _, empty = broken.partition("-")
-    if empty:
-        (proc / name).write_text("nothing useful\n")
+    name, _, how = broken.partition("-")
+    bad = {"empty": "nothing useful\n",
+           # 10 + 8 fields: reshaping 18 numbers into two rows of 9 would go unnoticed
+           "uneven": "cpu0 1 2 3 4 5 6 7 8 9 10\ncpu1 1 2 3 4 5 6 7 8\n",
+           "words": "cpu0 1 2 3 4 5 6 7 8 9 10\ncpu1 1 2 3 four 5 6 7 8 9 10\n"}
+    if how:
+        (proc / name).write_text(bad[how])
     else:
         (proc / name).unlink()
     with pytest.raises(CollectorError, match=says):
@@ -103,7 +136,7 @@ def test_this_machines_kernel() -> None:
     f = frames[1]
     assert 0.0 <= f.host["cpu_utilization_ratio"] <= 1.0
     assert 0.0 < f.host["memory_used_ratio"] < 1.0 and f.host["memory_total_bytes"] > 2**30
-    nodes = numa_cpu(f.samples)
+    nodes = numa_cpu_by_node(f.samples)
     assert 0 in nodes and all(0.0 <= v <= 1.0 for v in nodes.values())
 
 

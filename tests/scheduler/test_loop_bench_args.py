@@ -18,7 +18,8 @@ def _error(args: list[str]) -> str:
     return res.stderr
 
 
-@pytest.mark.parametrize(("page", "says"), [("15s,1m", "need SHORT < LONG <= 1h"),
+@pytest.mark.parametrize(("page", "says"), [("15s,1m", "need SHORT < LONG <= 12m"),
+                                            ("15m,1m", "need SHORT < LONG <= 12m"),
                                             ("1m", "expected two durations LONG,SHORT like 1m,15s")])
 def test_page_windows_are_checked(page: str, says: str) -> None:
     assert says in _error(["--page", page])

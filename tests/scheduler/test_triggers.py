@@ -138,18 +138,22 @@ def test_cooldown_and_one_migration_per_gpu(make_scheduler: Callable[..., Schedu
     assert last["action"] == "no_action" and "a in cooldown for 200 s more" in last["reason"]
 
 
-@pytest.mark.parametrize(("numa_busy", "moved", "away_from"), [
-    ({0: 0.2, 1: 0.95}, "b", {4, 5, 6, 7}),   # node 1's cores are contended: b (GPUs 4, 5) leaves node 1
-    ({0: 0.95, 1: 0.2}, "a", {0, 1, 2, 3}),
-    (None, "a", {0, 1, 2, 3}),                 # no per-node CPU reported: the busiest GPU (0) stands in
+@pytest.mark.parametrize(("topology", "numa_busy", "moved", "away_from"), [
+    ("pcie-8", {0: 0.2, 1: 0.95}, "b", {4, 5, 6, 7}),   # node 1's cores are contended: b (GPUs 4, 5) leaves it
+    ("pcie-8", {0: 0.95, 1: 0.2}, "a", {0, 1, 2, 3}),
+    ("pcie-8", {0: float("nan"), 1: 0.9}, "b", {4, 5, 6, 7}),   # a node without a reading is not the busiest
+    ("pcie-8", None, "a", {0, 1, 2, 3}),       # no per-node CPU reported: the busiest GPU (0) stands in
+    # two hosts: node 1 on both is contended (per-node samples carry the node number only)
+    ("fabric-2x8", {0: 0.2, 1: 0.95}, "b", {4, 5, 6, 7, 12, 13, 14, 15}),
 ])
 def test_cpu_contention_without_gpus_moves_a_shard_off_the_busiest_numa_node(
-        make_scheduler: Callable[..., Scheduler], numa_busy: dict[int, float] | None, moved: str,
+        make_scheduler: Callable[..., Scheduler], topology: str, numa_busy: dict[int, float] | None, moved: str,
         away_from: set[int]) -> None:
-    s = make_scheduler(verdict_consecutive=1)   # pcie-8: GPUs 0-3 on NUMA node 0, 4-7 on node 1
+    s = make_scheduler(topology, verdict_consecutive=1)   # GPUs 0-3 (and 8-11) on NUMA node 0, 4-7 (12-15) on 1
+    n = 16 if topology == "fabric-2x8" else 8
     s.register_shard({"id": "a", "gpus": 2, "memory_per_gpu": 20 * 2**30, "comm_intensity": 1.0, "placement": [0, 1]})
     s.register_shard({"id": "b", "gpus": 2, "memory_per_gpu": 20 * 2**30, "comm_intensity": 1.0, "placement": [4, 5]})
-    f = frame(1000.0, [0.9, 0.9, 0.0, 0.0, 0.6, 0.6, 0.0, 0.0])
+    f = frame(1000.0, [0.9, 0.9, 0.0, 0.0, 0.6, 0.6] + [0.0] * (n - 6), n=n)
     f.samples += [numa_cpu_sample(n, busy) for n, busy in (numa_busy or {}).items()]
     s.on_verdict(verdict("cpu_contention", 0.9, 1000.0, gpus=()))
     s.on_tick(f)
