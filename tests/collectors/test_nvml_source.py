@@ -307,7 +307,7 @@ def test_backend_nvml_with_a_driver_and_dcgm(fake: FakeNvml) -> None:
     assert host.name == "host" and src.name == "nvml" and src.sample_interval == 2
     cfg = parse({"gpu": {"backend": "dcgm", "dcgm_url": "http://127.0.0.1:9400/metrics"}}, env={})
     host, src = build_sources(cfg, BucketLayout(cfg.store.snapped()))
-    assert src.name == "dcgm" and src.url == "http://127.0.0.1:9400/metrics"
+    assert host.name == "host" and src.name == "dcgm" and src.url == "http://127.0.0.1:9400/metrics"
 
 
 def _nvml_calls_in_package() -> set[str]:
