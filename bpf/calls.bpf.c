@@ -10,6 +10,7 @@
 
 #include "stage.h"
 #include "calls.h"
+#include "stage_record.c"
 
 /* The calling thread's slot: task-local storage where the kernel has it (5.11+: no hash, freed with the
  * thread), else an LRU hash keyed by thread id. */
@@ -36,33 +37,6 @@ static __always_inline struct call_start *call_slot(int create)
 	return slot;
 }
 #endif
-
-static __always_inline u32 workload_of(u32 tgid)
-{
-	u32 *wid = workloads.lookup(&tgid);
-
-	return wid ? *wid : 0;
-}
-
-static __always_inline void stage_record(u32 stage, u32 workload, u64 delta_ns)
-{
-	u32 bucket = hist_bucket(delta_ns), idx = 0;
-	struct stage_key key = stage_key_of(stage, workload, bucket);
-	struct stage_block *block = stage_latency.lookup(&key);
-	u64 *dropped;
-
-	if (!block) {
-		struct stage_block empty = {};
-
-		stage_latency.insert(&key, &empty);
-		block = stage_latency.lookup(&key);
-	}
-	if (stage_add(block, bucket, delta_ns))
-		return;
-	dropped = stage_dropped.lookup(&idx);
-	if (dropped)
-		(*dropped)++;
-}
 
 static __always_inline int call_enter(u32 stage)
 {

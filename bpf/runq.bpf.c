@@ -9,6 +9,7 @@
  */
 #include "stage.h"
 #include "runq.h"
+#include "stage_record.c"
 
 BPF_TABLE("lru_hash", u32, u32, threads, MAX_THREADS);
 #ifdef HAVE_SCHED_PROCESS_EXIT
@@ -17,33 +18,6 @@ BPF_HASH(runq_start, u32, struct runq_start, MAX_THREADS);
 #else
 BPF_TABLE("lru_hash", u32, struct runq_start, runq_start, MAX_THREADS);
 #endif
-
-static __always_inline u32 workload_of(u32 tgid)
-{
-	u32 *wid = workloads.lookup(&tgid);
-
-	return wid ? *wid : 0;
-}
-
-static __always_inline void stage_record(u32 stage, u32 workload, u64 delta_ns)
-{
-	u32 bucket = hist_bucket(delta_ns), idx = 0;
-	struct stage_key key = stage_key_of(stage, workload, bucket);
-	struct stage_block *block = stage_latency.lookup(&key);
-	u64 *dropped;
-
-	if (!block) {
-		struct stage_block empty = {};
-
-		stage_latency.insert(&key, &empty);
-		block = stage_latency.lookup(&key);
-	}
-	if (stage_add(block, bucket, delta_ns))
-		return;
-	dropped = stage_dropped.lookup(&idx);
-	if (dropped)
-		(*dropped)++;
-}
 
 static __always_inline void runq_enqueue(u32 tid, u32 tgid)
 {

@@ -9,9 +9,9 @@
  * Stage ids are the indexes in sits_observe/frame.py STAGES, passed as -DSTAGE_<NAME>=i. Counters only
  * grow; the user side turns them into per-tick deltas (exact counts and sums per stage and workload).
  *
- * bcc rewrites map calls (.lookup, .update, ...) only in the file it compiles, never in headers, so the
- * two accessors that touch these maps (workload_of, stage_record) are spelled in each program; all the
- * arithmetic lives here.
+ * bcc rewrites map calls (.lookup, .update, ...) only in the text it compiles, never in headers, so the
+ * two accessors that touch these maps (workload_of, stage_record) live in stage_record.c, which the
+ * loader pastes into each program; all the arithmetic lives here.
  */
 #ifndef SITS_STAGE_H
 #define SITS_STAGE_H

@@ -12,6 +12,7 @@
 
 #include "stage.h"
 #include "syscalls.h"
+#include "stage_record.c"
 
 BPF_TABLE("lru_hash", struct conn_key, struct conn, conns, MAX_CONNS);
 
@@ -40,33 +41,6 @@ static __always_inline struct sock_call *sock_call_slot(int create)
 	return call;
 }
 #endif
-
-static __always_inline u32 workload_of(u32 tgid)
-{
-	u32 *wid = workloads.lookup(&tgid);
-
-	return wid ? *wid : 0;
-}
-
-static __always_inline void stage_record(u32 stage, u32 workload, u64 delta_ns)
-{
-	u32 bucket = hist_bucket(delta_ns), idx = 0;
-	struct stage_key key = stage_key_of(stage, workload, bucket);
-	struct stage_block *block = stage_latency.lookup(&key);
-	u64 *dropped;
-
-	if (!block) {
-		struct stage_block empty = {};
-
-		stage_latency.insert(&key, &empty);
-		block = stage_latency.lookup(&key);
-	}
-	if (stage_add(block, bucket, delta_ns))
-		return;
-	dropped = stage_dropped.lookup(&idx);
-	if (dropped)
-		(*dropped)++;
-}
 
 static __always_inline int on_accept_exit(long ret)
 {

@@ -12,7 +12,7 @@ from ..errors import ProbeError
 from ..frame import BucketLayout
 from .drain import SeriesDelta, StageDrain
 from .features import optional_available, prog_run_stats
-from .specs import ProbeSpec
+from .specs import ProbeSpec, main_text
 
 __all__ = ["compile_bpf", "compile_probe", "attach_path", "find_symbols", "Program", "LibraryAttacher"]
 
@@ -22,7 +22,7 @@ def compile_bpf(path: Path, flags: list[str]) -> Any:
     from bcc import BPF
 
     try:
-        return BPF(src_file=str(path).encode(), cflags=flags)
+        return BPF(text=main_text(path).encode(), cflags=flags)
     except Exception as exc:  # bcc raises bare Exception for compile, verifier and attach failures
         raise ProbeError(f"{path.name}: {exc} (clang/verifier output, if any, is on stderr)") from exc
 

@@ -18,7 +18,7 @@ from ..frame import STAGES
 from .config import ProbesConfig
 
 __all__ = ["BPF_DIR", "Feature", "ProbeSpec", "SPECS", "TracepointPlan", "plan_tracepoints", "cflags",
-           "source_files", "render_source"]
+           "source_files", "main_text", "render_source"]
 
 BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
 # sched_switch prev_state: runnable when no bit below TASK_REPORT_MAX (0x100 since Linux 4.14) is set.
@@ -143,6 +143,24 @@ def source_files(path: Path) -> Iterator[Path]:
         yield p
         stack.extend(reversed([p.parent / inc for inc in _INCLUDE.findall(p.read_text())
                                if (p.parent / inc).is_file()]))
+
+
+_FRAGMENT = re.compile(r'^#include "([^"]+\.c)"$')
+
+
+def main_text(path: Path) -> str:
+    """The text bcc compiles for ``path``: the file with each ``#include "<name>.c"`` line replaced by
+    that file, ``#line`` markers keeping clang's file names and line numbers.  bcc rewrites map calls
+    only in the text it compiles, never in an included file, so the map accessors every program shares
+    (``stage_record.c``) are pasted in rather than included."""
+    out = [f'#line 1 "{path}"']
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if m := _FRAGMENT.match(line):
+            frag = path.parent / m.group(1)
+            out += [f'#line 1 "{frag}"', frag.read_text().rstrip(), f'#line {n + 1} "{path}"']
+        else:
+            out.append(line)
+    return "\n".join(out) + "\n"
 
 
 def render_source(path: Path, flags: list[str]) -> str:
