@@ -52,7 +52,7 @@ class HostSource:
     def __init__(self, proc_root: str | Path = "/proc", sys_root: str | Path = "/sys") -> None:
         self.proc = Path(proc_root)
         self.sys = Path(sys_root)
-        self._nodes: dict[int, np.ndarray] = {}
+        self._nodes: dict[int, np.ndarray] = {}  # NUMA node -> which rows of the CPU table are its CPUs
         self._last: tuple[np.ndarray, np.ndarray] | None = None
 
     def _cpu_jiffies(self) -> tuple[np.ndarray, np.ndarray]:
@@ -90,18 +90,21 @@ class HostSource:
         frame.host.update({"memory_total_bytes": total, "memory_used_bytes": used, "memory_used_ratio": used / total})
         ids, now = self._cpu_jiffies()
         last, self._last = self._last, (ids, now)
-        if last is None or not np.array_equal(ids, last[0]):
-            self._nodes = {n: np.array(cpus) for n, cpus in _numa_cpus(self.sys).items()}
+        changed = last is not None and not np.array_equal(ids, last[0])
+        if last is None or changed:  # first read or CPU hotplug: map the CPU table's rows to NUMA nodes again
+            nodes = _numa_cpus(self.sys) or {0: tuple(ids)}
+            self._nodes = {n: np.isin(ids, cpus) for n, cpus in nodes.items()}
         if last is None:
             return
-        if not np.array_equal(ids, last[0]):  # CPUs went on- or offline: compare the ones seen both times
-            ids, keep, was = np.intersect1d(ids, last[0], return_indices=True)
-            delta = now[keep] - last[1][was]
+        rows: np.ndarray | slice
+        if changed:  # compare the CPUs seen both times
+            _, rows, was = np.intersect1d(ids, last[0], return_indices=True)
+            delta = now[rows] - last[1][was]
         else:
-            delta = now - last[1]
+            rows, delta = slice(None), now - last[1]
         delta = np.clip(delta, 0.0, None)
         if (all_cpus := _busy(delta)) is not None:
             frame.host["cpu_utilization_ratio"] = all_cpus
-        for node, cpus in (self._nodes or {0: ids}).items():
-            if (b := _busy(delta[np.isin(ids, cpus)])) is not None:
+        for node, mask in self._nodes.items():
+            if (b := _busy(delta[mask[rows]])) is not None:
                 frame.samples.append(numa_cpu_sample(node, b))
