@@ -3,7 +3,9 @@
 Power is idle power plus the busy share of the dynamic range, scaled by the Splitwise power fraction
 of the work being done and by the square of the clock ratio.  The die temperature relaxes towards
 ``inlet + R * power`` with time constant ``TAU``; above ``T_SLOWDOWN`` the controller lowers the SM
-clock (NVML's HW thermal slowdown), which lowers power and slows compute (:mod:`.mechanics`).
+clock (NVML's HW thermal slowdown), which lowers power and slows compute (:mod:`.mechanics`).  Under a
+board power limit below TDP (:class:`.variation.HostVariation`) the clock also drops as far as the limit
+needs (NVML's SW power cap).
 A ``thermal_throttling`` fault raises the inlet temperature and the thermal resistance (failed fan,
 blocked airflow).
 """
@@ -17,6 +19,7 @@ import numpy as np
 
 from ..frame import GPU_FIELD_INDEX, THROTTLE_REASONS, GpuFrame, GpuInfo
 from ..topology import LinkKind, Topology
+from .variation import NOMINAL, HostVariation
 
 __all__ = ["GpuSpec", "spec_for", "INPUTS", "GpuInputs", "GpuModel"]
 
@@ -76,13 +79,17 @@ class GpuInputs:
 class GpuModel:
     """Temperature, clock ratio and cumulative NVLink counters of every GPU of a topology."""
 
-    def __init__(self, topology: Topology) -> None:
+    def __init__(self, topology: Topology, variation: HostVariation = NOMINAL) -> None:
         self.topology = topology
         self.specs = [spec_for(g.model) for g in topology.gpus]
         self.info = tuple(GpuInfo(g.index, g.uuid, g.model, g.pci_bus_id) for g in topology.gpus)
         self._arr = {k: np.array([getattr(s, k) for s in self.specs]) for k in (f.name for f in fields(GpuSpec))}
+        self._arr["inlet"] = self._arr["inlet"] + variation.inlet_offset
+        self._arr["resistance"] = self._arr["resistance"] * variation.resistance_scale
+        self._limit = self._arr["tdp"] * variation.power_limit
         self.temp = self._arr["inlet"] + self._arr["resistance"] * self._arr["idle_w"]
-        self.clock = np.ones(topology.n)
+        self._thermal_clock = np.ones(topology.n)  # where the thermal controller has brought the SM clock
+        self.clock = np.ones(topology.n)  # SM clock ratio in effect: thermal state, then the power limit
         self.total = np.array([float(g.memory_total_bytes) for g in topology.gpus])
         self.nvlink_bw = np.array([
             max((topology.bandwidth[i, j] for j in range(topology.n)
@@ -96,17 +103,23 @@ class GpuModel:
         cotenant = (steal > 0).astype(float)
         util = np.clip(x.row("busy") + cotenant, 0.0, 1.0)
         act = np.clip(x.row("activity") + steal, 0.0, 1.0)
-        target = np.clip(1.0 - CLOCK_GAIN * (self.temp - T_SLOWDOWN), CLOCK_MIN, 1.0)
-        self.clock += (target - self.clock) * (1.0 - math.exp(-dt / CLOCK_TAU))
-        power = a["idle_w"] + (a["tdp"] - a["idle_w"]) * act * self.clock**2
+        thermal = np.clip(1.0 - CLOCK_GAIN * (self.temp - T_SLOWDOWN), CLOCK_MIN, 1.0)
+        demand = (a["tdp"] - a["idle_w"]) * act  # dynamic power at full clock
+        with np.errstate(divide="ignore", invalid="ignore"):
+            capped = np.sqrt(np.clip((self._limit - a["idle_w"]) / demand, CLOCK_MIN**2, 1.0))
+        capped = np.where(demand > 0, capped, 1.0)
+        self._thermal_clock += (thermal - self._thermal_clock) * (1.0 - math.exp(-dt / CLOCK_TAU))
+        self.clock = np.minimum(self._thermal_clock, capped)  # the power controller acts within the tick
+        power = a["idle_w"] + demand * self.clock**2
         steady = a["inlet"] + COOLING_INLET * cooling + a["resistance"] * (1 + COOLING_RESISTANCE * cooling) * power
         self.temp += (steady - self.temp) * (1.0 - math.exp(-dt / TAU))
         self._nvl_total += np.stack([x.row("nvlink_rx"), x.row("nvlink_tx")], axis=1) * dt
         idle = util < 0.01
+        hot = (self._thermal_clock < 0.98) & (self._thermal_clock <= capped)  # heat, not the power limit
         reasons = (np.where(idle, _BITS["gpu_idle"], 0)
                    | np.where(self.temp > T_SW_THERMAL, _BITS["sw_thermal_slowdown"], 0)
-                   | np.where(self.clock < 0.98, _BITS["hw_thermal_slowdown"], 0)
-                   | np.where(power >= 0.98 * a["tdp"], _BITS["sw_power_cap"], 0))
+                   | np.where(hot, _BITS["hw_thermal_slowdown"], 0)
+                   | np.where(power >= 0.98 * self._limit, _BITS["sw_power_cap"], 0))
         g = GpuFrame.empty(self.info)
         cols = {
             "utilization_ratio": util,

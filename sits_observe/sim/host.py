@@ -30,6 +30,7 @@ from .perf import PerfModel, hardware_for
 from .shards import (GPU_MEMORY_UTILIZATION, KV_MIN, Placement, ShardInfo, default_placement,
                      kv_bytes_per_gpu_token, static_bytes_per_gpu)
 from .trace import Trace
+from .variation import NOMINAL, HostVariation
 
 __all__ = ["SimulatedHost"]
 
@@ -52,12 +53,15 @@ class _Shard:
 
 
 class SimulatedHost:
-    """Simulated GPU host on ``cfg.topology`` replaying ``cfg.trace`` under ``scenario`` (default ``cfg.scenario``)."""
+    """Simulated GPU host on ``cfg.topology`` replaying ``cfg.trace`` under ``scenario`` (default ``cfg.scenario``);
+    ``variation`` departs from the preset's cooling, power limit and CPU load (the dataset generator's ``--vary``)."""
 
     name = "sim"
 
-    def __init__(self, cfg: SimConfig, layout: BucketLayout, *, scenario: Scenario | None = None) -> None:
+    def __init__(self, cfg: SimConfig, layout: BucketLayout, *, scenario: Scenario | None = None,
+                 variation: HostVariation = NOMINAL) -> None:
         self.cfg = cfg
+        self.variation = variation
         self.layout = layout
         self.topology = preset(cfg.topology)
         if len({g.node for g in self.topology.gpus}) > 1:
@@ -81,7 +85,7 @@ class SimulatedHost:
         net_seed, dev_seed = np.random.SeedSequence(cfg.seed).spawn(2)
         self._net_rng = np.random.default_rng(net_seed)
         self._sampler = StageSampler(layout, np.random.default_rng(dev_seed))
-        self._gpu = GpuModel(self.topology)
+        self._gpu = GpuModel(self.topology, variation)
         self._cores_busy = np.zeros(len(self._numa_cores))
         self._origin: float | None = None
         self._now = 0.0
@@ -152,7 +156,7 @@ class SimulatedHost:
         eff = self._effects()
         dt = t1 - t0
         out = TickOutput(self.topology.n, len(self._numa_cores))
-        rho = numa_load(self._cores_busy / self._numa_cores, eff.numa_hog)
+        rho = numa_load(self._cores_busy / self._numa_cores + self.variation.background_cpu, eff.numa_hog)
         self._arrivals(t0, t1, eff, frame)
         for s in self._shards.values():
             idx = list(s.gpus)
