@@ -10,7 +10,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-import pytest
 
 CLI = [sys.executable, "-m", "sits_observe"]
 
