@@ -66,33 +66,37 @@ def gpu_field_of(feature: str) -> str | None:
 
 
 class _GpuOccluded:
-    """Stands in for the store where GPU windows are read: GPU ``gpu`` replaced by the others' median."""
+    """Stands in for the store where GPU windows are read: GPU ``gpu`` replaced by its own normal."""
 
-    def __init__(self, store: SeriesStore, gpu: int) -> None:
+    def __init__(self, store: SeriesStore, gpu: int, normals: dict[str, np.ndarray]) -> None:
         self._store = store
         self._gpu = gpu
+        self._normals = normals
 
     def gpu_window(self, field: str, last: int | None = None) -> np.ndarray:
         vals = self._store.gpu_window(field, last)
-        others = np.delete(vals, self._gpu, axis=1)
-        if others.shape[1]:
-            with warnings.catch_warnings():  # all-NaN ticks warn; NaN is the right answer there
+        if field not in self._normals:
+            with warnings.catch_warnings():  # a GPU that never reported the field: NaN is the right answer
                 warnings.simplefilter("ignore", RuntimeWarning)
-                vals[:, self._gpu] = np.nanmedian(others, axis=1)
+                self._normals[field] = np.nanmedian(self._store.gpu_window(field), axis=0)
+        vals[:, self._gpu] = self._normals[field][self._gpu]
         return vals
 
 
 def gpu_occluded(store: SeriesStore, features: tuple[str, ...], raw: np.ndarray, last: int) -> np.ndarray:
-    """``(G, n, F)``: ``raw`` with every GPU feature recomputed as if GPU ``g`` behaved like the median GPU.
+    """``(G, n, F)``: ``raw`` with every GPU feature recomputed as if GPU ``g`` behaved as it normally does
+    (its median over the store's history, as a feature's occlusion uses the host baseline).
 
-    The GPU aggregates come from the store's own feature code (:func:`feature_series`), so they are
-    computed exactly as in ``raw``.
+    Its own normal, not the other GPUs': an idle spare GPU is normal when idle, and a GPU that became
+    busy because of a co-tenant is not.  The GPU aggregates come from the store's own feature code
+    (:func:`feature_series`), so they are computed exactly as in ``raw``.
     """
     gpus = len(store.gpu_info())
     cols = [j for j, f in enumerate(features) if gpu_field_of(f) is not None]
     out = np.repeat(raw[None], gpus, axis=0)
+    normals: dict[str, np.ndarray] = {}
     for g in range(gpus):
-        shim = _GpuOccluded(store, g)
+        shim = _GpuOccluded(store, g, normals)
         for j in cols:
             out[g, :, j] = feature_series(shim, features[j], last)  # type: ignore[arg-type]
     return out

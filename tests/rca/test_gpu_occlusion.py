@@ -1,0 +1,41 @@
+"""GPU occlusion puts each GPU back to its own normal: a spare GPU idle all along changes nothing, a GPU
+that a co-tenant made busy changes the aggregates (so only it can be implicated)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sits_observe.frame import BucketLayout, Frame, GpuFrame, GpuInfo
+from sits_observe.rca.features import gpu_occluded
+from sits_observe.store.series import SeriesStore
+
+FEATURES = ("gpu.utilization_ratio.mean", "gpu.utilization_ratio.std", "gpu.temperature_celsius.max",
+            "stage.e2e.p99")
+
+
+def _store() -> SeriesStore:
+    st = SeriesStore(BucketLayout((0.1, 1.0)), history=120)
+    for t in range(100):
+        f = Frame(float(t + 1), 1.0)
+        f.gpu = GpuFrame.empty([GpuInfo(i, f"GPU-{i}", "H100", f"0:{i}") for i in range(4)])
+        for g in range(4):
+            cotenant = g == 1 and t >= 70  # the last 30 ticks: a co-tenant on GPU 1
+            util = 0.0 if g == 3 else (1.0 if cotenant else 0.7)  # GPU 3 is the idle spare
+            f.gpu.set(g, "utilization_ratio", util)
+            f.gpu.set(g, "temperature_celsius", 80.0 if cotenant else (35.0 if g == 3 else 60.0))
+        st.ingest(f)
+    return st
+
+
+def test_each_gpu_is_put_back_to_its_own_normal() -> None:
+    st = _store()
+    raw = st.window(FEATURES, 20)
+    occ = gpu_occluded(st, FEATURES, raw, 20)
+    assert occ.shape == (4, 20, len(FEATURES))
+    # GPU 1 back to its normal (0.7, 60 C): the aggregates are those of the ticks before the co-tenant
+    np.testing.assert_allclose(occ[1, :, 0], np.mean([0.7, 0.7, 0.7, 0.0]))
+    np.testing.assert_allclose(occ[1, :, 2], 60.0)
+    # the spare GPU and the untouched ones: their normal is what they show, so nothing moves
+    for g in (0, 2, 3):
+        np.testing.assert_allclose(occ[g], raw)
+    np.testing.assert_array_equal(occ[:, :, 3], np.repeat(raw[None, :, 3], 4, axis=0))  # stages untouched
