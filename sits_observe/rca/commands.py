@@ -57,6 +57,8 @@ def register(sub: Any) -> None:
     d.add_argument("--entities", type=int, default=1, help="independent simulated hosts (seeds seed*100+k)")
     d.add_argument("--rates", type=_rates, default=(1.0,), help="request-rate multipliers, one per entity in turn")
     d.add_argument("--bursty", action="store_true", help="switch each entity's arrivals off and on by the minute")
+    d.add_argument("--vary", action="store_true",
+                   help="vary each entity's cooling, power limit, CPU load and prompt/output lengths like a fleet's hosts")
     d.set_defaults(func=_dataset)
 
     t = cmds.add_parser("train", help="train the LSTM on a dataset directory")
@@ -64,8 +66,8 @@ def register(sub: Any) -> None:
     t.add_argument("--out", default=str(SHIPPED_MODEL), help="model file to write")
     t.add_argument("--window", type=int, help="steps per window (default 64)")
     t.add_argument("--epochs", type=int, help="maximum epochs; early stopping may end sooner (default 15)")
-    t.add_argument("--hidden", type=_pair, help="LSTM hidden sizes H1,H2 (default 64,32)")
-    t.add_argument("--dropout", type=float, help="dropout between layers and before the head (default 0.2)")
+    t.add_argument("--hidden", type=_pair, help="LSTM hidden sizes H1,H2 (default 96,48)")
+    t.add_argument("--dropout", type=float, help="dropout between layers and before the head (default 0.3)")
     t.add_argument("--stride", type=int, help="train on every N-th window (default 8)")
     t.add_argument("--batch", type=int, help="windows per optimizer step (default 256)")
     t.add_argument("--margin", type=int, help="steps after a label edge left out as transition (default 10)")
@@ -93,7 +95,8 @@ def _dataset(args: argparse.Namespace) -> int:
     if args.hours <= 0 or args.entities < 1:
         raise ConfigError(f"--hours and --entities must be positive, got {args.hours} and {args.entities}")
     opts = GenOptions(seed=args.seed, hours=args.hours, topology=args.topology, trace=args.trace,
-                      severity=args.severity, entities=args.entities, rates=args.rates, bursty=args.bursty)
+                      severity=args.severity, entities=args.entities, rates=args.rates, bursty=args.bursty,
+                      vary=args.vary)
     summary = generate(args.out, opts)
     print(json.dumps(summary, sort_keys=True))
     return 0

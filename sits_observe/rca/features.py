@@ -33,8 +33,10 @@ _STAGE_STATS = {
 }
 _GPU_STATS = {
     "utilization_ratio": ("mean", "max", "std"),
+    "memory_utilization_ratio": ("mean", "max"),
     "memory_used_bytes": ("mean", "max"),
     "sm_clock_hertz": ("mean",),
+    "power_watts": ("mean", "max"),
     "temperature_celsius": ("max",),
     "throttle_reasons": ("max",),
     "nvlink_rx_bytes_per_second": ("mean", "max"),

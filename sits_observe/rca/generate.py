@@ -5,7 +5,10 @@ with ``Scenario.random`` faults (every class, random onset, duration, severity a
 load surges laid over the whole run (hard negatives: they overlap healthy time and faults alike and are
 never labeled).  Entity ``k`` replays the trace at ``rates[k % len(rates)]``; with ``bursty`` its arrivals
 are also switched off and on (a two-state Markov chain per minute: off about a fifth of the time, on
-minutes keep 30-100 % of their requests), so one trace yields many load levels and idle spells.
+minutes keep 30-100 % of their requests), so one trace yields many load levels and idle spells.  With
+``vary`` each host also differs from the nominal box the way healthy hosts of one fleet differ
+(:func:`draw_variation`): cooling, power limit, other CPU work, and its traffic's prompt and output
+lengths (each scaled by one log-uniform factor in [1/3, 3]).
 Frames go into a SeriesStore and the features are read back with ``store.window(FEATURES, ...)``,
 exactly as the daemon reads them; labels come from the simulator's fault log (ground truth, on the
 source clock).
@@ -25,16 +28,18 @@ import numpy as np
 from ..config import SimConfig, StoreConfig
 from ..frame import BucketLayout, Frame
 from ..sim.faults import CAUSES, LOAD_SURGE, FaultSpec, Scenario
+from ..sim.gpu import spec_for
 from ..sim.host import SimulatedHost
 from ..sim.shards import default_placement
 from ..sim.trace import Trace
+from ..sim.variation import NOMINAL, HostVariation
 from ..store.series import SeriesStore
 from ..topology import preset
 from . import dataset
 from .dataset import Dataset, Entity, Label
 from .features import FEATURES
 
-__all__ = ["SHIPPED_TRAIN", "GenOptions", "generate", "simulate"]
+__all__ = ["SHIPPED_TRAIN", "GenOptions", "draw_variation", "generate", "simulate"]
 
 T0 = 1_700_000_000.0  # source-clock start of every entity (the simulator's clock, not wall time)
 CHUNK = 2048  # ticks simulated between feature reads (the store keeps 2 * CHUNK)
@@ -51,12 +56,13 @@ class GenOptions:
     surges_per_hour: float = 1.5
     rates: tuple[float, ...] = (1.0,)
     bursty: bool = False
+    vary: bool = False
     interval: float = 1.0
 
 
 # The training set of the shipped model (models/README.md gives the command line).
-SHIPPED_TRAIN = GenOptions(seed=1, hours=3.0, topology="nvswitch-8", trace="conv", severity=(0.5, 0.8), entities=16,
-                           rates=(0.5, 0.8, 1.1, 1.4), bursty=True)
+SHIPPED_TRAIN = GenOptions(seed=1, hours=3.0, topology="nvswitch-8", trace="conv", severity=(0.5, 0.8), entities=32,
+                           rates=(0.5, 0.8, 1.1, 1.4), bursty=True, vary=True)
 
 
 def _scenario(seed: int, opts: GenOptions) -> Scenario:
@@ -83,31 +89,58 @@ def _scenario(seed: int, opts: GenOptions) -> Scenario:
     return sc.model_copy(update={"faults": sorted(faults, key=lambda f: f.onset)})
 
 
-def _bursty_trace(trace: str, seed: int, path: Path) -> str:
-    """Write ``trace`` with on/off modulated arrivals to ``path`` (same CSV format); returns the path."""
+def draw_variation(seed: int, topology: str) -> tuple[HostVariation, float, float]:
+    """One host's departure from the nominal box, and its prompt and output length factors.
+
+    The GPUs' full-power steady temperature lands uniformly in 60-85 C (below the 87 C slowdown, as on a
+    warm but working box), half the hosts run a power limit of 60-95 % of TDP, other work takes 0-15 %
+    of the CPUs.
+    """
+    rng = np.random.default_rng([seed, 13])
+    spec = spec_for(preset(topology).gpus[0].model)
+    inlet = float(rng.uniform(-6.0, 8.0))
+    full = float(rng.uniform(60.0, 85.0))
+    var = HostVariation(
+        inlet_offset=round(inlet, 2),
+        resistance_scale=round(max(0.3, (full - spec.inlet - inlet) / (spec.resistance * spec.tdp)), 3),
+        power_limit=round(float(rng.uniform(0.6, 0.95)), 3) if rng.random() < 0.5 else 1.0,
+        background_cpu=round(float(rng.uniform(0.0, 0.15)), 3),
+    )
+    prompt, output = np.exp(rng.uniform(np.log(1 / 3), np.log(3.0), 2))
+    return var, float(prompt), float(output)
+
+
+def _trace_variant(trace: str, seed: int, path: Path, bursty: bool, prompt_scale: float, output_scale: float
+                   ) -> str:
+    """Write ``trace`` to ``path`` (same CSV format) with on/off modulated arrivals if ``bursty`` and
+    prompt and output lengths scaled (within the trace's own range); returns the path."""
     tr = Trace.load(trace)
     rng = np.random.default_rng([seed, 11])
-    minute = (tr.offsets // 60).astype(np.int64)
-    on = np.empty(int(minute.max()) + 1, dtype=bool)
-    state = True
-    for m in range(len(on)):
-        state = (rng.random() >= 0.12) if state else (rng.random() < 0.5)
-        on[m] = state
-    keep_share = np.where(on, rng.uniform(0.3, 1.0, len(on)), 0.0)
-    keep = rng.random(len(tr.offsets)) < keep_share[minute]
+    keep = np.ones(len(tr.offsets), dtype=bool)
+    if bursty:
+        minute = (tr.offsets // 60).astype(np.int64)
+        on = np.empty(int(minute.max()) + 1, dtype=bool)
+        state = True
+        for m in range(len(on)):
+            state = (rng.random() >= 0.12) if state else (rng.random() < 0.5)
+            on[m] = state
+        keep_share = np.where(on, rng.uniform(0.3, 1.0, len(on)), 0.0)
+        keep = rng.random(len(tr.offsets)) < keep_share[minute]
+    prompt = np.clip(np.round(tr.prompt[keep] * prompt_scale), 1, tr.prompt.max()).astype(np.int64)
+    output = np.clip(np.round(tr.output[keep] * output_scale), 1, tr.output.max()).astype(np.int64)
     stamps = np.datetime64("2023-11-16T00:00:00", "ns") + (tr.offsets[keep] * 1e9).astype("timedelta64[ns]")
     lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
-    lines += [f"{t},{p},{o}" for t, p, o in zip(stamps.astype(str), tr.prompt[keep], tr.output[keep])]
+    lines += [f"{t},{p},{o}" for t, p, o in zip(stamps.astype(str), prompt, output)]
     path.write_text("\n".join(lines) + "\n")
     return str(path)
 
 
-def simulate(seed: int, opts: GenOptions, name: str, rate: float = 1.0, trace_path: str | None = None
-             ) -> tuple[Entity, list[Label]]:
+def simulate(seed: int, opts: GenOptions, name: str, rate: float = 1.0, trace_path: str | None = None,
+             variation: HostVariation = NOMINAL) -> tuple[Entity, list[Label]]:
     """One simulated host: its feature grid and the labels from its fault log."""
     layout = BucketLayout(StoreConfig().snapped())
     cfg = SimConfig(topology=opts.topology, trace=opts.trace, seed=seed, rate=rate, trace_path=trace_path)
-    host = SimulatedHost(cfg, layout, scenario=_scenario(seed, opts))
+    host = SimulatedHost(cfg, layout, scenario=_scenario(seed, opts), variation=variation)
     store = SeriesStore(layout, history=2 * CHUNK)
     steps = round(opts.hours * 3600.0 / opts.interval)
     parts, pending = [], 0
@@ -127,21 +160,26 @@ def simulate(seed: int, opts: GenOptions, name: str, rate: float = 1.0, trace_pa
 def generate(out: str | Path, opts: GenOptions) -> dict[str, Any]:
     """Simulate ``opts.entities`` hosts, write the dataset to ``out`` and return a summary."""
     t0 = time.perf_counter()
-    ents, labels = [], []
+    ents, labels, hosts = [], [], {}
     with tempfile.TemporaryDirectory(prefix="sits-rca-trace-") as tmp:
         for k in range(opts.entities):
             seed = opts.seed * 100 + k
             rate = opts.rates[k % len(opts.rates)]
-            path = _bursty_trace(opts.trace, seed, Path(tmp) / f"{seed}.csv") if opts.bursty else None
-            ent, labs = simulate(seed, opts, f"{opts.topology}-{opts.trace}-s{seed}", rate, path)
+            var, prompt, output = draw_variation(seed, opts.topology) if opts.vary else (NOMINAL, 1.0, 1.0)
+            path = (_trace_variant(opts.trace, seed, Path(tmp) / f"{seed}.csv", opts.bursty, prompt, output)
+                    if opts.bursty or opts.vary else None)
+            name = f"{opts.topology}-{opts.trace}-s{seed}"
+            ent, labs = simulate(seed, opts, name, rate, path, var)
             ents.append(ent)
             labels += labs
+            if opts.vary:
+                hosts[name] = {**asdict(var), "prompt_scale": round(prompt, 3), "output_scale": round(output, 3)}
     ds = Dataset(FEATURES, opts.interval, ents, labels, str(out))
     dataset.write(out, ds)
     summary = {
         "out": str(out), "options": asdict(opts), "steps": int(sum(len(e.values) for e in ents)),
         "features": len(FEATURES), "labels": {c: sum(1 for lab in labels if lab.cause == c) for c in ds.classes()[1:]},
-        "seconds": round(time.perf_counter() - t0, 1),
+        "seconds": round(time.perf_counter() - t0, 1), **({"hosts": hosts} if hosts else {}),
     }
     (Path(out) / "generated.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     return summary

@@ -29,8 +29,8 @@ __all__ = ["TrainOptions", "fit_temperature", "split", "train"]
 class TrainOptions:
     window: int = 64
     epochs: int = 15
-    hidden: tuple[int, int] = (64, 32)
-    dropout: float = 0.2
+    hidden: tuple[int, int] = (96, 48)
+    dropout: float = 0.3
     lr: float = 3e-3
     batch: int = 256
     patience: int = 5

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -12,8 +13,11 @@ from sits_observe.cli import main
 from sits_observe.rca import dataset
 from sits_observe.rca.evaluate import model_proba
 from sits_observe.rca.features import FEATURES
+from sits_observe.rca.generate import draw_variation
 from sits_observe.rca.model import RcaModel
 from sits_observe.rca.verdict import CAUSES
+from sits_observe.sim.gpu import spec_for
+from sits_observe.topology import preset
 
 
 @pytest.fixture(scope="module")
@@ -52,3 +56,22 @@ def test_training_on_a_tiny_generated_dataset_learns_far_above_chance(generated:
     assert len(classes) >= 3
     assert np.mean(recall) > 0.75 > 2 / len(classes)  # balanced accuracy far above chance (1 / classes)
     assert model.training["command"].startswith(f"sits-observe rca train --dataset {generated}")
+
+
+def test_vary_makes_each_entity_a_different_healthy_host(tmp_path: Path) -> None:
+    out = tmp_path / "vary"
+    assert main(["rca", "dataset", "--out", str(out), "--seed", "6", "--hours", "0.1", "--entities", "2",
+                 "--vary"]) == 0
+    hosts = json.loads((out / "generated.json").read_text())["hosts"]
+    assert list(hosts) == ["nvswitch-8-conv-s600", "nvswitch-8-conv-s601"]
+    spec = spec_for(preset("nvswitch-8").gpus[0].model)
+    for name, h in hosts.items():
+        var, prompt, output = draw_variation(int(name.rsplit("s", 1)[1]), "nvswitch-8")  # same draw again
+        assert h == {**asdict(var), "prompt_scale": round(prompt, 3), "output_scale": round(output, 3)}
+        full_power = spec.inlet + var.inlet_offset + spec.resistance * var.resistance_scale * spec.tdp
+        assert 60 <= full_power <= 85.01 and 0.6 <= var.power_limit <= 1 and 0 <= var.background_cpu <= 0.15
+        assert 1 / 3 <= prompt <= 3 and 1 / 3 <= output <= 3
+    assert hosts["nvswitch-8-conv-s600"] != hosts["nvswitch-8-conv-s601"]
+    ds = dataset.read(out)
+    temps = [np.nanmedian(e.values[-120:, ds.features.index("gpu.temperature_celsius.max")]) for e in ds.entities]
+    assert abs(temps[0] - temps[1]) > 1.0  # the cooling draw shows in what the daemon would read
