@@ -2,10 +2,10 @@
 
 A feature's contribution is the drop in the verdict cause's probability when that feature is replaced,
 over the whole window, by its normal value for this host (its baseline; the training data's typical
-value where the host has none).  A GPU's contribution is
-the drop when that GPU's readings are replaced by its own normal (its median over the store's history)
-before the GPU aggregates are computed.  A stage's contribution is the sum of its features' positive contributions.  Everything is
-scored in one batched forward pass.
+value where the host has none).  A GPU's contribution is the drop when that GPU's readings are replaced
+by its own normal (its median over the store's history) before the GPU aggregates are computed.  A
+stage's contribution is the sum of its features' positive contributions.  Everything is scored in one
+batched forward pass.
 """
 
 from __future__ import annotations

@@ -105,9 +105,8 @@ class GpuModel:
         act = np.clip(x.row("activity") + steal, 0.0, 1.0)
         thermal = np.clip(1.0 - CLOCK_GAIN * (self.temp - T_SLOWDOWN), CLOCK_MIN, 1.0)
         demand = (a["tdp"] - a["idle_w"]) * act  # dynamic power at full clock
-        with np.errstate(divide="ignore", invalid="ignore"):
-            capped = np.sqrt(np.clip((self._limit - a["idle_w"]) / demand, CLOCK_MIN**2, 1.0))
-        capped = np.where(demand > 0, capped, 1.0)
+        fits = np.divide(self._limit - a["idle_w"], demand, out=np.ones_like(demand), where=demand > 0)
+        capped = np.sqrt(np.clip(fits, CLOCK_MIN**2, 1.0))  # the clock whose power fits under the limit
         self._thermal_clock += (thermal - self._thermal_clock) * (1.0 - math.exp(-dt / CLOCK_TAU))
         self.clock = np.minimum(self._thermal_clock, capped)  # the power controller acts within the tick
         power = a["idle_w"] + demand * self.clock**2
