@@ -103,7 +103,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     lstm = {
         "train_seconds": round(train_s, 1), "epochs_run": model.training["epochs_run"],
-        "best_epoch": model.training["best_epoch"], "train_windows": model.training["train_windows"],
+        "best_epoch": model.training["best_epoch"], "averaged_epochs": model.training["averaged_epochs"],
+        "train_windows": model.training["train_windows"],
         "parameters": int(sum(p.numel() for p in model.net.parameters())), "model_bytes": size,
         "inference_batch1": _ms(lstm_ms), "verdict_explanation": _ms(explain_ms),
         "validation_macro_f1": model.metrics["validation"]["macro_f1"],

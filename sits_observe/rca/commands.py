@@ -65,9 +65,13 @@ def register(sub: Any) -> None:
     t.add_argument("--dataset", required=True, help="dataset directory (metrics.csv, labels.csv)")
     t.add_argument("--out", default=str(SHIPPED_MODEL), help="model file to write")
     t.add_argument("--window", type=int, help="steps per window (default 64)")
-    t.add_argument("--epochs", type=int, help="maximum epochs; early stopping may end sooner (default 15)")
+    t.add_argument("--epochs", type=int, help="epochs (default 12); without averaging, early stopping may end sooner")
     t.add_argument("--hidden", type=_pair, help="LSTM hidden sizes H1,H2 (default 96,48)")
     t.add_argument("--dropout", type=float, help="dropout between layers and before the head (default 0.3)")
+    t.add_argument("--level-dropout", type=float,
+                   help="share of training windows whose level inputs are hidden (default 0.5)")
+    t.add_argument("--average-from", type=int,
+                   help="average the weights of this epoch to the last (default 4); 0 = early stopping instead")
     t.add_argument("--stride", type=int, help="train on every N-th window (default 8)")
     t.add_argument("--batch", type=int, help="windows per optimizer step (default 256)")
     t.add_argument("--margin", type=int, help="steps after a label edge left out as transition (default 10)")
@@ -111,15 +115,17 @@ def _train(args: argparse.Namespace) -> int:
     from . import dataset
     from .train import TrainOptions, train
 
-    given = {k: getattr(args, k) for k in ("window", "epochs", "hidden", "dropout", "stride", "batch", "margin",
-                                           "seed", "threads") if getattr(args, k) is not None}
+    given = {k: getattr(args, k) for k in ("window", "epochs", "hidden", "dropout", "level_dropout", "average_from",
+                                           "stride", "batch", "margin", "seed", "threads") if getattr(args, k) is not None}
     for name in ("window", "epochs", "stride", "batch", "threads"):
         if given.get(name, 1) < 1:
             raise ConfigError(f"--{name}: must be at least 1, got {given[name]}")
-    if not 0 <= given.get("dropout", 0) < 1:
-        raise ConfigError(f"--dropout: must be in [0, 1), got {given['dropout']}")
-    if given.get("margin", 0) < 0:
-        raise ConfigError(f"--margin: must be at least 0, got {given['margin']}")
+    for name in ("dropout", "level_dropout"):
+        if not 0 <= given.get(name, 0) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')}: must be in [0, 1), got {given[name]}")
+    for name in ("margin", "average_from"):
+        if given.get(name, 0) < 0:
+            raise ConfigError(f"--{name.replace('_', '-')}: must be at least 0, got {given[name]}")
     ds = dataset.read(args.dataset)
     opts = replace(TrainOptions(), **given)
     cols = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -139,14 +145,16 @@ def _train(args: argparse.Namespace) -> int:
     model.training["command"] = (
         f"sits-observe rca train --dataset {args.dataset} --out {args.out} --window {opts.window} "
         f"--epochs {opts.epochs} --hidden {opts.hidden[0]},{opts.hidden[1]} --dropout {opts.dropout} "
+        f"--level-dropout {opts.level_dropout} --average-from {opts.average_from} "
         f"--stride {opts.stride} --batch {opts.batch} --margin {opts.margin} --seed {opts.seed} "
         f"--threads {opts.threads}")
     model.save(args.out)
-    val = model.metrics["validation"]
+    val, run = model.metrics["validation"], model.training
+    kept = (f"weights averaged over epochs {run['averaged_epochs'][0]}-{run['averaged_epochs'][1]}"
+            if run["averaged_epochs"] else f"best epoch {run['best_epoch']}/{run['epochs_run']}")
     print(f"wrote {args.out}: validation macro-F1 {val['macro_f1']:.4f}, healthy FP rate "
           f"{val['healthy_fp_rate']:.4f}, ECE {val['ece']:.4f}, temperature {model.temperature:.3f}, "
-          f"best epoch {model.training['best_epoch']}/{model.training['epochs_run']}, "
-          f"{model.training['seconds']:.0f} s")
+          f"{kept}, {run['seconds']:.0f} s")
     return 0
 
 

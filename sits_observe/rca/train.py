@@ -2,9 +2,16 @@
 
 Validation data are whole time blocks (every ``val_every``-th block of ``8 * window`` steps); windows
 that straddle a train/validation boundary are dropped, so no training window overlaps a validation one.
-Early stopping keeps the epoch with the lowest (class-weighted) validation loss, which is steadier than
-validation macro-F1 on a few dozen fault episodes; the softmax temperature is then fitted
-on the validation windows (minimum negative log-likelihood), so confidences are calibrated.
+
+Two regularizers aim at hosts unlike the training hosts.  *Level dropout*: each training window's level
+inputs are replaced, with probability ``level_dropout``, by the typical level (0 after normalization), so
+the network must also name a cause from the host-relative inputs alone and leans less on levels that
+differ between healthy hosts.  *Weight averaging* (stochastic weight averaging, Izmailov et al. 2018):
+with ``average_from`` > 0 the model is the mean of the weights at the end of epochs ``average_from`` to
+``epochs``; one epoch's weights vary a lot in how they carry over to another kind of host, their mean
+much less.  With ``average_from`` = 0, early stopping keeps the epoch with the lowest (class-weighted)
+validation loss instead.  The softmax temperature is then fitted on the validation windows (minimum
+negative log-likelihood), so confidences are calibrated.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ __all__ = ["TrainOptions", "fit_temperature", "split", "train"]
 @dataclass(frozen=True)
 class TrainOptions:
     window: int = 64
-    epochs: int = 15
+    epochs: int = 12
     hidden: tuple[int, int] = (96, 48)
     dropout: float = 0.3
     lr: float = 3e-3
@@ -40,6 +47,8 @@ class TrainOptions:
     seed: int = 0
     threads: int = 2
     min_confidence: float = 0.6
+    level_dropout: float = 0.5
+    average_from: int = 4
     baseline: Baseline = DEFAULT_BASELINE
 
 
@@ -72,6 +81,12 @@ def _class_weights(y: np.ndarray, n: int) -> torch.Tensor:
     return torch.tensor(w / w[counts > 0].mean(), dtype=torch.float32)
 
 
+def _accumulate(average: dict[str, torch.Tensor], state: dict[str, torch.Tensor], n: int) -> None:
+    """Fold the ``n``-th set of weights into the running mean ``average`` (n = 1 starts it)."""
+    for k, v in state.items():
+        average[k] = v.detach().clone() if n == 1 else average[k] + (v.detach() - average[k]) / n
+
+
 def train(ds: Dataset, opts: TrainOptions = TrainOptions(), progress: Progress | None = None) -> RcaModel:
     """Train, early-stop and calibrate on ``ds``; metrics and options are recorded in the model."""
     t0 = time.perf_counter()
@@ -96,6 +111,9 @@ def train(ds: Dataset, opts: TrainOptions = TrainOptions(), progress: Progress |
     loss_fn = nn.CrossEntropyLoss(weight=_class_weights(y_tr, len(classes)))
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(optim, T_max=max(opts.epochs, 1))
     best: dict[str, Any] = {"loss": float("inf"), "state": None, "epoch": 0}
+    average: dict[str, torch.Tensor] = {}
+    drop_rng = np.random.default_rng(opts.seed + 1)
+    n_feat = len(ds.features)
     batches = (len(train_w) + opts.batch - 1) // opts.batch
     epoch = 0
     for epoch in range(1, opts.epochs + 1):
@@ -104,7 +122,10 @@ def train(ds: Dataset, opts: TrainOptions = TrainOptions(), progress: Progress |
         total = 0.0
         for b in range(batches):
             idx = order[b * opts.batch:(b + 1) * opts.batch]
-            x = torch.from_numpy(encode(train_w.batch(idx), train_w.bases(idx), model.norm))
+            x = encode(train_w.batch(idx), train_w.bases(idx), model.norm)
+            if opts.level_dropout:
+                x[drop_rng.random(len(x)) < opts.level_dropout, :, :n_feat] = 0.0
+            x = torch.from_numpy(x)
             loss = loss_fn(model.net(x), torch.from_numpy(y_tr[idx]))
             optim.zero_grad()
             loss.backward()
@@ -120,12 +141,14 @@ def train(ds: Dataset, opts: TrainOptions = TrainOptions(), progress: Progress |
         if val_loss < best["loss"]:
             best = {"loss": val_loss, "state": {k: v.clone() for k, v in model.net.state_dict().items()},
                     "epoch": epoch}
+        if opts.average_from and epoch >= opts.average_from:
+            _accumulate(average, model.net.state_dict(), epoch - opts.average_from + 1)
         if progress:
             progress(epoch, batches, batches, {"loss": total / len(train_w), "val_loss": val_loss,
                                                "val_macro_f1": f1})
-        if epoch - best["epoch"] >= opts.patience:
+        if not opts.average_from and epoch - best["epoch"] >= opts.patience:
             break
-    model.net.load_state_dict(best["state"])
+    model.net.load_state_dict(average or best["state"])
     logits = model.logits(val_w.batch(), val_w.bases())
     model.temperature = fit_temperature(logits, y_va)
     proba = model.proba(val_w.batch(), val_w.bases())
@@ -136,6 +159,7 @@ def train(ds: Dataset, opts: TrainOptions = TrainOptions(), progress: Progress |
     model.training = {
         "dataset": ds.path, "options": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(opts).items()},
         "train_windows": len(train_w), "val_windows": len(val_w), "epochs_run": epoch,
-        "best_epoch": best["epoch"], "seconds": round(time.perf_counter() - t0, 1), "torch": str(torch.__version__),
+        "best_epoch": best["epoch"], "averaged_epochs": [opts.average_from, epoch] if average else None,
+        "seconds": round(time.perf_counter() - t0, 1), "torch": str(torch.__version__),
     }
     return model

@@ -1,0 +1,82 @@
+"""Training regularizers: level dropout hides level inputs from a share of windows; weight averaging."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from sits_observe.cli import main
+from sits_observe.rca import train as train_mod
+from sits_observe.rca.dataset import Dataset
+from sits_observe.rca.model import RcaNet
+from sits_observe.rca.train import TrainOptions, train
+
+TINY = {"window": 16, "hidden": (8, 4), "batch": 64, "stride": 4, "margin": 5, "threads": 1}
+
+
+def _level_share_hidden(monkeypatch: pytest.MonkeyPatch, ds: Dataset, level_dropout: float) -> float:
+    """Share of training windows whose level inputs (the first F) were all zero when the net saw them."""
+    seen: list[np.ndarray] = []
+    forward = RcaNet.forward
+
+    def spy(self: RcaNet, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            seen.append((x[:, :, :len(ds.features)] == 0).flatten(1).all(1).numpy())
+        return forward(self, x)
+
+    monkeypatch.setattr(RcaNet, "forward", spy)
+    train(ds, TrainOptions(epochs=1, level_dropout=level_dropout, average_from=0, **TINY))
+    return float(np.concatenate(seen).mean())
+
+
+def test_level_dropout_hides_the_levels_of_that_share_of_windows(monkeypatch: pytest.MonkeyPatch,
+                                                                  synth: Callable[..., Dataset]) -> None:
+    ds = synth(steps=1200)
+    assert _level_share_hidden(monkeypatch, ds, 0.0) == 0.0
+    assert 0.4 < _level_share_hidden(monkeypatch, ds, 0.5) < 0.6
+
+
+def test_accumulate_is_the_running_mean() -> None:
+    states = [{"w": torch.tensor([float(i), 2.0 * i])} for i in (1, 2, 6)]
+    avg: dict[str, torch.Tensor] = {}
+    for n, s in enumerate(states, 1):
+        train_mod._accumulate(avg, s, n)
+    torch.testing.assert_close(avg["w"], torch.tensor([3.0, 6.0]))
+    assert states[0]["w"][0] == 1.0  # the first state was copied, not aliased
+
+
+def test_the_model_is_the_mean_of_the_averaged_epochs_weights(monkeypatch: pytest.MonkeyPatch,
+                                                                 synth: Callable[..., Dataset]) -> None:
+    ds = synth(steps=1200)
+    folded: list[dict[str, torch.Tensor]] = []
+    accumulate = train_mod._accumulate
+
+    def spy(average: dict[str, torch.Tensor], state: dict[str, torch.Tensor], n: int) -> None:
+        folded.append({k: v.detach().clone() for k, v in state.items()})
+        accumulate(average, state, n)
+
+    monkeypatch.setattr(train_mod, "_accumulate", spy)
+    averaged = train(ds, TrainOptions(epochs=4, average_from=2, patience=1, **TINY))
+    assert averaged.training["epochs_run"] == 4 and averaged.training["averaged_epochs"] == [2, 4]
+    assert len(folded) == 3  # epochs 2, 3, 4, whatever the validation loss did
+    for name, value in averaged.net.state_dict().items():
+        torch.testing.assert_close(value, torch.stack([s[name] for s in folded]).mean(0))
+    assert any(not torch.equal(folded[-1][k], v) for k, v in averaged.net.state_dict().items())
+    folded.clear()
+    stopped = train(ds, TrainOptions(epochs=4, average_from=0, **TINY))
+    assert stopped.training["averaged_epochs"] is None and not folded
+
+
+@pytest.mark.parametrize(("option", "value", "needle"), [
+    ("--level-dropout", "1.5", "--level-dropout: must be in [0, 1), got 1.5"),
+    ("--average-from", "-1", "--average-from: must be at least 0, got -1"),
+])
+def test_bad_regularizer_options_are_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str,
+                                                  value: str, needle: str) -> None:
+    assert main(["rca", "train", "--dataset", str(tmp_path), option, value]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err
