@@ -68,6 +68,8 @@ def register(sub: Any) -> None:
     t.add_argument("--epochs", type=int, help="epochs (default 12); without averaging, early stopping may end sooner")
     t.add_argument("--hidden", type=_pair, help="LSTM hidden sizes H1,H2 (default 96,48)")
     t.add_argument("--dropout", type=float, help="dropout between layers and before the head (default 0.3)")
+    t.add_argument("--summary", type=int,
+                   help="width of the window-statistics layer beside the LSTMs (default 64); 0 = none")
     t.add_argument("--level-dropout", type=float,
                    help="share of training windows whose level inputs are hidden (default 0.5)")
     t.add_argument("--average-from", type=int,
@@ -115,15 +117,16 @@ def _train(args: argparse.Namespace) -> int:
     from . import dataset
     from .train import TrainOptions, train
 
-    given = {k: getattr(args, k) for k in ("window", "epochs", "hidden", "dropout", "level_dropout", "average_from",
-                                           "stride", "batch", "margin", "seed", "threads") if getattr(args, k) is not None}
+    names = ("window", "epochs", "hidden", "dropout", "summary", "level_dropout", "average_from", "stride", "batch",
+             "margin", "seed", "threads")
+    given = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
     for name in ("window", "epochs", "stride", "batch", "threads"):
         if given.get(name, 1) < 1:
             raise ConfigError(f"--{name}: must be at least 1, got {given[name]}")
     for name in ("dropout", "level_dropout"):
         if not 0 <= given.get(name, 0) < 1:
             raise ConfigError(f"--{name.replace('_', '-')}: must be in [0, 1), got {given[name]}")
-    for name in ("margin", "average_from"):
+    for name in ("margin", "average_from", "summary"):
         if given.get(name, 0) < 0:
             raise ConfigError(f"--{name.replace('_', '-')}: must be at least 0, got {given[name]}")
     ds = dataset.read(args.dataset)
@@ -145,7 +148,7 @@ def _train(args: argparse.Namespace) -> int:
     model.training["command"] = (
         f"sits-observe rca train --dataset {args.dataset} --out {args.out} --window {opts.window} "
         f"--epochs {opts.epochs} --hidden {opts.hidden[0]},{opts.hidden[1]} --dropout {opts.dropout} "
-        f"--level-dropout {opts.level_dropout} --average-from {opts.average_from} "
+        f"--summary {opts.summary} --level-dropout {opts.level_dropout} --average-from {opts.average_from} "
         f"--stride {opts.stride} --batch {opts.batch} --margin {opts.margin} --seed {opts.seed} "
         f"--threads {opts.threads}")
     model.save(args.out)

@@ -1,4 +1,4 @@
-"""The root-cause model: a stacked LSTM over a window of normalized features, softmax over causes.
+"""The root-cause model: a stacked LSTM (plus window statistics) over normalized features, softmax over causes.
 
 Input encoding (:func:`encode`): each feature is compressed with ``asinh(x / scale)`` (log-like for large
 values, so a 10x latency spike and a 10x throughput change weigh alike), standardised with the training
@@ -83,20 +83,32 @@ def encode(raw: np.ndarray, base: np.ndarray, norm: Normalizer) -> np.ndarray:
 
 
 class RcaNet(nn.Module):
-    """Two stacked LSTMs (hidden sizes ``hidden``), dropout between and before the linear head."""
+    """Two stacked LSTMs (hidden sizes ``hidden``), dropout between and before the linear head.
 
-    def __init__(self, inputs: int, hidden: Sequence[int], classes: int, dropout: float) -> None:
+    With ``summary`` > 0 the head also sees a ``summary``-wide ReLU layer over window statistics (last,
+    mean, std, min, max over the window) of the level and host-relative inputs: what the tree baseline
+    reads, next to the sequence the LSTMs read.
+    """
+
+    def __init__(self, inputs: int, hidden: Sequence[int], classes: int, dropout: float, summary: int = 0) -> None:
         super().__init__()
         h1, h2 = hidden
+        self.values = 2 * inputs // 3  # level and host-relative inputs; the rest are missing indicators
         self.lstm1 = nn.LSTM(inputs, h1, batch_first=True)
         self.lstm2 = nn.LSTM(h1, h2, batch_first=True)
         self.drop = nn.Dropout(dropout)
-        self.head = nn.Linear(h2, classes)
+        self.summary = nn.Sequential(nn.Linear(5 * self.values, summary), nn.ReLU()) if summary else None
+        self.head = nn.Linear(h2 + summary, classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out, _ = self.lstm1(x)
         out, _ = self.lstm2(self.drop(out))
-        return self.head(self.drop(out[:, -1, :]))
+        z = out[:, -1, :]
+        if self.summary is not None:
+            v = x[..., :self.values]
+            stats = torch.cat([v[:, -1], v.mean(1), v.std(1), v.amin(1), v.amax(1)], dim=1)
+            z = torch.cat([z, self.summary(self.drop(stats))], dim=1)
+        return self.head(self.drop(z))
 
 
 @dataclass
@@ -110,6 +122,7 @@ class RcaModel:
     dropout: float
     norm: Normalizer
     net: RcaNet
+    summary: int = 0
     baseline: Baseline = DEFAULT_BASELINE
     temperature: float = 1.0
     metrics: dict[str, Any] = field(default_factory=dict)
@@ -117,10 +130,10 @@ class RcaModel:
 
     @classmethod
     def new(cls, features: Sequence[str], classes: Sequence[str], window: int, hidden: Sequence[int],
-            dropout: float, norm: Normalizer, baseline: Baseline = DEFAULT_BASELINE) -> RcaModel:
-        net = RcaNet(3 * len(features), hidden, len(classes), dropout)
+            dropout: float, norm: Normalizer, baseline: Baseline = DEFAULT_BASELINE, summary: int = 0) -> RcaModel:
+        net = RcaNet(3 * len(features), hidden, len(classes), dropout, summary)
         return cls(tuple(features), tuple(classes), int(window), (int(hidden[0]), int(hidden[1])),
-                   float(dropout), norm, net, baseline)
+                   float(dropout), norm, net, int(summary), baseline)
 
     def columns(self, available: Sequence[str], source: str = "dataset") -> np.ndarray:
         """Indices of the model's features in ``available``; ModelError listing any that are missing."""
@@ -164,6 +177,7 @@ class RcaModel:
             "window": self.window,
             "hidden": list(self.hidden),
             "dropout": self.dropout,
+            "summary": self.summary,
             "norm": self.norm.to_dict(),
             "baseline": {"horizon": self.baseline.horizon, "every": self.baseline.every},
             "temperature": float(self.temperature),
@@ -194,7 +208,8 @@ class RcaModel:
                 raise ModelError(f"{p}: model format {meta.get('format')!r} is not {FORMAT!r}; {hint}")
             model = cls.new(meta["features"], meta["classes"], meta["window"], meta["hidden"],
                             meta["dropout"], Normalizer.from_dict(meta["norm"]),
-                            Baseline(int(meta["baseline"]["horizon"]), int(meta["baseline"]["every"])))
+                            Baseline(int(meta["baseline"]["horizon"]), int(meta["baseline"]["every"])),
+                            int(meta.get("summary", 0)))  # files from before the summary branch have none
             model.net.load_state_dict(blob["state"])
             model.temperature = float(meta["temperature"])
             model.metrics = dict(meta.get("metrics", {}))

@@ -38,6 +38,7 @@ class TrainOptions:
     epochs: int = 12
     hidden: tuple[int, int] = (96, 48)
     dropout: float = 0.3
+    summary: int = 64
     lr: float = 3e-3
     batch: int = 256
     patience: int = 5
@@ -106,7 +107,7 @@ def train(ds: Dataset, opts: TrainOptions = TrainOptions(), progress: Progress |
     y_va = np.array([cidx[c] for c in val_w.y])
     rows = np.unique((train_w.ends[:, None] - np.arange(opts.window)[None, :]).ravel())
     model = RcaModel.new(ds.features, classes, opts.window, opts.hidden, opts.dropout, Normalizer.fit(win.data[rows]),
-                         opts.baseline)
+                         opts.baseline, opts.summary)
     optim = torch.optim.AdamW(model.net.parameters(), lr=opts.lr, weight_decay=1e-4)
     loss_fn = nn.CrossEntropyLoss(weight=_class_weights(y_tr, len(classes)))
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(optim, T_max=max(opts.epochs, 1))

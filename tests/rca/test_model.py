@@ -74,3 +74,41 @@ def test_a_foreign_torch_file_is_refused(tmp_path: Path) -> None:
         RcaModel.load(path)
     with pytest.raises(ModelError, match="no such model file"):
         RcaModel.load(tmp_path / "missing.pt")
+
+
+def test_a_file_from_before_the_summary_branch_loads_as_lstm_only(tmp_path: Path,
+                                                                  synth: Callable[..., Dataset]) -> None:
+    import torch
+
+    from sits_observe.rca.train import TrainOptions, train
+
+    old = train(synth(steps=600), TrainOptions(window=16, epochs=1, hidden=(8, 4), summary=0, stride=4, margin=5,
+                                               threads=1))
+    assert old.net.summary is None
+    path = tmp_path / "old.pt"
+    old.save(path)
+    blob = torch.load(path, weights_only=True)
+    del blob["meta"]["summary"]  # what files written before the summary branch hold
+    torch.save(blob, path)
+    back = RcaModel.load(path)
+    assert back.summary == 0 and back.net.summary is None
+    win = synth(seed=3, steps=200).windows(back.window)
+    cols = back.columns(synth().features)
+    np.testing.assert_allclose(model_proba(back, win, cols), model_proba(old, win, cols), rtol=1e-5)
+
+
+def test_the_head_reads_window_statistics_beside_the_lstms(tiny_model: RcaModel) -> None:
+    import copy
+
+    import torch
+
+    net = copy.deepcopy(tiny_model.net).eval()
+    assert tiny_model.summary == 64 and net.summary is not None
+    # last, mean, std, min and max of the level and host-relative inputs (not the missing indicators)
+    assert net.summary[0].in_features == 5 * 2 * len(tiny_model.features)
+    x = torch.randn(4, tiny_model.window, 3 * len(tiny_model.features), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        before = net(x)
+        net.summary[0].weight.zero_()
+        net.summary[0].bias.zero_()
+        assert not torch.allclose(before, net(x))
