@@ -72,12 +72,17 @@ class Normalizer:
         return cls(*(np.asarray(d[k], dtype=np.float32) for k in ("scale", "mean", "std")))
 
 
-def encode(raw: np.ndarray, base: np.ndarray, norm: Normalizer) -> np.ndarray:
-    """``(B, W, F)`` raw windows (NaN = missing) and ``(B, F)`` baselines -> ``(B, W, 3F)`` network input."""
+def encode(raw: np.ndarray, base: np.ndarray, norm: Normalizer, hide_level: np.ndarray | None = None) -> np.ndarray:
+    """``(B, W, F)`` raw windows (NaN = missing) and ``(B, F)`` baselines -> ``(B, W, 3F)`` network input.
+
+    ``hide_level`` (``(B,)`` bool, training only): those windows get the typical level (0) as level inputs.
+    """
     filled, missing = fill_forward(np.asarray(raw, dtype=np.float32))
     with np.errstate(all="ignore"):
         level = norm.apply(filled)
         rel = norm.compress(filled) - norm.compress(np.asarray(base, dtype=np.float32))[:, None, :]
+    if hide_level is not None:
+        level[hide_level] = 0.0
     rel = np.clip(np.nan_to_num(rel, nan=0.0), -CLIP, CLIP)
     return np.concatenate([level, rel, missing.astype(np.float32)], axis=-1).astype(np.float32)
 

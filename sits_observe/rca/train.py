@@ -114,7 +114,6 @@ def train(ds: Dataset, opts: TrainOptions = TrainOptions(), progress: Progress |
     best: dict[str, Any] = {"loss": float("inf"), "state": None, "epoch": 0}
     average: dict[str, torch.Tensor] = {}
     drop_rng = np.random.default_rng(opts.seed + 1)
-    n_feat = len(ds.features)
     batches = (len(train_w) + opts.batch - 1) // opts.batch
     epoch = 0
     for epoch in range(1, opts.epochs + 1):
@@ -123,10 +122,8 @@ def train(ds: Dataset, opts: TrainOptions = TrainOptions(), progress: Progress |
         total = 0.0
         for b in range(batches):
             idx = order[b * opts.batch:(b + 1) * opts.batch]
-            x = encode(train_w.batch(idx), train_w.bases(idx), model.norm)
-            if opts.level_dropout:
-                x[drop_rng.random(len(x)) < opts.level_dropout, :, :n_feat] = 0.0
-            x = torch.from_numpy(x)
+            hide = drop_rng.random(len(idx)) < opts.level_dropout if opts.level_dropout else None
+            x = torch.from_numpy(encode(train_w.batch(idx), train_w.bases(idx), model.norm, hide))
             loss = loss_fn(model.net(x), torch.from_numpy(y_tr[idx]))
             optim.zero_grad()
             loss.backward()
