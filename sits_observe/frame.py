@@ -60,6 +60,12 @@ class FieldSpec:
 
 GPU_FIELDS: tuple[FieldSpec, ...] = (
     FieldSpec("utilization_ratio", "gauge", "Fraction of time a kernel ran on the GPU (0-1)."),
+    FieldSpec("serving_utilization_ratio", "gauge",
+              "Fraction of time a kernel ran on a GPU that a process of a configured workload uses (0-1); "
+              "absent on GPUs no workload uses."),
+    FieldSpec("foreign_utilization_ratio", "gauge",
+              "Fraction of time kernels of processes of no configured workload ran on the GPU (0-1, NVML "
+              "per-process samples)."),
     FieldSpec("memory_utilization_ratio", "gauge", "Fraction of time device memory was read or written (0-1)."),
     FieldSpec("memory_used_bytes", "gauge", "Device memory in use, bytes."),
     FieldSpec("memory_total_bytes", "gauge", "Device memory installed, bytes."),

@@ -1,4 +1,4 @@
-"""NVML source: per-GPU gauges, NVLink per-link state and counters, XID events and per-process memory.
+"""NVML source: per-GPU gauges, NVLink per-link state and counters, XID events, per-process memory and SM use.
 
 Reads through pynvml (nvidia-ml-py), passed in as ``nvml`` so tests hand in a fake.  NVML is polled every
 ``sample_interval`` seconds (default 5: sub-second NVML polling is known to slow inference); the ticks in
@@ -19,6 +19,7 @@ import numpy as np
 
 from ..errors import CollectorError
 from ..frame import GPU_FIELD_INDEX, Frame, GpuFrame, GpuInfo, Sample
+from .gpu_processes import OTHER_WORKLOAD, attribute, latest_sample_us
 from .gpu_samples import detail, gpu_labels, gpu_sample
 from .nvml_driver import is_unsupported, load_nvml, nvml_status
 
@@ -26,7 +27,6 @@ __all__ = ["NvmlSource", "nvml_status", "OTHER_WORKLOAD"]  # nvml_status: `docto
 
 log = logging.getLogger(__name__)
 
-OTHER_WORKLOAD = "other"  # processes that match no configured workload
 _MAX_XID_EVENTS = 256  # drained per sample; the rest wait for the next one
 # group, GPU field, pynvml function, names of its extra constant arguments, scale to base units
 _SCALARS: tuple[tuple[str, str, str, tuple[str, ...], float], ...] = (
@@ -58,6 +58,7 @@ class _Gpu:
     field_ids: list[tuple[int, int]] = field(default_factory=list)  # (RX, link), (TX, link) per link
     xid: bool = False  # registered for XID events
     nvlink_prev: tuple[float, float, float] | None = None  # (time, rx, tx) at the previous sample
+    util_since: int = 0  # timestamp (us) of the newest per-process utilization sample read
 
 
 @dataclass
@@ -79,6 +80,7 @@ class NvmlSource:
         self.sample_interval = sample_interval
         self.clock = clock
         self.resolve_workload = resolve_workload or (lambda pid: None)
+        self._attributes = resolve_workload is not None  # workloads configured: serving / foreign fields
         self._skip: set[tuple[int, str]] = set()  # (gpu, group) the GPU does not support
         self._noted: set[tuple[int, str, int]] = set()  # (gpu, group, code) already logged
         self._lost: set[int] = set()
@@ -238,7 +240,7 @@ class NvmlSource:
             if i in self._last_xid:
                 samples.append(gpu_sample("sits_gpu_last_xid", g.info, self._last_xid[i]))
         self._read_nvlink(i, g, row, samples, snap)
-        self._read_processes(i, g, samples, snap)
+        self._read_processes(i, g, row, samples, snap)
 
     def _clock_event_reasons(self, handle: Any) -> int:
         nv = self.nvml
@@ -273,18 +275,32 @@ class NvmlSource:
             row[_F["nvlink_tx_bytes_per_second"]] = (totals[1] - prev[2]) / (now - prev[0])
         g.nvlink_prev = (now, totals[0], totals[1])
 
-    def _read_processes(self, i: int, g: _Gpu, samples: list[Sample], snap: _Snapshot) -> None:
+    def _read_processes(self, i: int, g: _Gpu, row: np.ndarray, samples: list[Sample], snap: _Snapshot) -> None:
         procs = self._get(i, "processes", snap, self.nvml.nvmlDeviceGetComputeRunningProcesses, g.handle)
         if procs is None:
             return
-        used: dict[str, float] = {}
-        for p in procs:
-            if p.usedGpuMemory is None:  # not reported (e.g. under some virtualisation)
-                continue
-            workload = self.resolve_workload(int(p.pid)) or OTHER_WORKLOAD
-            used[workload] = used.get(workload, 0.0) + float(p.usedGpuMemory)
-        for workload, nbytes in sorted(used.items()):
+        util = (self._get(i, "process_utilization", snap, self._process_utilization, g)
+                if self._attributes else None)
+        users = attribute(procs, util, self.resolve_workload)
+        for workload, nbytes in sorted(users.memory.items()):
             samples.append(gpu_sample("sits_gpu_process_memory_used_bytes", g.info, nbytes, workload=workload))
+        if self._attributes:
+            if users.serving:
+                row[_F["serving_utilization_ratio"]] = row[_F["utilization_ratio"]]
+            if users.foreign_util is not None:
+                row[_F["foreign_utilization_ratio"]] = users.foreign_util
+
+    def _process_utilization(self, g: _Gpu) -> list[Any]:
+        """Per-process SM samples newer than the last read; [] when no process ran a kernel since."""
+        nv = self.nvml
+        try:
+            out = nv.nvmlDeviceGetProcessUtilization(g.handle, g.util_since)
+        except nv.NVMLError as exc:  # NOT_FOUND: no sample since; SUCCESS: pynvml's answer to zero samples
+            if exc.value not in (nv.NVML_ERROR_NOT_FOUND, nv.NVML_SUCCESS):
+                raise
+            return []
+        g.util_since = latest_sample_us(out, g.util_since)
+        return out
 
     def _drain_xid(self, snap: _Snapshot) -> None:
         if self._events is None:

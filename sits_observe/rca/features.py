@@ -33,6 +33,8 @@ _STAGE_STATS = {
 }
 _GPU_STATS = {
     "utilization_ratio": ("mean", "max", "std"),
+    "serving_utilization_ratio": ("min", "mean"),  # the idlest GPU a workload uses: a frozen serving loop
+    "foreign_utilization_ratio": ("max",),  # a co-tenant's kernels, named by NVML's per-process samples
     "memory_utilization_ratio": ("mean", "max"),
     "memory_used_bytes": ("mean", "max"),
     "sm_clock_hertz": ("mean",),

@@ -97,6 +97,7 @@ class TickOutput:
     def add_loading(self, m: Migration, now: float, dt: float, s: _Shard, sampler: StageSampler) -> None:
         """Weights streaming onto the GPUs a shard is moving to."""
         new = [g for g in m.target if g not in m.source]
+        self.gpu.serving[new] = True
         weights = s.perf.spec.weight_bytes / s.placement.tp
         moved = (m.loaded(now) - m.loaded(now - dt)) * weights
         self.gpu.row("memory_used")[new] += m.loaded(now) * weights

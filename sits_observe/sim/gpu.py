@@ -62,15 +62,18 @@ class GpuInputs:
     """What the GPUs did during one tick: a row per quantity of ``INPUTS``, a column per GPU.
 
     ``busy`` is the share of the tick our kernels ran, ``activity`` the busy share weighted by the
-    power fraction of the work, ``memory_used`` bytes, the link rows bytes per second.
+    power fraction of the work, ``memory_used`` bytes, the link rows bytes per second; ``serving`` marks
+    the GPUs a serving process uses (a shard placed there, or weights loading onto it).
     """
 
     def __init__(self, n: int) -> None:
         self.m = np.zeros((len(INPUTS), n))
+        self.serving = np.zeros(n, dtype=bool)
 
     def add(self, gpus: list[int], values: np.ndarray) -> None:
-        """Add ``values`` (one per ``INPUTS`` row) to each GPU of ``gpus``."""
+        """Add ``values`` (one per ``INPUTS`` row) to each GPU of ``gpus``, which a serving process uses."""
         self.m[:, gpus] += values[:, None]
+        self.serving[gpus] = True
 
     def row(self, name: str) -> np.ndarray:
         return self.m[_ROW[name]]
@@ -122,6 +125,8 @@ class GpuModel:
         g = GpuFrame.empty(self.info)
         cols = {
             "utilization_ratio": util,
+            "serving_utilization_ratio": np.where(x.serving, util, np.nan),
+            "foreign_utilization_ratio": steal,  # the co-tenant's time share, as NVML samples it per process
             "memory_utilization_ratio": np.clip(x.row("mem_activity") + 0.5 * steal, 0.0, 1.0),
             "memory_used_bytes": np.minimum(x.row("memory_used"), self.total),
             "memory_total_bytes": self.total,

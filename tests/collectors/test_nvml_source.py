@@ -6,6 +6,7 @@ import ast
 import logging
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pynvml
@@ -44,6 +45,7 @@ def _samples(frame: Frame, name: str, gpu: int) -> dict[tuple[tuple[str, str], .
     return {s.labels[4:]: s.value for s in frame.samples if s.name == name and s.labels[0] == ("gpu", str(gpu))}
 
 
+NEED_WORKLOADS = ("serving_utilization_ratio", "foreign_utilization_ratio")
 # field -> expected value for the fake's default script (FakeGpu defaults), in base units
 EXPECTED = {
     "utilization_ratio": 0.73,
@@ -78,7 +80,11 @@ def test_every_field_on_first_sample(fake: FakeNvml) -> None:
             assert _value(frame, gpu, name) == pytest.approx(want), name
     # rates need two samples: NaN (unknown), not zero, on the first
     assert np.isnan(_value(frame, 0, "nvlink_rx_bytes_per_second"))
-    assert set(EXPECTED) | {"nvlink_rx_bytes_per_second", "nvlink_tx_bytes_per_second"} == {f.name for f in GPU_FIELDS}
+    assert set(EXPECTED) | {"nvlink_rx_bytes_per_second", "nvlink_tx_bytes_per_second"} | set(NEED_WORKLOADS) == {
+        f.name for f in GPU_FIELDS}
+    # without configured workloads no process is ours, so neither field can be told
+    assert all(np.isnan(_value(frame, 0, name)) for name in NEED_WORKLOADS)
+    assert fake.calls["nvmlDeviceGetProcessUtilization"] == 0
 
 
 def test_nvlink_links_counters_and_rates(fake: FakeNvml) -> None:
@@ -156,6 +162,38 @@ def test_process_memory_by_workload_never_by_pid(fake: FakeNvml) -> None:
         (("workload", "other"),): float(1 << 30)}
     assert _samples(frame, "sits_gpu_process_memory_used_bytes", 1) == {(("workload", "other"),): float(5 << 30)}
     assert not any(k == "pid" for s in frame.samples for k, _ in s.labels)
+
+
+def test_serving_and_foreign_utilization_from_per_process_samples(fake: FakeNvml) -> None:
+    names = {4242: "chat", 4243: "chat"}
+    fake.gpus[0].processes = [(4242, 10 << 30), (77, 1 << 30)]  # ours and a co-tenant
+    fake.gpus[0].process_util = [(4242, 1_000, 60), (77, 1_000, 20), (77, 2_000, 40)]
+    fake.gpus[1].processes = [(4243, None)]  # ours, memory not reported: still serving
+    fake.gpus[2].processes = [(77, 1 << 30)]  # only a foreign process, no samples yet
+    fake.gpus[3].process_util = [(5, 1_000, 90), (6, 1_000, 80)]  # two foreign processes: capped at 1
+    fake.gpus[4].fail["nvmlDeviceGetProcessUtilization"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    fake.gpus[4].processes = [(4242, 1 << 30)]
+    clock = Clock()
+    src = NvmlSource(fake, clock=clock, resolve_workload=names.get)
+    frame = _frame(src)
+    assert _value(frame, 0, "foreign_utilization_ratio") == pytest.approx(0.30)  # mean of pid 77's two samples
+    assert _value(frame, 0, "serving_utilization_ratio") == pytest.approx(0.73)
+    assert _value(frame, 1, "serving_utilization_ratio") == pytest.approx(0.73)
+    assert np.isnan(_value(frame, 2, "serving_utilization_ratio"))
+    assert _value(frame, 2, "foreign_utilization_ratio") == 0.0  # NVML: no sample since -> no kernel ran
+    assert _value(frame, 3, "foreign_utilization_ratio") == 1.0
+    assert np.isnan(_value(frame, 4, "foreign_utilization_ratio"))  # unsupported: omitted, not zero
+    assert _value(frame, 4, "serving_utilization_ratio") == pytest.approx(0.73)
+    assert not frame.errors
+    # the next sample asks only for newer samples: nothing new on GPU 0 -> no foreign kernel ran
+    fake.log = []
+    clock.t += 5
+    frame = _frame(src)
+    assert ("nvmlDeviceGetProcessUtilization", (SimpleNamespace(index=0), 2_000)) in fake.log
+    assert _value(frame, 0, "foreign_utilization_ratio") == 0.0
+    fake.gpus[0].process_util.append((77, 3_000, 100))
+    clock.t += 5
+    assert _value(_frame(src), 0, "foreign_utilization_ratio") == 1.0
 
 
 def test_remapped_rows_samples(fake: FakeNvml) -> None:

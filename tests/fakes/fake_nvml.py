@@ -62,6 +62,8 @@ class FakeGpu:
     retired_dbe: list[int] = field(default_factory=lambda: [0x3000])
     remapped_rows: tuple[int, int, int, int] = (2, 1, 0, 0)  # correctable, uncorrectable, pending, failure
     processes: list[tuple[int, int | None]] = field(default_factory=list)  # (pid, used bytes or None)
+    # per-process SM samples NVML holds: (pid, timestamp in microseconds, SM utilization percent)
+    process_util: list[tuple[int, int, int]] = field(default_factory=list)
     links: list[FakeLink] = field(default_factory=list)
     pcie_gen: int = 5
     pcie_width: int = 16
@@ -277,6 +279,14 @@ class FakeNvml:
     def nvmlDeviceGetComputeRunningProcesses(self, h: Any) -> list[Any]:
         g = self._enter("nvmlDeviceGetComputeRunningProcesses", h)
         return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in g.processes]
+
+    def nvmlDeviceGetProcessUtilization(self, h: Any, since_us: int) -> list[Any]:
+        g = self._enter("nvmlDeviceGetProcessUtilization", h, since_us)
+        out = [SimpleNamespace(pid=pid, timeStamp=ts, smUtil=sm, memUtil=0, encUtil=0, decUtil=0)
+               for pid, ts, sm in g.process_util if ts > since_us]
+        if not out:
+            raise _err(_real.NVML_ERROR_NOT_FOUND)  # what the driver answers when no sample is newer
+        return out
 
     # ---- XID events ----------------------------------------------------------------------------
 

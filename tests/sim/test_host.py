@@ -34,7 +34,13 @@ def test_frames_fill_every_stage_and_eight_gpus(layout, topology):
     for stage in REQUEST_STAGES + DEVICE_AND_HOST:
         assert store.hist_window(stage, "chat", last=60).sum() > 0, stage
     g = frame.gpu
-    assert g.values.shape == (8, len(GPU_FIELDS)) and len(g.info) == 8 and not np.isnan(g.values).any()
+    serving = g.values[:, GPU_FIELD_INDEX["serving_utilization_ratio"]]
+    assert g.values.shape == (8, len(GPU_FIELDS)) and len(g.info) == 8
+    assert not np.isnan(np.delete(g.values, GPU_FIELD_INDEX["serving_utilization_ratio"], axis=1)).any()
+    # the spare pair runs no serving process: its serving utilization is absent, the others' is theirs
+    assert np.isnan(serving[6:]).all()
+    assert (serving[:6] == g.values[:6, GPU_FIELD_INDEX["utilization_ratio"]]).all()
+    assert (g.values[:, GPU_FIELD_INDEX["foreign_utilization_ratio"]] == 0).all()  # no co-tenant in "quiet"
     assert [i.index for i in g.info] == list(range(8)) and len({i.uuid for i in g.info}) == 8
     util = store.gpu_window("utilization_ratio", 60).mean(axis=0)
     assert (util[:6] > 0.5).all() and (util[6:] == 0).all()  # three TP pairs busy, the spare pair idle
@@ -62,7 +68,7 @@ def _same(a: Frame, b: Frame) -> bool:
     return (a.hists.keys() == b.hists.keys()
             and all(np.array_equal(a.hists[k].counts, b.hists[k].counts) and a.hists[k].sum == b.hists[k].sum
                     for k in a.hists)
-            and np.array_equal(a.gpu.values, b.gpu.values) and a.host == b.host
+            and np.array_equal(a.gpu.values, b.gpu.values, equal_nan=True) and a.host == b.host
             and a.workload_gauges == b.workload_gauges and a.counters == b.counters)
 
 

@@ -82,6 +82,8 @@ def _unchanged(f: Window, q: Window, stages: tuple[str, ...], tol: float = 0.1) 
 def test_gpu_compute_saturation(windows):
     f, q = windows["gpu_compute_saturation"]  # a co-tenant holds SMs on GPUs 0-1 (shard chat-0)
     assert (f.gpu("utilization_ratio")[:2] >= 0.99).all()
+    foreign = f.gpu("foreign_utilization_ratio")  # NVML's per-process samples name the co-tenant
+    assert (foreign[:2] > 0.5).all() and (foreign[2:] == 0).all() and (q.gpu("foreign_utilization_ratio") == 0).all()
     assert f.gpu("temperature_celsius")[0] > q.gpu("temperature_celsius")[0] + 3  # more power drawn
     for stage in ("prefill", "decode", "sync"):
         assert f.mean(stage) > 1.2 * q.mean(stage), stage  # slower iterations, longer syncs
@@ -151,8 +153,17 @@ def test_scheduler_stall(windows):
     assert f.q(0.9, "queue") > 3 * q.q(0.9, "queue")
     assert f.gauge("queue_depth") > q.gauge("queue_depth")
     assert (f.gpu("utilization_ratio")[4:6] < q.gpu("utilization_ratio")[4:6] - 0.3).all()
+    # the frozen shard's GPUs sit idle with its serving process on them and requests waiting
+    idle = f.store.gpu_window("serving_utilization_ratio", f.last)[:, 4:6] < 0.05
+    assert idle.mean() > 0.25 and f.store.gpu_window("serving_utilization_ratio", f.last)[:, :4].min() > 0.5
     assert f.mean("decode") > 1.2 * q.mean("decode")
     _unchanged(f, q, ("launch", "h2d", "runq"))
+
+
+def test_only_a_co_tenant_shows_as_foreign_gpu_use(windows):
+    for kind, (f, _) in windows.items():
+        if kind != "gpu_compute_saturation":
+            assert (f.gpu("foreign_utilization_ratio") == 0).all(), kind
 
 
 def test_request_stages_all_present(windows):
