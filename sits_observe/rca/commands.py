@@ -72,6 +72,9 @@ def register(sub: Any) -> None:
                    help="width of the window-statistics layer beside the LSTMs (default 64); 0 = none")
     t.add_argument("--level-dropout", type=float,
                    help="share of training windows whose level inputs are hidden (default 0.5)")
+    t.add_argument("--optional-dropout", type=float,
+                   help="share of training windows in which the features not every host has (NVML per-process "
+                        "fields) are all marked missing (default 0.25)")
     t.add_argument("--average-from", type=int,
                    help="average the weights of this epoch to the last (default 4); 0 = early stopping instead")
     t.add_argument("--stride", type=int, help="train on every N-th window (default 8)")
@@ -117,13 +120,13 @@ def _train(args: argparse.Namespace) -> int:
     from . import dataset
     from .train import TrainOptions, train
 
-    names = ("window", "epochs", "hidden", "dropout", "summary", "level_dropout", "average_from", "stride", "batch",
-             "margin", "seed", "threads")
+    names = ("window", "epochs", "hidden", "dropout", "summary", "level_dropout", "optional_dropout", "average_from",
+             "stride", "batch", "margin", "seed", "threads")
     given = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
     for name in ("window", "epochs", "stride", "batch", "threads"):
         if given.get(name, 1) < 1:
             raise ConfigError(f"--{name}: must be at least 1, got {given[name]}")
-    for name in ("dropout", "level_dropout"):
+    for name in ("dropout", "level_dropout", "optional_dropout"):
         if not 0 <= given.get(name, 0) < 1:
             raise ConfigError(f"--{name.replace('_', '-')}: must be in [0, 1), got {given[name]}")
     for name in ("margin", "average_from", "summary"):
@@ -148,7 +151,8 @@ def _train(args: argparse.Namespace) -> int:
     model.training["command"] = (
         f"sits-observe rca train --dataset {args.dataset} --out {args.out} --window {opts.window} "
         f"--epochs {opts.epochs} --hidden {opts.hidden[0]},{opts.hidden[1]} --dropout {opts.dropout} "
-        f"--summary {opts.summary} --level-dropout {opts.level_dropout} --average-from {opts.average_from} "
+        f"--summary {opts.summary} --level-dropout {opts.level_dropout} --optional-dropout {opts.optional_dropout} "
+        f"--average-from {opts.average_from} "
         f"--stride {opts.stride} --batch {opts.batch} --margin {opts.margin} --seed {opts.seed} "
         f"--threads {opts.threads}")
     model.save(args.out)

@@ -13,7 +13,7 @@ import numpy as np
 from ..store.features import feature_series
 from ..store.series import SeriesStore
 
-__all__ = ["FEATURES", "gpu_field_of", "gpu_occluded", "stage_of"]
+__all__ = ["FEATURES", "OPTIONAL_FEATURES", "gpu_field_of", "gpu_occluded", "stage_of"]
 
 # Per-call latencies (device and host stages) carry most of the signal and do not scale with load or
 # hardware the way throughput and power do; GPU aggregates are kept to those that mean the same on any box.
@@ -55,6 +55,11 @@ FEATURES: tuple[str, ...] = (
     "host.cpu_utilization_ratio",
     "host.memory_used_ratio",
 )
+
+# Features from NVML's per-process fields: absent with the DCGM backend and where no workload is
+# configured, so training also hides them (``rca train --optional-dropout``).
+OPTIONAL_FEATURES: frozenset[str] = frozenset(f for f in FEATURES if f.startswith(
+    ("gpu.serving_utilization_ratio.", "gpu.foreign_utilization_ratio.")))
 
 
 def stage_of(feature: str) -> str | None:

@@ -10,7 +10,10 @@ differ between healthy hosts.  *Weight averaging* (stochastic weight averaging, 
 with ``average_from`` > 0 the model is the mean of the weights at the end of epochs ``average_from`` to
 ``epochs``; one epoch's weights vary a lot in how they carry over to another kind of host, their mean
 much less.  With ``average_from`` = 0, early stopping keeps the epoch with the lowest (class-weighted)
-validation loss instead.  The softmax temperature is then fitted on the validation windows (minimum
+validation loss instead.  *Optional-feature dropout*: the features not every host has
+(:data:`~sits_observe.rca.features.OPTIONAL_FEATURES`: NVML's per-process fields, absent with the DCGM
+backend or without configured workloads) are, in a share ``optional_dropout`` of the training windows,
+all marked missing for the whole window, so the network also learns to name causes without them.  The softmax temperature is then fitted on the validation windows (minimum
 negative log-likelihood), so confidences are calibrated.
 """
 
@@ -26,6 +29,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from .dataset import DEFAULT_BASELINE, Baseline, Dataset, Windows
+from .features import OPTIONAL_FEATURES
 from .metrics import expected_calibration_error, scores
 from .model import Normalizer, RcaModel, encode
 
@@ -49,6 +53,7 @@ class TrainOptions:
     threads: int = 2
     min_confidence: float = 0.6
     level_dropout: float = 0.5
+    optional_dropout: float = 0.25
     average_from: int = 4
     baseline: Baseline = DEFAULT_BASELINE
 
@@ -74,6 +79,13 @@ def fit_temperature(logits: np.ndarray, y: np.ndarray) -> float:
     grid = np.exp(np.linspace(np.log(0.25), np.log(10.0), 241))
     nll = [float(nn.functional.cross_entropy(lg / t, yt)) for t in grid]
     return float(grid[int(np.argmin(nll))])
+
+
+def _hide(raw: np.ndarray, base: np.ndarray, cols: np.ndarray, p: float, rng: np.random.Generator) -> None:
+    """Mark columns ``cols`` missing (NaN, in place) for the whole window in a share ``p`` of the windows."""
+    rows = np.flatnonzero(rng.random(len(raw)) < p)
+    raw[np.ix_(rows, np.arange(raw.shape[1]), cols)] = np.nan
+    base[np.ix_(rows, cols)] = np.nan
 
 
 def _class_weights(y: np.ndarray, n: int) -> torch.Tensor:
@@ -114,6 +126,7 @@ def train(ds: Dataset, opts: TrainOptions = TrainOptions(), progress: Progress |
     best: dict[str, Any] = {"loss": float("inf"), "state": None, "epoch": 0}
     average: dict[str, torch.Tensor] = {}
     drop_rng = np.random.default_rng(opts.seed + 1)
+    optional = np.array([j for j, f in enumerate(ds.features) if f in OPTIONAL_FEATURES], dtype=np.int64)
     batches = (len(train_w) + opts.batch - 1) // opts.batch
     epoch = 0
     for epoch in range(1, opts.epochs + 1):
@@ -123,7 +136,10 @@ def train(ds: Dataset, opts: TrainOptions = TrainOptions(), progress: Progress |
         for b in range(batches):
             idx = order[b * opts.batch:(b + 1) * opts.batch]
             hide = drop_rng.random(len(idx)) < opts.level_dropout if opts.level_dropout else None
-            x = torch.from_numpy(encode(train_w.batch(idx), train_w.bases(idx), model.norm, hide))
+            raw, base = train_w.batch(idx), train_w.bases(idx)
+            if opts.optional_dropout and len(optional):
+                _hide(raw, base, optional, opts.optional_dropout, drop_rng)
+            x = torch.from_numpy(encode(raw, base, model.norm, hide))
             loss = loss_fn(model.net(x), torch.from_numpy(y_tr[idx]))
             optim.zero_grad()
             loss.backward()

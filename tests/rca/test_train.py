@@ -1,4 +1,5 @@
-"""Training regularizers: level dropout hides level inputs from a share of windows; weight averaging."""
+"""Training regularizers: level dropout hides level inputs from a share of windows; optional-feature dropout
+marks the features not every host has missing; weight averaging."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import torch
 
 from sits_observe.cli import main
 from sits_observe.rca import train as train_mod
-from sits_observe.rca.dataset import Dataset
+from sits_observe.rca.dataset import Dataset, Entity
 from sits_observe.rca.model import RcaNet
+from sits_observe.rca.features import OPTIONAL_FEATURES
 from sits_observe.rca.train import TrainOptions, train
 
 TINY = {"window": 16, "hidden": (8, 4), "batch": 64, "stride": 4, "margin": 5, "threads": 1}
@@ -38,6 +40,41 @@ def test_level_dropout_hides_the_levels_of_that_share_of_windows(monkeypatch: py
     ds = synth(steps=1200)
     assert _level_share_hidden(monkeypatch, ds, 0.0) == 0.0
     assert 0.4 < _level_share_hidden(monkeypatch, ds, 0.5) < 0.6
+
+
+def _missing_seen(monkeypatch: pytest.MonkeyPatch, ds: Dataset, optional_dropout: float) -> np.ndarray:
+    """(windows, W, F) missing indicators (the last F inputs) of the training windows the net saw."""
+    seen: list[np.ndarray] = []
+    forward = RcaNet.forward
+    n = len(ds.features)
+
+    def spy(self: RcaNet, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            seen.append(x[:, :, 2 * n:].numpy().copy())
+        return forward(self, x)
+
+    monkeypatch.setattr(RcaNet, "forward", spy)
+    train(ds, TrainOptions(epochs=1, optional_dropout=optional_dropout, level_dropout=0.0, average_from=0, **TINY))
+    return np.concatenate(seen)
+
+
+def test_optional_dropout_hides_the_per_process_features_together_for_whole_windows(
+        monkeypatch: pytest.MonkeyPatch, synth: Callable[..., Dataset]) -> None:
+    assert OPTIONAL_FEATURES == {"gpu.serving_utilization_ratio.min", "gpu.serving_utilization_ratio.mean",
+                                 "gpu.foreign_utilization_ratio.max"}
+    base = synth(steps=1200)
+    features = (*base.features, "gpu.serving_utilization_ratio.min", "gpu.foreign_utilization_ratio.max")
+    ds = Dataset(features, base.step, [Entity(e.name, e.t0, np.concatenate([e.values, e.values[:, :2]], axis=1))
+                                       for e in base.entities], base.labels, "synthetic")
+    assert not _missing_seen(monkeypatch, ds, 0.0).any()
+    miss = _missing_seen(monkeypatch, ds, 0.4)
+    assert (miss.min(axis=1) == miss.max(axis=1)).all()  # missing for the whole window or not at all
+    assert not miss[:, :, :4].any()  # the other features are never hidden
+    assert (miss[:, 0, 4] == miss[:, 0, 5]).all()  # the optional ones go together, as on a DCGM host
+    assert 0.3 < miss[:, 0, 4].mean() < 0.5
+    # a dataset without optional features trains exactly as before (no random draws spent on them)
+    torch.testing.assert_close(train(base, TrainOptions(epochs=1, **TINY)).net.state_dict(),
+                               train(base, TrainOptions(epochs=1, optional_dropout=0.0, **TINY)).net.state_dict())
 
 
 def test_accumulate_is_the_running_mean() -> None:
@@ -73,6 +110,7 @@ def test_the_model_is_the_mean_of_the_averaged_epochs_weights(monkeypatch: pytes
 
 @pytest.mark.parametrize(("option", "value", "needle"), [
     ("--level-dropout", "1.5", "--level-dropout: must be in [0, 1), got 1.5"),
+    ("--optional-dropout", "-0.1", "--optional-dropout: must be in [0, 1), got -0.1"),
     ("--average-from", "-1", "--average-from: must be at least 0, got -1"),
 ])
 def test_bad_regularizer_options_are_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str,
