@@ -81,6 +81,8 @@ class NvmlSource:
         self.clock = clock
         self.resolve_workload = resolve_workload or (lambda pid: None)
         self._attributes = resolve_workload is not None  # workloads configured: serving / foreign fields
+        self._attributed = [0, 0]  # this sample: GPUs with compute processes, GPUs with a workload's process
+        self._unmatched_noted = False
         self._skip: set[tuple[int, str]] = set()  # (gpu, group) the GPU does not support
         self._noted: set[tuple[int, str, int]] = set()  # (gpu, group, code) already logged
         self._lost: set[int] = set()
@@ -166,6 +168,7 @@ class NvmlSource:
     def sample(self, now: float) -> _Snapshot:
         """Read every GPU once (what :meth:`collect` does every ``sample_interval``)."""
         snap = _Snapshot(now, GpuFrame.empty([g.info for g in self.gpus]))
+        self._attributed = [0, 0]
         self._drain_xid(snap)
         for i, g in enumerate(self.gpus):
             samples: list[Sample] = []
@@ -184,7 +187,21 @@ class NvmlSource:
                 log.info("nvml: GPU %d answers again", i)
                 self._lost.discard(i)
             snap.samples += samples
+        self._check_attribution(snap)
         return snap
+
+    def _check_attribution(self, snap: _Snapshot) -> None:
+        """GPU processes but none of a configured workload: the pids do not resolve (another PID namespace,
+        or match rules that miss), so every GPU would look foreign-busy; report neither field."""
+        with_procs, serving = self._attributed
+        if not (self._attributes and with_procs and not serving):
+            return
+        snap.gpu.values[:, [_F["serving_utilization_ratio"], _F["foreign_utilization_ratio"]]] = np.nan
+        if not self._unmatched_noted:
+            self._unmatched_noted = True
+            log.warning("nvml: no process on any GPU belongs to a configured workload; serving and foreign GPU "
+                        "utilization are omitted. Check the workloads' match rules, and run the daemon in the "
+                        "host's PID namespace (pid: host) so NVML's pids are this daemon's")
 
     def _get(self, i: int, group: str, snap: _Snapshot, fn: Callable[..., Any], *args: Any) -> Any:
         """Call NVML; None when unsupported (remembered) or failed (reported); _Lost when the GPU is lost."""
@@ -279,20 +296,23 @@ class NvmlSource:
         procs = self._get(i, "processes", snap, self.nvml.nvmlDeviceGetComputeRunningProcesses, g.handle)
         if procs is None:
             return
-        util = (self._get(i, "process_utilization", snap, self._process_utilization, g)
-                if self._attributes else None)
-        users = attribute(procs, util, self.resolve_workload)
+        per_process = (self._get(i, "process_utilization", snap, self._process_utilization, g)
+                       if self._attributes else None)
+        users = attribute(procs, per_process, self.resolve_workload, float(row[_F["utilization_ratio"]]))
         for workload, nbytes in sorted(users.memory.items()):
             samples.append(gpu_sample("sits_gpu_process_memory_used_bytes", g.info, nbytes, workload=workload))
-        if self._attributes:
+        self._attributed[0] += bool(len(procs))
+        self._attributed[1] += users.serving
+        if users.foreign_util is not None:  # both fields or neither: the classifier was trained that way
+            row[_F["foreign_utilization_ratio"]] = users.foreign_util
             if users.serving:
                 row[_F["serving_utilization_ratio"]] = row[_F["utilization_ratio"]]
-            if users.foreign_util is not None:
-                row[_F["foreign_utilization_ratio"]] = users.foreign_util
 
     def _process_utilization(self, g: _Gpu) -> list[Any]:
         """Per-process SM samples newer than the last read; [] when no process ran a kernel since."""
         nv = self.nvml
+        if g.util_since > time.time() * 1e6:  # NVML stamps samples with the wall clock; it stepped back
+            g.util_since = 0
         try:
             out = nv.nvmlDeviceGetProcessUtilization(g.handle, g.util_since)
         except nv.NVMLError as exc:  # NOT_FOUND: no sample since; SUCCESS: pynvml's answer to zero samples

@@ -167,23 +167,25 @@ def test_process_memory_by_workload_never_by_pid(fake: FakeNvml) -> None:
 def test_serving_and_foreign_utilization_from_per_process_samples(fake: FakeNvml) -> None:
     names = {4242: "chat", 4243: "chat"}
     fake.gpus[0].processes = [(4242, 10 << 30), (77, 1 << 30)]  # ours and a co-tenant
-    fake.gpus[0].process_util = [(4242, 1_000, 60), (77, 1_000, 20), (77, 2_000, 40)]
+    # two sample periods; the co-tenant ran 20 % of one and 40 % of the other; pid 99 has exited
+    fake.gpus[0].process_util = [(4242, 1_000, 60), (77, 1_000, 20), (4242, 2_000, 60), (77, 2_000, 40),
+                                 (99, 2_000, 100)]
     fake.gpus[1].processes = [(4243, None)]  # ours, memory not reported: still serving
+    fake.gpus[1].process_util = [(4243, 1_000, 50), (4243, 2_000, 50), (4243, 3_000, 50), (77, 2_000, 90)]
     fake.gpus[2].processes = [(77, 1 << 30)]  # only a foreign process, no samples yet
-    fake.gpus[3].process_util = [(5, 1_000, 90), (6, 1_000, 80)]  # two foreign processes: capped at 1
-    fake.gpus[4].fail["nvmlDeviceGetProcessUtilization"] = pynvml.NVML_ERROR_NOT_SUPPORTED
-    fake.gpus[4].processes = [(4242, 1 << 30)]
+    fake.gpus[3].processes = [(5, 1 << 30), (6, 1 << 30)]  # two busy foreign processes: capped by utilization
+    fake.gpus[3].process_util = [(5, 1_000, 90), (6, 1_000, 80)]
     clock = Clock()
     src = NvmlSource(fake, clock=clock, resolve_workload=names.get)
     frame = _frame(src)
-    assert _value(frame, 0, "foreign_utilization_ratio") == pytest.approx(0.30)  # mean of pid 77's two samples
+    assert _value(frame, 0, "foreign_utilization_ratio") == pytest.approx(0.30)  # (20 + 40) / 2 periods
     assert _value(frame, 0, "serving_utilization_ratio") == pytest.approx(0.73)
     assert _value(frame, 1, "serving_utilization_ratio") == pytest.approx(0.73)
+    # pid 77 is not on GPU 1: its samples there are ignored
+    assert _value(frame, 1, "foreign_utilization_ratio") == 0.0
     assert np.isnan(_value(frame, 2, "serving_utilization_ratio"))
     assert _value(frame, 2, "foreign_utilization_ratio") == 0.0  # NVML: no sample since -> no kernel ran
-    assert _value(frame, 3, "foreign_utilization_ratio") == 1.0
-    assert np.isnan(_value(frame, 4, "foreign_utilization_ratio"))  # unsupported: omitted, not zero
-    assert _value(frame, 4, "serving_utilization_ratio") == pytest.approx(0.73)
+    assert _value(frame, 3, "foreign_utilization_ratio") == pytest.approx(0.73)
     assert not frame.errors
     # the next sample asks only for newer samples: nothing new on GPU 0 -> no foreign kernel ran
     fake.log = []
@@ -193,7 +195,60 @@ def test_serving_and_foreign_utilization_from_per_process_samples(fake: FakeNvml
     assert _value(frame, 0, "foreign_utilization_ratio") == 0.0
     fake.gpus[0].process_util.append((77, 3_000, 100))
     clock.t += 5
-    assert _value(_frame(src), 0, "foreign_utilization_ratio") == 1.0
+    assert _value(_frame(src), 0, "foreign_utilization_ratio") == pytest.approx(0.73)  # 100 %, capped
+
+
+@pytest.mark.parametrize("code,reported", [
+    (pynvml.NVML_ERROR_NOT_SUPPORTED, False),  # e.g. MIG: omitted quietly, not asked again
+    (pynvml.NVML_ERROR_UNKNOWN, True),  # a failure: reported in frame.errors
+])
+def test_no_per_process_samples_means_neither_field(fake: FakeNvml, code: int, reported: bool) -> None:
+    fake.gpus[4].processes = [(4242, 1 << 30)]
+    fake.gpus[5].processes = [(4242, 1 << 30)]
+    fake.gpus[4].fail["nvmlDeviceGetProcessUtilization"] = code
+    frame = _frame(NvmlSource(fake, clock=Clock(), resolve_workload={4242: "chat"}.get))
+    # both or neither, as the classifier was trained: serving alone would be an input it never saw
+    assert np.isnan(_value(frame, 4, "serving_utilization_ratio"))
+    assert np.isnan(_value(frame, 4, "foreign_utilization_ratio"))
+    assert _value(frame, 5, "serving_utilization_ratio") == pytest.approx(0.73)
+    assert _samples(frame, "sits_gpu_process_memory_used_bytes", 4) == {(("workload", "chat"),): float(1 << 30)}
+    assert bool(frame.errors) == reported and frame.gpu.healthy.all()
+
+
+def test_zero_samples_answer_of_pynvml_is_no_kernel_ran(fake: FakeNvml) -> None:
+    fake.gpus[0].processes = [(4242, 1 << 30)]
+    fake.gpus[0].fail["nvmlDeviceGetProcessUtilization"] = pynvml.NVML_SUCCESS  # what pynvml raises for none
+    frame = _frame(NvmlSource(fake, clock=Clock(), resolve_workload={4242: "chat"}.get))
+    assert _value(frame, 0, "foreign_utilization_ratio") == 0.0 and not frame.errors
+
+
+def test_gpu_lost_while_reading_process_samples_leaves_the_others(fake: FakeNvml) -> None:
+    for g in fake.gpus:
+        g.processes = [(4242, 1 << 30)]
+    fake.gpus[2].fail["nvmlDeviceGetProcessUtilization"] = pynvml.NVML_ERROR_GPU_IS_LOST
+    frame = _frame(NvmlSource(fake, clock=Clock(), resolve_workload={4242: "chat"}.get))
+    assert not frame.gpu.healthy[2] and np.isnan(frame.gpu.values[2]).all()
+    assert frame.gpu.healthy[[0, 1, 3]].all() and _value(frame, 3, "serving_utilization_ratio") == pytest.approx(0.73)
+    assert "GPU 2" in frame.errors["nvml"]
+
+
+def test_no_gpu_process_of_any_workload_omits_both_fields_and_says_why(fake: FakeNvml,
+                                                                       caplog: pytest.LogCaptureFixture) -> None:
+    for g in fake.gpus:  # e.g. the daemon in another PID namespace: NVML's pids resolve to nothing
+        g.processes = [(31337, 1 << 30)]
+        g.process_util = [(31337, 1_000, 70)]
+    clock = Clock()
+    src = NvmlSource(fake, clock=clock, resolve_workload={4242: "chat"}.get)
+    with caplog.at_level(logging.WARNING):
+        frame = _frame(src)
+        clock.t += 5
+        _frame(src)
+    assert np.isnan(frame.gpu.values[:, GPU_FIELD_INDEX["foreign_utilization_ratio"]]).all()
+    assert np.isnan(frame.gpu.values[:, GPU_FIELD_INDEX["serving_utilization_ratio"]]).all()
+    assert [r.message for r in caplog.records].count(caplog.records[0].message) == 1
+    assert "PID namespace" in caplog.records[0].message
+    # the memory metric still reports them, as "other"
+    assert _samples(frame, "sits_gpu_process_memory_used_bytes", 0) == {(("workload", "other"),): float(1 << 30)}
 
 
 def test_remapped_rows_samples(fake: FakeNvml) -> None:

@@ -64,6 +64,7 @@ class FakeGpu:
     processes: list[tuple[int, int | None]] = field(default_factory=list)  # (pid, used bytes or None)
     # per-process SM samples NVML holds: (pid, timestamp in microseconds, SM utilization percent)
     process_util: list[tuple[int, int, int]] = field(default_factory=list)
+    util_periods: int = 0  # > 0: every call answers that many fresh periods of samples for every process
     links: list[FakeLink] = field(default_factory=list)
     pcie_gen: int = 5
     pcie_width: int = 16
@@ -282,8 +283,9 @@ class FakeNvml:
 
     def nvmlDeviceGetProcessUtilization(self, h: Any, since_us: int) -> list[Any]:
         g = self._enter("nvmlDeviceGetProcessUtilization", h, since_us)
+        script = g.process_util + [(pid, since_us + k + 1, 50) for k in range(g.util_periods) for pid, _ in g.processes]
         out = [SimpleNamespace(pid=pid, timeStamp=ts, smUtil=sm, memUtil=0, encUtil=0, decUtil=0)
-               for pid, ts, sm in g.process_util if ts > since_us]
+               for pid, ts, sm in script if ts > since_us]
         if not out:
             raise _err(_real.NVML_ERROR_NOT_FOUND)  # what the driver answers when no sample is newer
         return out
