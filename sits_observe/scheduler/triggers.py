@@ -30,7 +30,8 @@ NON_FIXABLE = {
 
 # GPU field that points at the culprit when a verdict names no GPU (utilization otherwise)
 _CULPRIT_FIELD = {"gpu_memory_pressure": "memory_used_bytes", "thermal_throttling": "temperature_celsius",
-                  "interconnect_contention": "nvlink_tx_bytes_per_second"}
+                  "interconnect_contention": "nvlink_tx_bytes_per_second",
+                  "gpu_compute_saturation": "foreign_utilization_ratio"}
 
 
 def culprits(cause: str, values: np.ndarray | None, topo: Topology, numa_cpu: dict[int, float]) -> set[int]:
@@ -41,7 +42,8 @@ def culprits(cause: str, values: np.ndarray | None, topo: Topology, numa_cpu: di
     node).  The samples carry the node number only, so on a topology of several hosts the node's GPUs
     on every host are named (the simulator models one CPU load per node number).  Otherwise, and when
     no per-node CPU is reported: the GPU with the highest value of the field that points at the cause
-    in the latest ``(gpus, GPU_FIELDS)`` values (utilization when no field does).
+    in the latest ``(gpus, GPU_FIELDS)`` values (utilization when no field does, or when no GPU reports
+    that field, e.g. the per-process fields on the DCGM backend).
     """
     if cause == "cpu_contention":
         nodes = {n: gs for n, gs in topo.numa_nodes().items() if not np.isnan(numa_cpu.get(n, np.nan))}
@@ -49,8 +51,10 @@ def culprits(cause: str, values: np.ndarray | None, topo: Topology, numa_cpu: di
             return set(nodes[max(nodes, key=lambda n: numa_cpu[n])])
     if values is None:
         return {0}
-    field = _CULPRIT_FIELD.get(cause, "utilization_ratio")
-    return {int(np.argmax(np.nan_to_num(values[:, GPU_FIELD_INDEX[field]], nan=-np.inf)))}
+    col = values[:, GPU_FIELD_INDEX[_CULPRIT_FIELD.get(cause, "utilization_ratio")]]
+    if np.isnan(col).all():
+        col = values[:, GPU_FIELD_INDEX["utilization_ratio"]]
+    return {int(np.argmax(np.nan_to_num(col, nan=-np.inf)))}
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 from sched_helpers import PendingActuator, frame, live_gpus
 
-from sits_observe.frame import numa_cpu_sample
+from sits_observe.frame import GPU_FIELD_INDEX, GPU_FIELDS, numa_cpu_sample
 from sits_observe.rca.verdict import Verdict
 from sits_observe.scheduler.config import SchedulerConfig
 from sits_observe.scheduler.engine import Scheduler
-from sits_observe.scheduler.triggers import Sustained, Triggers
+from sits_observe.scheduler.triggers import Sustained, Triggers, culprits
+from sits_observe.topology import preset
 
 
 def verdict(cause: str, conf: float, ts: float, gpus: tuple[int, ...] = (0,)) -> Verdict:
@@ -160,6 +161,16 @@ def test_cpu_contention_without_gpus_moves_a_shard_off_the_busiest_numa_node(
     d = s.decisions_state()["decisions"][0]
     assert (d["action"], d["shard_id"]) == ("migrate", moved)
     assert not set(d["target_gpus"]) & away_from
+
+
+def test_a_co_tenant_verdict_without_gpus_points_at_the_foreign_busy_gpu() -> None:
+    topo = preset("nvswitch-8")
+    values = np.full((8, len(GPU_FIELDS)), np.nan)
+    values[:, GPU_FIELD_INDEX["utilization_ratio"]] = [0.9, 1.0, 1.0, 0.2, 0.0, 0.0, 0.0, 0.0]
+    values[:, GPU_FIELD_INDEX["foreign_utilization_ratio"]] = [0.0, 0.0, 0.6, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert culprits("gpu_compute_saturation", values, topo, {}) == {2}  # not the first of the busiest
+    values[:, GPU_FIELD_INDEX["foreign_utilization_ratio"]] = np.nan  # DCGM: no per-process field
+    assert culprits("gpu_compute_saturation", values, topo, {}) == {1}
 
 
 def test_imbalance_moves_only_for_a_real_gain(make_scheduler: Callable[..., Scheduler]) -> None:
