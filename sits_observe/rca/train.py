@@ -3,7 +3,7 @@
 Validation data are whole time blocks (every ``val_every``-th block of ``8 * window`` steps); windows
 that straddle a train/validation boundary are dropped, so no training window overlaps a validation one.
 
-Two regularizers aim at hosts unlike the training hosts.  *Level dropout*: each training window's level
+Three regularizers aim at hosts unlike the training hosts.  *Level dropout*: each training window's level
 inputs are replaced, with probability ``level_dropout``, by the typical level (0 after normalization), so
 the network must also name a cause from the host-relative inputs alone and leans less on levels that
 differ between healthy hosts.  *Weight averaging* (stochastic weight averaging, Izmailov et al. 2018):
@@ -13,8 +13,9 @@ much less.  With ``average_from`` = 0, early stopping keeps the epoch with the l
 validation loss instead.  *Optional-feature dropout*: the features not every host has
 (:data:`~sits_observe.rca.features.OPTIONAL_FEATURES`: NVML's per-process fields, absent with the DCGM
 backend or without configured workloads) are, in a share ``optional_dropout`` of the training windows,
-all marked missing for the whole window, so the network also learns to name causes without them.  The softmax temperature is then fitted on the validation windows (minimum
-negative log-likelihood), so confidences are calibrated.
+all marked missing for the whole window, so the network also learns to name causes without them.
+The softmax temperature is then fitted on the validation windows (minimum negative log-likelihood), so
+confidences are calibrated.
 """
 
 from __future__ import annotations

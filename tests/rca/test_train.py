@@ -13,8 +13,8 @@ import torch
 from sits_observe.cli import main
 from sits_observe.rca import train as train_mod
 from sits_observe.rca.dataset import Dataset, Entity
-from sits_observe.rca.model import RcaNet
 from sits_observe.rca.features import OPTIONAL_FEATURES
+from sits_observe.rca.model import RcaNet
 from sits_observe.rca.train import TrainOptions, train
 
 TINY = {"window": 16, "hidden": (8, 4), "batch": 64, "stride": 4, "margin": 5, "threads": 1}
