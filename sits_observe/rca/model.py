@@ -23,6 +23,7 @@ from torch import nn
 
 from ..errors import ModelError
 from .dataset import DEFAULT_BASELINE, Baseline, fill_forward
+from .features import OPTIONAL_FEATURES
 from .verdict import UNKNOWN
 
 __all__ = ["FORMAT", "Normalizer", "RcaModel", "RcaNet", "encode"]
@@ -145,9 +146,11 @@ class RcaModel:
         pos = {name: i for i, name in enumerate(available)}
         missing = [f for f in self.features if f not in pos]
         if missing:
-            raise ModelError(
-                f"{source} lacks {len(missing)} of the model's {len(self.features)} features: "
-                f"{', '.join(missing)}; use data with these columns or retrain on it")
+            fix = ("add them as empty columns (a host without NVML's per-process fields; the model was trained "
+                   "to do without them)" if set(missing) <= OPTIONAL_FEATURES
+                   else "use data with these columns or retrain on it")
+            raise ModelError(f"{source} lacks {len(missing)} of the model's {len(self.features)} features: "
+                             f"{', '.join(missing)}; {fix}")
         return np.array([pos[f] for f in self.features], dtype=np.int64)
 
     def logits(self, raw: np.ndarray, base: np.ndarray, batch: int = 1024) -> np.ndarray:

@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 
 from sits_observe.errors import ModelError
+from sits_observe.rca.config import SHIPPED_MODEL
 from sits_observe.rca.dataset import Dataset
 from sits_observe.rca.evaluate import evaluate, model_proba
+from sits_observe.rca.features import OPTIONAL_FEATURES
 from sits_observe.rca.model import RcaModel
 
 
@@ -47,6 +49,20 @@ def test_refuses_a_dataset_without_its_features_and_lists_them(tiny_model: RcaMo
     msg = str(err.value)
     assert "lacks 2 of the model's 4 features: stage.ingress.p99, stage.e2e.p99" in msg
     assert "synthetic" in msg
+
+
+def test_the_shipped_model_takes_the_per_process_features_as_empty_columns() -> None:
+    shipped = RcaModel.load(SHIPPED_MODEL)
+    assert OPTIONAL_FEATURES <= set(shipped.features)
+    without = [f for f in shipped.features if f not in OPTIONAL_FEATURES]
+    with pytest.raises(ModelError, match="add them as empty columns"):
+        shipped.columns(without, source="dcgm-host")
+    cols = shipped.columns(list(shipped.features))  # the columns present but empty: accepted, read as missing
+    raw = np.full((2, shipped.window, len(shipped.features)), np.nan, dtype=np.float32)
+    raw[:] = shipped.norm.typical()
+    raw[:, :, [shipped.features.index(f) for f in OPTIONAL_FEATURES]] = np.nan
+    proba = shipped.proba(raw[:, :, cols], raw[:, -1, cols])
+    assert np.isfinite(proba).all() and np.allclose(proba.sum(axis=1), 1.0)
 
 
 @pytest.mark.parametrize("damage,needle", [
