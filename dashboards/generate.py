@@ -209,6 +209,13 @@ def gpu_topology_load() -> dict[str, Any]:
         ts("Memory used", [_q(f"max by (gpu) (sits_gpu_memory_used_bytes{{{GPU_SEL}}}) / "
                               f"max by (gpu) (sits_gpu_memory_total_bytes{{{GPU_SEL}}})", "GPU {{gpu}}")],
            "percentunit", defaults={"min": 0, "max": 1}),
+        ts("Serving and foreign GPU use",
+           [_q(f"max by (gpu) (sits_gpu_serving_utilization_ratio{{{GPU_SEL}}})", "serving GPU {{gpu}}"),
+            _q(f"max by (gpu) (sits_gpu_foreign_utilization_ratio{{{GPU_SEL}}})", "foreign GPU {{gpu}}")],
+           "percentunit", defaults={"min": 0, "max": 1},
+           desc="Utilization of GPUs a workload's process uses (an idle one: a frozen or starved serving loop) "
+                "and the share of time other processes' kernels ran (a co-tenant). NVML backend with "
+                "workloads configured only."),
         _gpu_ts("SM clock", "sm_clock_hertz", "hertz"),
         _gpu_ts("Power", "power_watts", "watt"),
         _gpu_ts("Temperature", "temperature_celsius", "celsius"),
