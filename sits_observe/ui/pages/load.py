@@ -40,6 +40,8 @@ def _memory(store: Any, k: int) -> np.ndarray:
 
 FIELDS: dict[str, LoadField] = {
     "utilization": LoadField("GPU utilization", "%", _scaled("utilization_ratio", 100.0), 0, 100),
+    "foreign": LoadField("Foreign GPU use (other processes)", "%", _scaled("foreign_utilization_ratio", 100.0), 0,
+                         100, "Reds"),
     "memory": LoadField("GPU memory used", "%", _memory, 0, 100, "Cividis"),
     "temperature": LoadField("GPU temperature", "°C", _scaled("temperature_celsius", 1.0), colorscale="YlOrRd"),
     "power": LoadField("GPU power", "W", _scaled("power_watts", 1.0), colorscale="Hot"),
