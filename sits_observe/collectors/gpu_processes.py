@@ -7,22 +7,28 @@ process on it is a frozen or starved serving loop) and ``foreign_utilization_rat
 kernels of processes of no configured workload ran: a co-tenant, named directly instead of inferred
 from slower iterations).
 
-NVML returns per-process samples only for sample periods in which the process ran a kernel, each with
-the share of that period (``smUtil``, percent).  The foreign share of the read interval is their sum
-over the periods seen (distinct sample timestamps, from any process), capped at the GPU's own
-utilization, which also covers the periods in which nothing ran.  Samples of a pid that is not in the
-GPU's process list (a process that has exited, its samples still buffered) are ignored.
+``nvmlDeviceGetProcessUtilization`` returns, per process that ran a kernel in its last sample period,
+one sample (``smUtil``: percent of that period a kernel of the process ran) stamped with the wall clock
+in microseconds; the collector asks for the samples of the last read interval.  The foreign share is
+the sum over the GPU's listed processes of no configured workload of each one's mean ``smUtil``, capped
+at the GPU's own utilization (one GPU cannot be busier than that).  Samples of a pid not in the GPU's
+compute-process list (it exited, or it is not a compute context) and values above 100 % (reported for
+defunct processes) are ignored.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["OTHER_WORKLOAD", "GpuUsers", "attribute", "latest_sample_us"]
+__all__ = ["OTHER_WORKLOAD", "GpuUsers", "Attribution", "attribute", "process_samples"]
+
+log = logging.getLogger("sits_observe.collectors.nvml")
 
 OTHER_WORKLOAD = "other"  # processes that match no configured workload
+UNMATCHED_WARN = 3  # samples in a row with GPU processes but none of a workload before the warning
 
 
 @dataclass
@@ -37,8 +43,8 @@ class GpuUsers:
 def attribute(procs: Iterable[Any], samples: Iterable[Any] | None, resolve: Callable[[int], str | None],
               utilization: float = 1.0) -> GpuUsers:
     """``procs`` from ``nvmlDeviceGetComputeRunningProcesses``; ``samples`` from
-    ``nvmlDeviceGetProcessUtilization`` since the last read (empty: no kernel ran; None: not available);
-    ``utilization`` the GPU's own busy share (0-1; NaN or unknown: no cap)."""
+    ``nvmlDeviceGetProcessUtilization`` for the read interval (empty: no kernel ran; None: not available);
+    ``utilization`` the GPU's own busy share (0-1; NaN: no cap)."""
     users = GpuUsers()
     owner: dict[int, str | None] = {}
     for p in procs:
@@ -49,15 +55,66 @@ def attribute(procs: Iterable[Any], samples: Iterable[Any] | None, resolve: Call
             key = workload or OTHER_WORKLOAD
             users.memory[key] = users.memory.get(key, 0.0) + float(p.usedGpuMemory)
     if samples is not None:
-        samples = list(samples)
-        periods = len({int(s.timeStamp) for s in samples})
-        foreign = sum(float(s.smUtil) for s in samples if int(s.pid) in owner and owner[int(s.pid)] is None)
-        share = foreign / (100.0 * periods) if periods else 0.0
+        per_pid: dict[int, list[float]] = {}
+        for s in samples:
+            pid, sm = int(s.pid), float(s.smUtil)
+            if pid in owner and owner[pid] is None and 0 <= sm <= 100:
+                per_pid.setdefault(pid, []).append(sm)
+        share = sum(sum(v) / len(v) for v in per_pid.values()) / 100.0
         cap = utilization if utilization == utilization else 1.0  # NaN: not read
         users.foreign_util = max(0.0, min(1.0, share, cap))
     return users
 
 
-def latest_sample_us(samples: Iterable[Any], since: int) -> int:
-    """The newest sample timestamp (microseconds), to ask NVML only for newer samples next time."""
-    return max((int(s.timeStamp) for s in samples), default=since)
+def process_samples(nv: Any, handle: Any, now: float, interval: float) -> list[Any]:
+    """``nvmlDeviceGetProcessUtilization`` samples of the last ``interval`` seconds before wall-clock
+    ``now``; [] when no process ran a kernel in it.  Samples stamped after ``now`` (the clock stepped
+    back) are dropped; a process starting between pynvml's two calls (INSUFFICIENT_SIZE) is retried once."""
+    now_us = int(now * 1e6)
+    since = max(0, now_us - int(interval * 1e6))
+    for attempt in (0, 1):
+        try:
+            out = nv.nvmlDeviceGetProcessUtilization(handle, since)
+            break
+        except nv.NVMLError as exc:  # NOT_FOUND: no sample since; SUCCESS: pynvml's answer to zero samples
+            if exc.value in (nv.NVML_ERROR_NOT_FOUND, nv.NVML_SUCCESS):
+                return []
+            if exc.value != nv.NVML_ERROR_INSUFFICIENT_SIZE or attempt:
+                raise
+    return [s for s in out if int(s.timeStamp) <= now_us]
+
+
+class Attribution:
+    """Whether this sample's attribution is usable: GPU processes but none of a configured workload means
+    the pids do not resolve (another PID namespace, match rules that miss) or the serving engine is down,
+    and every GPU would look foreign-busy.  Warned once after ``UNMATCHED_WARN`` such samples in a row,
+    and again after attribution has worked in between."""
+
+    def __init__(self) -> None:
+        self._gpus = [0, 0]  # this sample: GPUs with compute processes, GPUs with a workload's process
+        self._unmatched = 0
+
+    def start(self) -> None:
+        self._gpus = [0, 0]
+
+    def add(self, with_processes: bool, serving: bool) -> None:
+        self._gpus[0] += with_processes
+        self._gpus[1] += serving
+
+    def usable(self) -> bool:
+        with_processes, serving = self._gpus
+        if not with_processes:
+            return True
+        if serving:
+            if self._unmatched >= UNMATCHED_WARN:
+                log.info("nvml: GPU processes of configured workloads found again; serving and foreign GPU "
+                         "utilization are reported")
+            self._unmatched = 0
+            return True
+        self._unmatched += 1
+        if self._unmatched == UNMATCHED_WARN:
+            log.warning("nvml: no process on any GPU belongs to a configured workload (%d samples in a row); "
+                        "serving and foreign GPU utilization are omitted. Check that the serving engine runs, "
+                        "the workloads' match rules, and that the daemon shares the host's PID namespace "
+                        "(pid: host), so NVML's pids are this daemon's", self._unmatched)
+        return False

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import CollectorError
 from ..frame import GPU_FIELD_INDEX, Frame, GpuFrame, GpuInfo, Sample
-from .gpu_processes import OTHER_WORKLOAD, attribute, latest_sample_us
+from .gpu_processes import OTHER_WORKLOAD, Attribution, attribute, process_samples
 from .gpu_samples import detail, gpu_labels, gpu_sample
 from .nvml_driver import is_unsupported, load_nvml, nvml_status
 
@@ -58,7 +58,6 @@ class _Gpu:
     field_ids: list[tuple[int, int]] = field(default_factory=list)  # (RX, link), (TX, link) per link
     xid: bool = False  # registered for XID events
     nvlink_prev: tuple[float, float, float] | None = None  # (time, rx, tx) at the previous sample
-    util_since: int = 0  # timestamp (us) of the newest per-process utilization sample read
 
 
 @dataclass
@@ -75,14 +74,15 @@ class NvmlSource:
     name = "nvml"
 
     def __init__(self, nvml: Any = None, *, sample_interval: float = 5.0, clock: Callable[[], float] = time.monotonic,
-                 resolve_workload: Callable[[int], str | None] | None = None) -> None:
+                 resolve_workload: Callable[[int], str | None] | None = None,
+                 wall_clock: Callable[[], float] = time.time) -> None:
         self.nvml = load_nvml(nvml)
         self.sample_interval = sample_interval
         self.clock = clock
+        self.wall_clock = wall_clock  # NVML stamps per-process samples with the wall clock
         self.resolve_workload = resolve_workload or (lambda pid: None)
         self._attributes = resolve_workload is not None  # workloads configured: serving / foreign fields
-        self._attributed = [0, 0]  # this sample: GPUs with compute processes, GPUs with a workload's process
-        self._unmatched_noted = False
+        self._attribution = Attribution()
         self._skip: set[tuple[int, str]] = set()  # (gpu, group) the GPU does not support
         self._noted: set[tuple[int, str, int]] = set()  # (gpu, group, code) already logged
         self._lost: set[int] = set()
@@ -168,7 +168,7 @@ class NvmlSource:
     def sample(self, now: float) -> _Snapshot:
         """Read every GPU once (what :meth:`collect` does every ``sample_interval``)."""
         snap = _Snapshot(now, GpuFrame.empty([g.info for g in self.gpus]))
-        self._attributed = [0, 0]
+        self._attribution.start()
         self._drain_xid(snap)
         for i, g in enumerate(self.gpus):
             samples: list[Sample] = []
@@ -187,21 +187,9 @@ class NvmlSource:
                 log.info("nvml: GPU %d answers again", i)
                 self._lost.discard(i)
             snap.samples += samples
-        self._check_attribution(snap)
+        if self._attributes and not self._attribution.usable():
+            snap.gpu.values[:, [_F["serving_utilization_ratio"], _F["foreign_utilization_ratio"]]] = np.nan
         return snap
-
-    def _check_attribution(self, snap: _Snapshot) -> None:
-        """GPU processes but none of a configured workload: the pids do not resolve (another PID namespace,
-        or match rules that miss), so every GPU would look foreign-busy; report neither field."""
-        with_procs, serving = self._attributed
-        if not (self._attributes and with_procs and not serving):
-            return
-        snap.gpu.values[:, [_F["serving_utilization_ratio"], _F["foreign_utilization_ratio"]]] = np.nan
-        if not self._unmatched_noted:
-            self._unmatched_noted = True
-            log.warning("nvml: no process on any GPU belongs to a configured workload; serving and foreign GPU "
-                        "utilization are omitted. Check the workloads' match rules, and run the daemon in the "
-                        "host's PID namespace (pid: host) so NVML's pids are this daemon's")
 
     def _get(self, i: int, group: str, snap: _Snapshot, fn: Callable[..., Any], *args: Any) -> Any:
         """Call NVML; None when unsupported (remembered) or failed (reported); _Lost when the GPU is lost."""
@@ -296,31 +284,17 @@ class NvmlSource:
         procs = self._get(i, "processes", snap, self.nvml.nvmlDeviceGetComputeRunningProcesses, g.handle)
         if procs is None:
             return
-        per_process = (self._get(i, "process_utilization", snap, self._process_utilization, g)
-                       if self._attributes else None)
+        per_process = (self._get(i, "process_utilization", snap, process_samples, self.nvml, g.handle,
+                                 self.wall_clock(), self.sample_interval) if self._attributes else None)
         users = attribute(procs, per_process, self.resolve_workload, float(row[_F["utilization_ratio"]]))
         for workload, nbytes in sorted(users.memory.items()):
             samples.append(gpu_sample("sits_gpu_process_memory_used_bytes", g.info, nbytes, workload=workload))
-        self._attributed[0] += bool(len(procs))
-        self._attributed[1] += users.serving
-        if users.foreign_util is not None:  # both fields or neither: the classifier was trained that way
+        self._attribution.add(bool(len(procs)), users.serving)
+        # both fields or neither (the classifier was trained that way); serving needs the utilization
+        if users.foreign_util is not None and not np.isnan(row[_F["utilization_ratio"]]):
             row[_F["foreign_utilization_ratio"]] = users.foreign_util
             if users.serving:
                 row[_F["serving_utilization_ratio"]] = row[_F["utilization_ratio"]]
-
-    def _process_utilization(self, g: _Gpu) -> list[Any]:
-        """Per-process SM samples newer than the last read; [] when no process ran a kernel since."""
-        nv = self.nvml
-        if g.util_since > time.time() * 1e6:  # NVML stamps samples with the wall clock; it stepped back
-            g.util_since = 0
-        try:
-            out = nv.nvmlDeviceGetProcessUtilization(g.handle, g.util_since)
-        except nv.NVMLError as exc:  # NOT_FOUND: no sample since; SUCCESS: pynvml's answer to zero samples
-            if exc.value not in (nv.NVML_ERROR_NOT_FOUND, nv.NVML_SUCCESS):
-                raise
-            return []
-        g.util_since = latest_sample_us(out, g.util_since)
-        return out
 
     def _drain_xid(self, snap: _Snapshot) -> None:
         if self._events is None:

@@ -42,8 +42,8 @@ def culprits(cause: str, values: np.ndarray | None, topo: Topology, numa_cpu: di
     node).  The samples carry the node number only, so on a topology of several hosts the node's GPUs
     on every host are named (the simulator models one CPU load per node number).  Otherwise, and when
     no per-node CPU is reported: the GPU with the highest value of the field that points at the cause
-    in the latest ``(gpus, GPU_FIELDS)`` values (utilization when no field does, or when no GPU reports
-    that field, e.g. the per-process fields on the DCGM backend).
+    in the latest ``(gpus, GPU_FIELDS)`` values (utilization when no field does, or when that field is
+    absent or zero on every GPU, e.g. the per-process fields on the DCGM backend).
     """
     if cause == "cpu_contention":
         nodes = {n: gs for n, gs in topo.numa_nodes().items() if not np.isnan(numa_cpu.get(n, np.nan))}
@@ -52,7 +52,7 @@ def culprits(cause: str, values: np.ndarray | None, topo: Topology, numa_cpu: di
     if values is None:
         return {0}
     col = values[:, GPU_FIELD_INDEX[_CULPRIT_FIELD.get(cause, "utilization_ratio")]]
-    if np.isnan(col).all():
+    if np.isnan(col).all() or np.nanmax(col) <= 0:  # nobody reports it, or it points nowhere
         col = values[:, GPU_FIELD_INDEX["utilization_ratio"]]
     return {int(np.argmax(np.nan_to_num(col, nan=-np.inf)))}
 

@@ -164,38 +164,48 @@ def test_process_memory_by_workload_never_by_pid(fake: FakeNvml) -> None:
     assert not any(k == "pid" for s in frame.samples for k, _ in s.labels)
 
 
+NOW = 1_700_000_000.0  # the wall clock the source reads; NVML stamps per-process samples with it (us)
+T = int(NOW * 1e6)
+
+
 def test_serving_and_foreign_utilization_from_per_process_samples(fake: FakeNvml) -> None:
     names = {4242: "chat", 4243: "chat"}
     fake.gpus[0].processes = [(4242, 10 << 30), (77, 1 << 30)]  # ours and a co-tenant
-    # two sample periods; the co-tenant ran 20 % of one and 40 % of the other; pid 99 has exited
-    fake.gpus[0].process_util = [(4242, 1_000, 60), (77, 1_000, 20), (4242, 2_000, 60), (77, 2_000, 40),
-                                 (99, 2_000, 100)]
+    # one sample per process and read, each stamped on its own; pid 99 has exited; 250 % is a driver glitch
+    fake.gpus[0].process_util = [(4242, T - 1_200, 60), (77, T - 1_000, 30), (99, T - 900, 100), (77, T - 800, 250)]
     fake.gpus[1].processes = [(4243, None)]  # ours, memory not reported: still serving
-    fake.gpus[1].process_util = [(4243, 1_000, 50), (4243, 2_000, 50), (4243, 3_000, 50), (77, 2_000, 90)]
-    fake.gpus[2].processes = [(77, 1 << 30)]  # only a foreign process, no samples yet
+    fake.gpus[1].process_util = [(4243, T - 500, 50), (77, T - 400, 90)]  # pid 77 is not on this GPU
+    fake.gpus[2].processes = [(77, 1 << 30)]  # only a foreign process, no samples in the interval
+    fake.gpus[2].process_util = [(77, T - 6_000_000, 100)]  # older than the 5 s read interval
     fake.gpus[3].processes = [(5, 1 << 30), (6, 1 << 30)]  # two busy foreign processes: capped by utilization
-    fake.gpus[3].process_util = [(5, 1_000, 90), (6, 1_000, 80)]
-    clock = Clock()
-    src = NvmlSource(fake, clock=clock, resolve_workload=names.get)
+    fake.gpus[3].process_util = [(5, T - 300, 50), (5, T - 200, 40), (6, T - 100, 80)]
+    fake.gpus[5].processes = [(4242, 1 << 30), (77, 1 << 30)]
+    fake.gpus[5].process_util = [(77, T + 2_000_000, 100)]  # stamped in the future: the clock stepped back
+    wall = [NOW]
+    src = NvmlSource(fake, clock=Clock(), resolve_workload=names.get, wall_clock=lambda: wall[0])
     frame = _frame(src)
-    assert _value(frame, 0, "foreign_utilization_ratio") == pytest.approx(0.30)  # (20 + 40) / 2 periods
+    assert _value(frame, 0, "foreign_utilization_ratio") == pytest.approx(0.30)
     assert _value(frame, 0, "serving_utilization_ratio") == pytest.approx(0.73)
     assert _value(frame, 1, "serving_utilization_ratio") == pytest.approx(0.73)
-    # pid 77 is not on GPU 1: its samples there are ignored
     assert _value(frame, 1, "foreign_utilization_ratio") == 0.0
-    assert np.isnan(_value(frame, 2, "serving_utilization_ratio"))
-    assert _value(frame, 2, "foreign_utilization_ratio") == 0.0  # NVML: no sample since -> no kernel ran
-    assert _value(frame, 3, "foreign_utilization_ratio") == pytest.approx(0.73)
+    assert np.isnan(_value(frame, 2, "serving_utilization_ratio"))  # a spare GPU: nobody serves there
+    assert _value(frame, 2, "foreign_utilization_ratio") == 0.0  # NVML: no sample in the interval
+    assert _value(frame, 3, "foreign_utilization_ratio") == pytest.approx(0.73)  # (45 + 80) % capped at 73 %
+    assert _value(frame, 5, "foreign_utilization_ratio") == 0.0
     assert not frame.errors
-    # the next sample asks only for newer samples: nothing new on GPU 0 -> no foreign kernel ran
+
+
+def test_each_read_asks_for_the_last_interval_only(fake: FakeNvml) -> None:
+    fake.gpus[0].processes = [(4242, 1 << 30), (77, 1 << 30)]
+    fake.gpus[0].process_util = [(77, T - 1_000, 40)]
+    clock, wall = Clock(), [NOW]
+    src = NvmlSource(fake, clock=clock, resolve_workload={4242: "chat"}.get, wall_clock=lambda: wall[0])
     fake.log = []
+    assert _value(_frame(src), 0, "foreign_utilization_ratio") == pytest.approx(0.40)
+    assert ("nvmlDeviceGetProcessUtilization", (SimpleNamespace(index=0), T - 5_000_000)) in fake.log
     clock.t += 5
-    frame = _frame(src)
-    assert ("nvmlDeviceGetProcessUtilization", (SimpleNamespace(index=0), 2_000)) in fake.log
-    assert _value(frame, 0, "foreign_utilization_ratio") == 0.0
-    fake.gpus[0].process_util.append((77, 3_000, 100))
-    clock.t += 5
-    assert _value(_frame(src), 0, "foreign_utilization_ratio") == pytest.approx(0.73)  # 100 %, capped
+    wall[0] += 5  # the co-tenant stopped: its last sample is now older than the interval
+    assert _value(_frame(src), 0, "foreign_utilization_ratio") == 0.0
 
 
 @pytest.mark.parametrize("code,reported", [
@@ -206,13 +216,28 @@ def test_no_per_process_samples_means_neither_field(fake: FakeNvml, code: int, r
     fake.gpus[4].processes = [(4242, 1 << 30)]
     fake.gpus[5].processes = [(4242, 1 << 30)]
     fake.gpus[4].fail["nvmlDeviceGetProcessUtilization"] = code
-    frame = _frame(NvmlSource(fake, clock=Clock(), resolve_workload={4242: "chat"}.get))
+    clock = Clock()
+    src = NvmlSource(fake, clock=clock, resolve_workload={4242: "chat"}.get)
+    frame = _frame(src)
     # both or neither, as the classifier was trained: serving alone would be an input it never saw
     assert np.isnan(_value(frame, 4, "serving_utilization_ratio"))
     assert np.isnan(_value(frame, 4, "foreign_utilization_ratio"))
     assert _value(frame, 5, "serving_utilization_ratio") == pytest.approx(0.73)
     assert _samples(frame, "sits_gpu_process_memory_used_bytes", 4) == {(("workload", "chat"),): float(1 << 30)}
     assert bool(frame.errors) == reported and frame.gpu.healthy.all()
+    fake.log = []
+    clock.t += 5
+    _frame(src)
+    asked = {args[0].index for name, args in fake.log if name == "nvmlDeviceGetProcessUtilization"}
+    assert (4 in asked) == reported  # unsupported: not asked again; a failure: asked again
+
+
+def test_a_process_starting_between_pynvmls_two_calls_is_retried(fake: FakeNvml) -> None:
+    fake.gpus[0].processes = [(4242, 1 << 30), (77, 1 << 30)]
+    fake.gpus[0].process_util = [(77, T - 1_000, 40)]
+    fake.gpus[0].fail_once["nvmlDeviceGetProcessUtilization"] = pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+    frame = _frame(NvmlSource(fake, clock=Clock(), resolve_workload={4242: "chat"}.get, wall_clock=lambda: NOW))
+    assert _value(frame, 0, "foreign_utilization_ratio") == pytest.approx(0.40) and not frame.errors
 
 
 def test_zero_samples_answer_of_pynvml_is_no_kernel_ran(fake: FakeNvml) -> None:
@@ -236,19 +261,32 @@ def test_no_gpu_process_of_any_workload_omits_both_fields_and_says_why(fake: Fak
                                                                        caplog: pytest.LogCaptureFixture) -> None:
     for g in fake.gpus:  # e.g. the daemon in another PID namespace: NVML's pids resolve to nothing
         g.processes = [(31337, 1 << 30)]
-        g.process_util = [(31337, 1_000, 70)]
+        g.process_util = [(31337, T - 1_000, 70)]
     clock = Clock()
-    src = NvmlSource(fake, clock=clock, resolve_workload={4242: "chat"}.get)
-    with caplog.at_level(logging.WARNING):
-        frame = _frame(src)
+    src = NvmlSource(fake, clock=clock, resolve_workload={4242: "chat"}.get, wall_clock=lambda: NOW)
+
+    def sample() -> Frame:
         clock.t += 5
-        _frame(src)
-    assert np.isnan(frame.gpu.values[:, GPU_FIELD_INDEX["foreign_utilization_ratio"]]).all()
-    assert np.isnan(frame.gpu.values[:, GPU_FIELD_INDEX["serving_utilization_ratio"]]).all()
-    assert [r.message for r in caplog.records].count(caplog.records[0].message) == 1
-    assert "PID namespace" in caplog.records[0].message
+        return _frame(src)
+
+    with caplog.at_level(logging.INFO):
+        frames = [sample() for _ in range(4)]
+        for f in frames:
+            assert np.isnan(f.gpu.values[:, GPU_FIELD_INDEX["foreign_utilization_ratio"]]).all()
+            assert np.isnan(f.gpu.values[:, GPU_FIELD_INDEX["serving_utilization_ratio"]]).all()
+        warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1 and "PID namespace" in warnings[0].message  # after 3 samples, once
+        fake.gpus[0].processes.append((4242, 1 << 30))  # the serving engine is seen: both fields come back
+        back = sample()
+        assert _value(back, 0, "serving_utilization_ratio") == pytest.approx(0.73)
+        assert _value(back, 1, "foreign_utilization_ratio") == pytest.approx(0.70)
+        assert any("found again" in r.message for r in caplog.records)
+        fake.gpus[0].processes.pop()
+        for _ in range(3):
+            sample()
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 2  # warned again after a gap
     # the memory metric still reports them, as "other"
-    assert _samples(frame, "sits_gpu_process_memory_used_bytes", 0) == {(("workload", "other"),): float(1 << 30)}
+    assert _samples(frames[0], "sits_gpu_process_memory_used_bytes", 0) == {(("workload", "other"),): float(1 << 30)}
 
 
 def test_remapped_rows_samples(fake: FakeNvml) -> None:

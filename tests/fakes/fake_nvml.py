@@ -70,6 +70,7 @@ class FakeGpu:
     pcie_width: int = 16
     lost: bool = False
     fail: dict[str, int] = field(default_factory=dict)  # call name -> NVML error code
+    fail_once: dict[str, int] = field(default_factory=dict)  # the same, for the next call only
 
 
 class FakeNvml:
@@ -121,6 +122,8 @@ class FakeNvml:
             raise _err(_real.NVML_ERROR_GPU_IS_LOST)
         if name in g.fail:
             raise _err(g.fail[name])
+        if name in g.fail_once:
+            raise _err(g.fail_once.pop(name))
         return g
 
     def _link(self, g: FakeGpu, link: int) -> FakeLink:

@@ -171,6 +171,8 @@ def test_a_co_tenant_verdict_without_gpus_points_at_the_foreign_busy_gpu() -> No
     assert culprits("gpu_compute_saturation", values, topo, {}) == {2}  # not the first of the busiest
     values[:, GPU_FIELD_INDEX["foreign_utilization_ratio"]] = np.nan  # DCGM: no per-process field
     assert culprits("gpu_compute_saturation", values, topo, {}) == {1}
+    values[:, GPU_FIELD_INDEX["foreign_utilization_ratio"]] = 0.0  # no foreign use seen: not GPU 0 by default
+    assert culprits("gpu_compute_saturation", values, topo, {}) == {1}
 
 
 def test_imbalance_moves_only_for_a_real_gain(make_scheduler: Callable[..., Scheduler]) -> None:
