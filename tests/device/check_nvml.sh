@@ -15,6 +15,7 @@ nvidia-smi -L || echo "nvidia-smi not found"
 nvidia-smi topo -m || true
 
 exec "$PY" - "$secs" <<'EOF'
+import os
 import sys
 import time
 
@@ -33,7 +34,9 @@ if not ok:
 print("== sits-observe topo")
 print(format_topology(Topology.from_nvml()))
 
-src = NvmlSource(sample_interval=5.0)
+# this script's own pid as the one "workload", so the per-process attribution runs (serving/foreign fields
+# appear only where some compute process is on a GPU)
+src = NvmlSource(sample_interval=5.0, resolve_workload=lambda pid: "self" if pid == os.getpid() else None)
 print(f"== collector: {len(src.gpus)} GPU(s), NVLink links per GPU {[len(g.links) for g in src.gpus]}, "
       f"XID events {'on' if src._events is not None else 'off'}")
 end, ticks, sample_ms, bad = time.monotonic() + secs, 0, [], 0
@@ -56,6 +59,14 @@ while time.monotonic() < end:
         names = sorted({s.name for s in frame.samples})
         print("   detail:", {n: sum(s.name == n for s in frame.samples) for n in names})
     time.sleep(1.0)
+print("== raw per-process samples (nvmlDeviceGetProcessUtilization since 0): layout check for the foreign field")
+for g in src.gpus:
+    try:
+        raw = src.nvml.nvmlDeviceGetProcessUtilization(g.handle, 0)
+        print(f"   GPU {g.info.index}: {len(raw)} samples:",
+              [(s.pid, s.timeStamp, s.smUtil) for s in raw[:8]])
+    except src.nvml.NVMLError as exc:
+        print(f"   GPU {g.info.index}: {exc}")
 src.close()
 print(f"== {ticks} ticks, {len(sample_ms)} NVML samples, median {np.median(sample_ms):.1f} ms per sample "
       f"(driver included), unhealthy GPU-samples: {bad}")
