@@ -41,10 +41,10 @@ class GpuUsers:
 
 
 def attribute(procs: Iterable[Any], samples: Iterable[Any] | None, resolve: Callable[[int], str | None],
-              utilization: float = 1.0) -> GpuUsers:
+              utilization: float) -> GpuUsers:
     """``procs`` from ``nvmlDeviceGetComputeRunningProcesses``; ``samples`` from
     ``nvmlDeviceGetProcessUtilization`` for the read interval (empty: no kernel ran; None: not available);
-    ``utilization`` the GPU's own busy share (0-1; NaN: no cap)."""
+    ``utilization`` the GPU's own busy share (0-1), which caps the foreign share."""
     users = GpuUsers()
     owner: dict[int, str | None] = {}
     for p in procs:
@@ -61,8 +61,7 @@ def attribute(procs: Iterable[Any], samples: Iterable[Any] | None, resolve: Call
             if pid in owner and owner[pid] is None and 0 <= sm <= 100:
                 per_pid.setdefault(pid, []).append(sm)
         share = sum(sum(v) / len(v) for v in per_pid.values()) / 100.0
-        cap = utilization if utilization == utilization else 1.0  # NaN: not read
-        users.foreign_util = max(0.0, min(1.0, share, cap))
+        users.foreign_util = max(0.0, min(1.0, share, utilization))
     return users
 
 

@@ -284,17 +284,20 @@ class NvmlSource:
         procs = self._get(i, "processes", snap, self.nvml.nvmlDeviceGetComputeRunningProcesses, g.handle)
         if procs is None:
             return
+        util = float(row[_F["utilization_ratio"]])
+        # both fields or neither (the classifier was trained that way), and serving needs the utilization:
+        # without it the per-process samples are not asked for
         per_process = (self._get(i, "process_utilization", snap, process_samples, self.nvml, g.handle,
-                                 self.wall_clock(), self.sample_interval) if self._attributes else None)
-        users = attribute(procs, per_process, self.resolve_workload, float(row[_F["utilization_ratio"]]))
+                                 self.wall_clock(), self.sample_interval)
+                       if self._attributes and not np.isnan(util) else None)
+        users = attribute(procs, per_process, self.resolve_workload, util)
         for workload, nbytes in sorted(users.memory.items()):
             samples.append(gpu_sample("sits_gpu_process_memory_used_bytes", g.info, nbytes, workload=workload))
         self._attribution.add(bool(len(procs)), users.serving)
-        # both fields or neither (the classifier was trained that way); serving needs the utilization
-        if users.foreign_util is not None and not np.isnan(row[_F["utilization_ratio"]]):
+        if users.foreign_util is not None:
             row[_F["foreign_utilization_ratio"]] = users.foreign_util
             if users.serving:
-                row[_F["serving_utilization_ratio"]] = row[_F["utilization_ratio"]]
+                row[_F["serving_utilization_ratio"]] = util
 
     def _drain_xid(self, snap: _Snapshot) -> None:
         if self._events is None:

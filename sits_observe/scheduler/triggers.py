@@ -52,7 +52,7 @@ def culprits(cause: str, values: np.ndarray | None, topo: Topology, numa_cpu: di
     if values is None:
         return {0}
     col = values[:, GPU_FIELD_INDEX[_CULPRIT_FIELD.get(cause, "utilization_ratio")]]
-    if np.isnan(col).all() or np.nanmax(col) <= 0:  # nobody reports it, or it points nowhere
+    if not (np.nan_to_num(col) > 0).any():  # nobody reports it, or it points nowhere
         col = values[:, GPU_FIELD_INDEX["utilization_ratio"]]
     return {int(np.argmax(np.nan_to_num(col, nan=-np.inf)))}
 
