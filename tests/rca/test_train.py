@@ -20,19 +20,25 @@ from sits_observe.rca.train import TrainOptions, train
 TINY = {"window": 16, "hidden": (8, 4), "batch": 64, "stride": 4, "margin": 5, "threads": 1}
 
 
-def _level_share_hidden(monkeypatch: pytest.MonkeyPatch, ds: Dataset, level_dropout: float) -> float:
-    """Share of training windows whose level inputs (the first F) were all zero when the net saw them."""
+def _inputs_seen(monkeypatch: pytest.MonkeyPatch, ds: Dataset, **opts: float) -> np.ndarray:
+    """(windows, W, 3F) inputs of the training windows the net saw in one epoch with ``opts``."""
     seen: list[np.ndarray] = []
     forward = RcaNet.forward
 
     def spy(self: RcaNet, x: torch.Tensor) -> torch.Tensor:
         if self.training:
-            seen.append((x[:, :, :len(ds.features)] == 0).flatten(1).all(1).numpy())
+            seen.append(x.numpy().copy())
         return forward(self, x)
 
     monkeypatch.setattr(RcaNet, "forward", spy)
-    train(ds, TrainOptions(epochs=1, level_dropout=level_dropout, average_from=0, **TINY))
-    return float(np.concatenate(seen).mean())
+    train(ds, TrainOptions(epochs=1, average_from=0, **opts, **TINY))  # type: ignore[arg-type]
+    return np.concatenate(seen)
+
+
+def _level_share_hidden(monkeypatch: pytest.MonkeyPatch, ds: Dataset, level_dropout: float) -> float:
+    """Share of training windows whose level inputs (the first F) were all zero when the net saw them."""
+    x = _inputs_seen(monkeypatch, ds, level_dropout=level_dropout)
+    return float((x[:, :, :len(ds.features)] == 0).reshape(len(x), -1).all(1).mean())
 
 
 def test_level_dropout_hides_the_levels_of_that_share_of_windows(monkeypatch: pytest.MonkeyPatch,
@@ -44,18 +50,8 @@ def test_level_dropout_hides_the_levels_of_that_share_of_windows(monkeypatch: py
 
 def _missing_seen(monkeypatch: pytest.MonkeyPatch, ds: Dataset, optional_dropout: float) -> np.ndarray:
     """(windows, W, F) missing indicators (the last F inputs) of the training windows the net saw."""
-    seen: list[np.ndarray] = []
-    forward = RcaNet.forward
-    n = len(ds.features)
-
-    def spy(self: RcaNet, x: torch.Tensor) -> torch.Tensor:
-        if self.training:
-            seen.append(x[:, :, 2 * n:].numpy().copy())
-        return forward(self, x)
-
-    monkeypatch.setattr(RcaNet, "forward", spy)
-    train(ds, TrainOptions(epochs=1, optional_dropout=optional_dropout, level_dropout=0.0, average_from=0, **TINY))
-    return np.concatenate(seen)
+    x = _inputs_seen(monkeypatch, ds, optional_dropout=optional_dropout, level_dropout=0.0)
+    return x[:, :, 2 * len(ds.features):]
 
 
 def test_optional_dropout_hides_the_per_process_features_together_for_whole_windows(
