@@ -211,11 +211,13 @@ def gpu_topology_load() -> dict[str, Any]:
            "percentunit", defaults={"min": 0, "max": 1}),
         ts("Serving and foreign GPU use",
            [_q(f"max by (gpu) (sits_gpu_serving_utilization_ratio{{{GPU_SEL}}})", "serving GPU {{gpu}}"),
-            _q(f"max by (gpu) (sits_gpu_foreign_utilization_ratio{{{GPU_SEL}}})", "foreign GPU {{gpu}}")],
+            _q(f"max by (gpu) (sits_gpu_foreign_utilization_ratio{{{GPU_SEL}}})", "foreign GPU {{gpu}}"),
+            _q(f"max by (gpu) (sits_gpu_backlog_utilization_ratio{{{GPU_SEL}}})", "with requests waiting GPU {{gpu}}")],
            "percentunit", defaults={"min": 0, "max": 1},
-           desc="Utilization of GPUs a workload's process uses (an idle one: a frozen or starved serving loop) "
-                "and the share of time other processes' kernels ran (a co-tenant). NVML backend with "
-                "workloads configured only."),
+           desc="Utilization of GPUs a workload's process uses (an idle one: a frozen or starved serving loop), "
+                "the share of time other processes' kernels ran (a co-tenant; both with workloads configured), "
+                "and the utilization of GPUs whose replica has requests waiting or running (idle there: its "
+                "serving loop is not issuing work; local servers configured). NVML backend only."),
         _gpu_ts("SM clock", "sm_clock_hertz", "hertz"),
         _gpu_ts("Power", "power_watts", "watt"),
         _gpu_ts("Temperature", "temperature_celsius", "celsius"),

@@ -63,6 +63,9 @@ GPU_FIELDS: tuple[FieldSpec, ...] = (
     FieldSpec("serving_utilization_ratio", "gauge",
               "Fraction of time a kernel ran on a GPU that a process of a configured workload uses (0-1); "
               "absent on GPUs no workload uses."),
+    FieldSpec("backlog_utilization_ratio", "gauge",
+              "Fraction of time a kernel ran on a GPU whose serving replica has requests waiting or running "
+              "(0-1); absent on other GPUs and where no replica is joined to its GPUs."),
     FieldSpec("foreign_utilization_ratio", "gauge",
               "Fraction of time kernels of processes of no configured workload ran on the GPU (0-1, NVML "
               "per-process samples)."),

@@ -22,6 +22,7 @@ from ..frame import GPU_FIELD_INDEX, Frame, GpuFrame, GpuInfo, Sample
 from .gpu_processes import OTHER_WORKLOAD, Attribution, attribute, process_samples
 from .gpu_samples import detail, gpu_labels, gpu_sample
 from .nvml_driver import is_unsupported, load_nvml, nvml_status
+from .replicas import ReplicaBoard
 
 __all__ = ["NvmlSource", "nvml_status", "OTHER_WORKLOAD"]  # nvml_status: `doctor` calls it from here
 
@@ -66,6 +67,7 @@ class _Snapshot:
     gpu: GpuFrame
     samples: list[Sample] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    pids: dict[int, list[int]] = field(default_factory=dict)  # GPU -> its compute processes
 
 
 class NvmlSource:
@@ -75,8 +77,9 @@ class NvmlSource:
 
     def __init__(self, nvml: Any = None, *, sample_interval: float = 5.0, clock: Callable[[], float] = time.monotonic,
                  resolve_workload: Callable[[int], str | None] | None = None,
-                 wall_clock: Callable[[], float] = time.time) -> None:
+                 wall_clock: Callable[[], float] = time.time, replicas: ReplicaBoard | None = None) -> None:
         self.nvml = load_nvml(nvml)
+        self.replicas = replicas  # servers' backlogs, joined to GPUs through their processes
         self.sample_interval = sample_interval
         self.clock = clock
         self.wall_clock = wall_clock  # NVML stamps per-process samples with the wall clock
@@ -151,6 +154,10 @@ class NvmlSource:
             self._snap = self.sample(now)
         snap = self._snap
         frame.gpu = GpuFrame(snap.gpu.info, snap.gpu.values.copy(), snap.gpu.healthy.copy())
+        if self.replicas:  # every tick: the backlog is this tick's page, the utilization the last sample's
+            for i, pids in snap.pids.items():
+                if self.replicas.has_work(pids):
+                    frame.gpu.values[i, _F["backlog_utilization_ratio"]] = frame.gpu.values[i, _F["utilization_ratio"]]
         frame.samples.extend(snap.samples)
         if snap.errors:
             frame.errors[self.name] = "; ".join(snap.errors)
@@ -284,6 +291,7 @@ class NvmlSource:
         procs = self._get(i, "processes", snap, self.nvml.nvmlDeviceGetComputeRunningProcesses, g.handle)
         if procs is None:
             return
+        snap.pids[i] = [int(p.pid) for p in procs]
         util = float(row[_F["utilization_ratio"]])
         # both fields or neither (the classifier was trained that way), and serving needs the utilization:
         # without it the per-process samples are not asked for

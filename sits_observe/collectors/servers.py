@@ -7,7 +7,11 @@ negative.  vLLM histograms are re-bucketed onto the exported layout conservative
 goes to the first exported bucket whose edge is at or above the source bucket's upper edge, so no
 observation lands in a bucket below its true one).  Triton publishes only cumulative durations and
 counts: each tick's requests are put in the bucket of that tick's mean latency, with the exact sum.
-After a failed read the source waits 1, 2, 4 ... 60 s before the next try.
+After a failed read the source waits 1, 2, 4 ... 60 s before the next try.  Several servers may report
+one workload (its replicas): counters and histograms add up, count gauges too, ratio gauges take the
+highest replica's.  Each read also tells the :class:`~.replicas.ReplicaBoard` the server's backlog
+(requests waiting plus running; Triton: pending), so the NVML source can tell a replica's GPUs that
+should be busy from idle ones.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from ..errors import CollectorError
 from ..frame import BucketLayout, Frame
 from .config import ServerConfig
 from .promtext import PageParser, Series, fetch_page, redact
+from .replicas import ReplicaBoard
 
 __all__ = ["ServerSource", "rebucket", "Cumulative", "VLLM_STAGES", "TRITON_STAGES"]
 
@@ -49,6 +54,9 @@ TRITON_STAGES = (
 )
 TRITON_SUCCESS, TRITON_FAILURE = "nv_inference_request_success", "nv_inference_request_failure"
 TRITON_COUNTERS = (("nv_inference_count", "inferences_total"), ("nv_inference_exec_count", "executions_total"))
+# a replica's requests waiting or running (Triton exports only those waiting)
+BACKLOG = {"vllm": ("vllm:num_requests_running", "vllm:num_requests_waiting"),
+           "triton": ("nv_inference_pending_request_count",)}
 _MAX_BACKOFF = 60.0
 
 
@@ -82,11 +90,17 @@ class Cumulative:
         return cur - prev
 
 
+def _add_gauge(frame: Frame, key: tuple[str, str], value: float, ratio: bool) -> None:
+    """Another replica of the workload: counts add up, a ratio keeps the highest replica's."""
+    prev = frame.workload_gauges.get(key)
+    frame.workload_gauges[key] = value if prev is None else (max(prev, value) if ratio else prev + value)
+
+
 class ServerSource:
     """One vLLM or Triton server (``servers[i]`` in the config)."""
 
     def __init__(self, config: ServerConfig, layout: BucketLayout, *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, replicas: ReplicaBoard | None = None) -> None:
         self.config = config
         self.layout = layout
         self.clock = clock
@@ -97,9 +111,13 @@ class ServerSource:
         self._backoff = 0.0
         self._prefix = "vllm:" if config.kind == "vllm" else "nv_inference_"
         self._model_label = "model_name" if config.kind == "vllm" else "model"
+        self._key = redact(config.url)
+        self.replicas = replicas if replicas is not None and replicas.register(self._key, config.url) else None
 
     def collect(self, frame: Frame) -> None:
         now = self.clock()
+        if self.replicas is not None:
+            self.replicas.publish(self._key, None)  # until this tick's page says otherwise
         if now < self._retry_at:
             return
         try:
@@ -118,6 +136,10 @@ class ServerSource:
             self._vllm(series, frame)
         else:
             self._triton(series, frame)
+        if self.replicas is not None:
+            parts = [self._total(series, n) for n in BACKLOG[self.config.kind]]
+            known = [v for v in parts if v is not None]
+            self.replicas.publish(self._key, sum(known) if known else None)
 
     # ---- helpers -------------------------------------------------------------------------------
 
@@ -151,7 +173,7 @@ class ServerSource:
             entries = self._entries(series, name)
             if entries:
                 values = [v for _, v in entries]
-                frame.workload_gauges[(gauge, wl)] = float(np.mean(values) if mean else np.sum(values))
+                _add_gauge(frame, (gauge, wl), float(np.mean(values) if mean else np.sum(values)), mean)
         for name, counter in VLLM_COUNTERS:
             self._counter(series, name, frame, counter)
 
@@ -186,7 +208,7 @@ class ServerSource:
             self._counter(series, name, frame, counter)
         pending = self._total(series, "nv_inference_pending_request_count")
         if pending is not None:
-            frame.workload_gauges[("queue_depth", wl)] = pending
+            _add_gauge(frame, ("queue_depth", wl), pending, False)
         for name, stage in TRITON_STAGES:
             total_us = self._total(series, name)
             d = None if total_us is None else self.counters.delta(name, total_us)

@@ -13,6 +13,7 @@ from ..frame import BucketLayout
 from .dcgm import DcgmSource
 from .host import HostSource
 from .nvml import NvmlSource
+from .replicas import ReplicaBoard
 from .servers import ServerSource
 
 __all__ = ["build_sources"]
@@ -26,17 +27,20 @@ def build_sources(config: Config, layout: BucketLayout, *, resolve_workload: Cal
     source of ``gpu.backend`` (nvml or dcgm; sim and none add none here) and one per ``servers`` entry.
 
     NVML that cannot start (no driver) is logged as one line and left out, so everything else still runs.
+    The servers come before the GPU source: each tick they tell the shared :class:`ReplicaBoard` their
+    backlog, which the NVML source joins to the GPUs their processes use.
     """
     gpu = config.gpu
     sources: list[Any] = [] if gpu.backend == "sim" else [HostSource()]
+    replicas = ReplicaBoard()
+    sources += [ServerSource(s, layout, clock=clock, replicas=replicas) for s in config.servers]
     if gpu.backend == "nvml":
         try:
             sources.append(NvmlSource(nvml, sample_interval=gpu.sample_interval, clock=clock,
-                                      resolve_workload=resolve_workload))
+                                      resolve_workload=resolve_workload, replicas=replicas))
         except CollectorError as exc:
             log.warning("%s", exc)
     elif gpu.backend == "dcgm" and gpu.dcgm_url:
         sources.append(DcgmSource(gpu.dcgm_url, sample_interval=gpu.sample_interval, timeout=gpu.dcgm_timeout,
                                   clock=clock))
-    sources += [ServerSource(s, layout, clock=clock) for s in config.servers]
     return sources

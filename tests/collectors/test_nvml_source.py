@@ -46,6 +46,7 @@ def _samples(frame: Frame, name: str, gpu: int) -> dict[tuple[tuple[str, str], .
 
 
 NEED_WORKLOADS = ("serving_utilization_ratio", "foreign_utilization_ratio")
+NEED_SERVERS = ("backlog_utilization_ratio",)  # a configured server joined to the GPU's processes
 # field -> expected value for the fake's default script (FakeGpu defaults), in base units
 EXPECTED = {
     "utilization_ratio": 0.73,
@@ -80,10 +81,10 @@ def test_every_field_on_first_sample(fake: FakeNvml) -> None:
             assert _value(frame, gpu, name) == pytest.approx(want), name
     # rates need two samples: NaN (unknown), not zero, on the first
     assert np.isnan(_value(frame, 0, "nvlink_rx_bytes_per_second"))
-    assert set(EXPECTED) | {"nvlink_rx_bytes_per_second", "nvlink_tx_bytes_per_second"} | set(NEED_WORKLOADS) == {
-        f.name for f in GPU_FIELDS}
-    # without configured workloads no process is ours, so neither field can be told
-    assert all(np.isnan(_value(frame, 0, name)) for name in NEED_WORKLOADS)
+    assert set(EXPECTED) | {"nvlink_rx_bytes_per_second", "nvlink_tx_bytes_per_second"} | set(NEED_WORKLOADS) | set(
+        NEED_SERVERS) == {f.name for f in GPU_FIELDS}
+    # without configured workloads no process is ours, so neither field can be told; without servers no backlog
+    assert all(np.isnan(_value(frame, 0, name)) for name in NEED_WORKLOADS + NEED_SERVERS)
     assert fake.calls["nvmlDeviceGetProcessUtilization"] == 0
 
 

@@ -96,7 +96,7 @@ def test_pages_and_metrics_after_a_flood_of_bad_requests(client: Any) -> None:
         client.get("/stages?range=99999999h")
         client.get(b"/load?field=%ff%fe".decode("latin-1"))
     for url in ("/", "/topology?gpu=3", "/load?field=temperature&range=5m", "/load?field=foreign",
-                "/stages?stage=decode", "/slos", "/causes?range=90s"):
+                "/load?field=backlog", "/stages?stage=decode", "/slos", "/causes?range=90s"):
         r = client.get(url)
         assert r.status_code == 200 and b"_dash-config" in r.data, url
     m = client.get("/metrics")

@@ -42,6 +42,8 @@ FIELDS: dict[str, LoadField] = {
     "utilization": LoadField("GPU utilization", "%", _scaled("utilization_ratio", 100.0), 0, 100),
     "foreign": LoadField("Foreign GPU use (other processes)", "%", _scaled("foreign_utilization_ratio", 100.0), 0,
                          100, "Reds"),
+    "backlog": LoadField("GPU use where the replica has requests waiting", "%",
+                         _scaled("backlog_utilization_ratio", 100.0), 0, 100),
     "memory": LoadField("GPU memory used", "%", _memory, 0, 100, "Cividis"),
     "temperature": LoadField("GPU temperature", "°C", _scaled("temperature_celsius", 1.0), colorscale="YlOrRd"),
     "power": LoadField("GPU power", "W", _scaled("power_watts", 1.0), colorscale="Hot"),
