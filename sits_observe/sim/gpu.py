@@ -63,12 +63,14 @@ class GpuInputs:
 
     ``busy`` is the share of the tick our kernels ran, ``activity`` the busy share weighted by the
     power fraction of the work, ``memory_used`` bytes, the link rows bytes per second; ``serving`` marks
-    the GPUs a serving process uses (a shard placed there, or weights loading onto it).
+    the GPUs a serving process uses (a shard placed there, or weights loading onto it), ``backlog`` those
+    whose replica has requests waiting or running at the tick's end.
     """
 
     def __init__(self, n: int) -> None:
         self.m = np.zeros((len(INPUTS), n))
         self.serving = np.zeros(n, dtype=bool)
+        self.backlog = np.zeros(n, dtype=bool)
 
     def add(self, gpus: list[int], values: np.ndarray) -> None:
         """Add ``values`` (one per ``INPUTS`` row) to each GPU of ``gpus``, which a serving process uses."""
@@ -126,6 +128,7 @@ class GpuModel:
         cols = {
             "utilization_ratio": util,
             "serving_utilization_ratio": np.where(x.serving, util, np.nan),
+            "backlog_utilization_ratio": np.where(x.backlog, util, np.nan),
             "foreign_utilization_ratio": steal,  # the co-tenant's time share, as NVML samples it per process
             "memory_utilization_ratio": np.clip(x.row("mem_activity") + 0.5 * steal, 0.0, 1.0),
             "memory_used_bytes": np.minimum(x.row("memory_used"), self.total),

@@ -167,6 +167,7 @@ class SimulatedHost:
                                         float(rho[self._numa[idx]].max()),
                                         max(kv, 0.0) / kv_bytes_per_gpu_token(p.model, p.tp))
             stats = s.engine.step(t1, cond)
+            out.gpu.backlog[idx] |= s.engine.outstanding > 0  # what the replica's next /metrics page shows
             alloc = int(self._net_rng.poisson(timing.alloc_rate * p.tp * dt))
             out.add_shard(s, stats, timing, alloc, dt, int(self._numa[idx[0]]), self._sampler)
         for name, w in out.work.items():

@@ -36,10 +36,16 @@ def test_frames_fill_every_stage_and_eight_gpus(layout, topology):
     g = frame.gpu
     serving = g.values[:, GPU_FIELD_INDEX["serving_utilization_ratio"]]
     assert g.values.shape == (8, len(GPU_FIELDS)) and len(g.info) == 8
-    assert not np.isnan(np.delete(g.values, GPU_FIELD_INDEX["serving_utilization_ratio"], axis=1)).any()
+    backlog = g.values[:, GPU_FIELD_INDEX["backlog_utilization_ratio"]]
+    absent = [GPU_FIELD_INDEX["serving_utilization_ratio"], GPU_FIELD_INDEX["backlog_utilization_ratio"]]
+    assert not np.isnan(np.delete(g.values, absent, axis=1)).any()
     # the spare pair runs no serving process: its serving utilization is absent, the others' is theirs
     assert np.isnan(serving[6:]).all()
     assert (serving[:6] == g.values[:6, GPU_FIELD_INDEX["utilization_ratio"]]).all()
+    # backlog: only where the replica has requests at the tick's end, and then the GPU's own utilization
+    outstanding = np.repeat([sim._shards[f"chat-{k}"].engine.outstanding > 0 for k in range(3)], 2)
+    assert (~np.isnan(backlog[:6]) == outstanding).all() and np.isnan(backlog[6:]).all()
+    assert (backlog[:6][outstanding] == serving[:6][outstanding]).all()
     assert (g.values[:, GPU_FIELD_INDEX["foreign_utilization_ratio"]] == 0).all()  # no co-tenant in "quiet"
     assert [i.index for i in g.info] == list(range(8)) and len({i.uuid for i in g.info}) == 8
     util = store.gpu_window("utilization_ratio", 60).mean(axis=0)

@@ -156,6 +156,11 @@ def test_scheduler_stall(windows):
     # the frozen shard's GPUs sit idle with its serving process on them and requests waiting
     idle = f.store.gpu_window("serving_utilization_ratio", f.last)[:, 4:6] < 0.05
     assert idle.mean() > 0.25 and f.store.gpu_window("serving_utilization_ratio", f.last)[:, :4].min() > 0.5
+    # ... which the backlog field tells from a replica with nothing to do: its replica has work
+    backlog = f.store.gpu_window("backlog_utilization_ratio", f.last)
+    assert (np.nan_to_num(backlog[:, 4:6], nan=1.0) < 0.05).mean() > 0.25 and np.nanmin(backlog[:, :4]) > 0.5
+    healthy = q.store.gpu_window("backlog_utilization_ratio", q.last)[:, :6]
+    assert np.nanmin(healthy) > 0.5 and (~np.isnan(healthy)).mean() > 0.9  # busy wherever there is work
     assert f.mean("decode") > 1.2 * q.mean("decode")
     _unchanged(f, q, ("launch", "h2d", "runq"))
 
