@@ -7,7 +7,9 @@ is what our code adds.  DCGM: reading a synthetic 64-GPU page into GPU fields ag
 prometheus_client's full text parser walking the same page.  Host: one tick of the host source on a
 written ``/proc`` and ``/sys`` of a large machine (``--host-cpus`` CPUs in 8 NUMA nodes, two ``/proc/stat``
 snapshots read in turn) and on this machine's own, against the baseline of reading the same two files
-bare (what any reader pays).
+bare (what any reader pays).  Replicas: real serving processes (each listening on a port, with two
+children standing for its GPU workers) put on the fake host's GPUs; a tick that joins their backlogs to
+the GPUs against the same tick without the join, and a refresh round (every process looked up again).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -22,14 +25,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from ..errors import ConfigError
-from ..frame import Frame
+from ..frame import GPU_FIELD_INDEX, Frame
 from ..topology import preset
 from .dcgm import DCGM_MAP, DCGM_SAMPLES, DcgmSource
 from .host import HostSource
 from .nvml import NvmlSource
+from .replicas import ReplicaBoard
 
 __all__ = ["add_arguments", "run", "dcgm_page"]
 
@@ -107,6 +112,55 @@ def _nvml(args: argparse.Namespace) -> dict[str, Any]:
             "tick_reuse_ms": _ms(reuse)}
 
 
+# a serving process: listens on a port and starts two children, as vLLM starts its GPU workers
+_SERVER = """
+import socket, subprocess, sys, time
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen()
+workers = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]) for _ in range(2)]
+print(s.getsockname()[1], *[w.pid for w in workers], flush=True)
+time.sleep(600)
+"""
+
+
+def _replicas(args: argparse.Namespace) -> dict[str, Any]:
+    fake = _load_fake()(preset("nvswitch-8"))
+    servers = [subprocess.Popen([sys.executable, "-c", _SERVER], stdout=subprocess.PIPE, text=True) for _ in range(3)]
+    clock = [0.0]
+    try:
+        board = ReplicaBoard(clock=lambda: clock[0])
+        for k, proc in enumerate(servers):  # replica k on GPUs 2k, 2k+1; GPUs 6, 7 spare
+            assert proc.stdout is not None
+            port, *workers = map(int, proc.stdout.readline().split())
+            board.register(f"replica-{k}", f"http://127.0.0.1:{port}/metrics")
+            board.publish(f"replica-{k}", float(k % 2))
+            for g, pid in zip(fake.gpus[2 * k:2 * k + 2], workers):
+                g.processes = [(pid, 10 << 30), (1, 1 << 30)]  # the worker and a process outside any replica
+        joined = NvmlSource(fake, sample_interval=3600.0, clock=lambda: 0.0, replicas=board)
+        plain = NvmlSource(fake, sample_interval=3600.0, clock=lambda: 0.0)
+        for src in (joined, plain):
+            src.collect(Frame(0.0, 1.0))  # the sample every tick reuses
+        frame = Frame(0.0, 1.0)
+        joined.collect(frame)
+        assert frame.gpu is not None
+        with_work = int((~np.isnan(frame.gpu.values[:, GPU_FIELD_INDEX["backlog_utilization_ratio"]])).sum())
+        ours = _times(lambda: joined.collect(Frame(0.0, 1.0)), args.samples)
+        base = _times(lambda: plain.collect(Frame(0.0, 1.0)), args.samples)
+
+        def refresh() -> None:
+            clock[0] += board.refresh
+            joined.collect(Frame(0.0, 1.0))
+
+        rounds = _times(refresh, 20)
+    finally:
+        for proc in servers:
+            subprocess.run(["pkill", "-P", str(proc.pid)], check=False)
+            proc.kill()
+            proc.wait()
+    return {"replicas": len(servers), "gpus_of_replicas": 6, "gpus_with_work": with_work,
+            "tick_ms_with_join": _ms(ours), "baseline_tick_ms_without_join": _ms(base), "overhead_ms_per_tick": round(_ms(ours) - _ms(base), 4),
+            "refresh_round_ms": _ms(rounds), "refresh_every_s": board.refresh}
+
+
 def dcgm_page(gpus: int) -> str:
     """A dcgm-exporter page for ``gpus`` H100s with every mapped field and the usual unmapped ones."""
     names = dict.fromkeys([m for m, _, _ in DCGM_MAP if "THROTTLE" not in m] + list(DCGM_SAMPLES) + list(_UNMAPPED))
@@ -173,5 +227,6 @@ def _host(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    return {"bench": "collectors", "nvml": _nvml(args), "dcgm": _dcgm(args), "host": _host(args),
+    return {"bench": "collectors", "nvml": _nvml(args), "replicas": _replicas(args), "dcgm": _dcgm(args),
+            "host": _host(args),
             "targets": {"nvml_overhead_ms_per_gpu_sample": 2.0, "dcgm_ms_per_64_gpu_page": 20.0}}

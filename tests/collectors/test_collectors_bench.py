@@ -30,6 +30,9 @@ def test_bench_reports_ours_and_the_baseline() -> None:
     assert nvml["gpus"] == 8 and nvml["nvml_calls_per_gpu_sample"] > 20  # the replayed baseline is the real call list
     assert nvml["ours_ms_per_gpu_sample"] > 0 and nvml["baseline_fake_calls_ms_per_gpu_sample"] > 0
     assert dcgm["gpus"] == 4 and dcgm["page_lines"] > 4 * 20
+    replicas = out["replicas"]  # real listening processes joined: only replica 1 (GPUs 2, 3) has work
+    assert replicas["gpus_with_work"] == 2 and replicas["refresh_round_ms"] > 0
+    assert replicas["tick_ms_with_join"] > 0 and replicas["baseline_tick_ms_without_join"] > 0
     host = out["host"]
     assert host["written"]["cpus"] == 16 and host["written"]["ours_ms_per_tick"] > 0
     assert host["this_machine"]["baseline_read_files_ms_per_tick"] > 0
