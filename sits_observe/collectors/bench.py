@@ -36,7 +36,7 @@ from .host import HostSource
 from .nvml import NvmlSource
 from .replicas import ReplicaBoard
 
-__all__ = ["add_arguments", "run", "dcgm_page"]
+__all__ = ["SERVING_PROCESS", "add_arguments", "run", "dcgm_page"]
 
 FAKE = Path(__file__).resolve().parents[2] / "tests" / "fakes" / "fake_nvml.py"
 # fields dcgm-exporter's default list adds that we do not map (parsed and skipped)
@@ -113,7 +113,7 @@ def _nvml(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # a serving process: listens on a port and starts two children, as vLLM starts its GPU workers
-_SERVER = """
+SERVING_PROCESS = """
 import socket, subprocess, sys, time
 s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen()
 workers = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]) for _ in range(2)]
@@ -124,7 +124,7 @@ time.sleep(600)
 
 def _replicas(args: argparse.Namespace) -> dict[str, Any]:
     fake = _load_fake()(preset("nvswitch-8"))
-    servers = [subprocess.Popen([sys.executable, "-c", _SERVER], stdout=subprocess.PIPE, text=True) for _ in range(3)]
+    servers = [subprocess.Popen([sys.executable, "-c", SERVING_PROCESS], stdout=subprocess.PIPE, text=True) for _ in range(3)]
     clock = [0.0]
     try:
         board = ReplicaBoard(clock=lambda: clock[0])

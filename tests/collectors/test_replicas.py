@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from fake_nvml import FakeNvml
 
+from sits_observe.collectors.bench import SERVING_PROCESS
 from sits_observe.collectors.nvml import NvmlSource
 from sits_observe.collectors.replicas import ReplicaBoard, listening_ports, namespace_listeners, parent_pid
 from sits_observe.collectors.servers import ServerSource
@@ -18,22 +19,15 @@ from sits_observe.collectors.sources import build_sources
 from sits_observe.config import parse
 from sits_observe.frame import GPU_FIELD_INDEX, BucketLayout, Frame
 
-# a serving process that listens on a port and starts a child, as vLLM starts its GPU workers
-SERVER = """
-import socket, subprocess, sys, time
-s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen()
-worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-print(s.getsockname()[1], worker.pid, flush=True)
-time.sleep(120)
-"""
-
 
 @pytest.fixture
 def server() -> Iterator[SimpleNamespace]:
-    proc = subprocess.Popen([sys.executable, "-c", SERVER], stdout=subprocess.PIPE, text=True)
-    port, worker = map(int, proc.stdout.readline().split())
-    yield SimpleNamespace(proc=proc, pid=proc.pid, port=port, worker=worker, url=f"http://127.0.0.1:{port}/metrics")
-    subprocess.run(["kill", str(worker)], check=False)
+    """A process listening on a port with two children, as vLLM's API server starts its GPU workers."""
+    proc = subprocess.Popen([sys.executable, "-c", SERVING_PROCESS], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    port, *workers = map(int, proc.stdout.readline().split())
+    yield SimpleNamespace(proc=proc, pid=proc.pid, port=port, worker=workers[0], url=f"http://127.0.0.1:{port}/metrics")
+    subprocess.run(["kill", *map(str, workers)], check=False)
     proc.kill()
     proc.wait()
 
