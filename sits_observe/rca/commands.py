@@ -23,6 +23,11 @@ def _pair(text: str) -> tuple[int, int]:
     return a, b
 
 
+def _names(text: str) -> tuple[str, ...]:
+    """``a,b,c`` -> ("a", "b", "c"); "" -> ()."""
+    return tuple(n.strip() for n in text.split(",") if n.strip())
+
+
 def _range(text: str) -> tuple[float, float]:
     try:
         lo, hi = (float(x) for x in text.split(","))
@@ -73,8 +78,11 @@ def register(sub: Any) -> None:
     t.add_argument("--level-dropout", type=float,
                    help="share of training windows whose level inputs are hidden (default 0.5)")
     t.add_argument("--optional-dropout", type=float,
-                   help="share of training windows in which the features not every host has (NVML per-process "
-                        "fields) are all marked missing (default 0.25)")
+                   help="share of training windows in which each group of the features not every host has (NVML "
+                        "per-process fields; servers' backlogs) is marked missing (default 0.25)")
+    t.add_argument("--request-causes", type=_names,
+                   help="causes that act on requests: their windows with no request in flight are left out of "
+                        "training (default network_ingress,scheduler_stall,gpu_memory_pressure; '' = none)")
     t.add_argument("--average-from", type=int,
                    help="average the weights of this epoch to the last (default 4); 0 = early stopping instead")
     t.add_argument("--stride", type=int, help="train on every N-th window (default 8)")
@@ -121,7 +129,7 @@ def _train(args: argparse.Namespace) -> int:
     from .train import TrainOptions, train
 
     names = ("window", "epochs", "hidden", "dropout", "summary", "level_dropout", "optional_dropout", "average_from",
-             "stride", "batch", "margin", "seed", "threads")
+             "stride", "batch", "margin", "seed", "threads", "request_causes")
     given = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
     for name in ("window", "epochs", "stride", "batch", "threads"):
         if given.get(name, 1) < 1:
@@ -152,7 +160,7 @@ def _train(args: argparse.Namespace) -> int:
         f"sits-observe rca train --dataset {args.dataset} --out {args.out} --window {opts.window} "
         f"--epochs {opts.epochs} --hidden {opts.hidden[0]},{opts.hidden[1]} --dropout {opts.dropout} "
         f"--summary {opts.summary} --level-dropout {opts.level_dropout} --optional-dropout {opts.optional_dropout} "
-        f"--average-from {opts.average_from} "
+        f"--average-from {opts.average_from} --request-causes '{','.join(opts.request_causes)}' "
         f"--stride {opts.stride} --batch {opts.batch} --margin {opts.margin} --seed {opts.seed} "
         f"--threads {opts.threads}")
     model.save(args.out)

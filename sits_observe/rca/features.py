@@ -13,7 +13,7 @@ import numpy as np
 from ..store.features import feature_series
 from ..store.series import SeriesStore
 
-__all__ = ["FEATURES", "OPTIONAL_FEATURES", "gpu_field_of", "gpu_occluded", "stage_of"]
+__all__ = ["FEATURES", "OPTIONAL_FEATURES", "OPTIONAL_GROUPS", "gpu_field_of", "gpu_occluded", "stage_of"]
 
 # Per-call latencies (device and host stages) carry most of the signal and do not scale with load or
 # hardware the way throughput and power do; GPU aggregates are kept to those that mean the same on any box.
@@ -35,6 +35,7 @@ _GPU_STATS = {
     "utilization_ratio": ("mean", "max", "std"),
     "serving_utilization_ratio": ("min", "mean"),  # the idlest GPU a workload uses: a frozen serving loop
     "foreign_utilization_ratio": ("max",),  # a co-tenant's kernels, named by NVML's per-process samples
+    "backlog_utilization_ratio": ("min", "mean"),  # GPUs whose replica has work: idle only if its loop is not running
     "memory_utilization_ratio": ("mean", "max"),
     "memory_used_bytes": ("mean", "max"),
     "sm_clock_hertz": ("mean",),
@@ -56,10 +57,15 @@ FEATURES: tuple[str, ...] = (
     "host.memory_used_ratio",
 )
 
-# Features from NVML's per-process fields: absent with the DCGM backend and where no workload is
-# configured, so training also hides them (``rca train --optional-dropout``).
-OPTIONAL_FEATURES: frozenset[str] = frozenset(f for f in FEATURES if f.startswith(
-    ("gpu.serving_utilization_ratio.", "gpu.foreign_utilization_ratio.")))
+# Features not every host has, in groups by what they need: NVML's per-process fields (absent with the
+# DCGM backend and where no workload is configured) and servers' backlogs joined to their GPUs (absent
+# without configured servers on this host).  Training hides each group on its own
+# (``rca train --optional-dropout``).
+OPTIONAL_GROUPS: tuple[frozenset[str], ...] = tuple(
+    frozenset(f for f in FEATURES if f.startswith(prefixes)) for prefixes in (
+        ("gpu.serving_utilization_ratio.", "gpu.foreign_utilization_ratio."),
+        ("gpu.backlog_utilization_ratio.",)))
+OPTIONAL_FEATURES: frozenset[str] = frozenset().union(*OPTIONAL_GROUPS)
 
 
 def stage_of(feature: str) -> str | None:

@@ -11,9 +11,10 @@ with ``average_from`` > 0 the model is the mean of the weights at the end of epo
 ``epochs``; one epoch's weights vary a lot in how they carry over to another kind of host, their mean
 much less.  With ``average_from`` = 0, early stopping keeps the epoch with the lowest (class-weighted)
 validation loss instead.  *Optional-feature dropout*: the features not every host has
-(:data:`~sits_observe.rca.features.OPTIONAL_FEATURES`: NVML's per-process fields, absent with the DCGM
-backend or without configured workloads) are, in a share ``optional_dropout`` of the training windows,
-all marked missing for the whole window, so the network also learns to name causes without them.
+(:data:`~sits_observe.rca.features.OPTIONAL_GROUPS`: NVML's per-process fields, absent with the DCGM
+backend or without configured workloads; servers' backlogs joined to their GPUs, absent without
+configured local servers) are, group by group and each in a share ``optional_dropout`` of the training
+windows, marked missing for the whole window, so the network also learns to name causes without them.
 The softmax temperature is then fitted on the validation windows (minimum negative log-likelihood), so
 confidences are calibrated.
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -30,7 +32,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from .dataset import DEFAULT_BASELINE, Baseline, Dataset, Windows
-from .features import OPTIONAL_FEATURES
+from .features import OPTIONAL_GROUPS
 from .metrics import expected_calibration_error, scores
 from .model import Normalizer, RcaModel, encode
 
@@ -57,6 +59,9 @@ class TrainOptions:
     optional_dropout: float = 0.25
     average_from: int = 4
     baseline: Baseline = DEFAULT_BASELINE
+    # causes that act on requests: a window of one with no request in flight at any step shows nothing of
+    # it, and would teach the network that an idle host may be faulty (left out of training, not scoring)
+    request_causes: tuple[str, ...] = ("network_ingress", "scheduler_stall", "gpu_memory_pressure")
 
 
 class Progress(Protocol):
@@ -80,6 +85,20 @@ def fit_temperature(logits: np.ndarray, y: np.ndarray) -> float:
     grid = np.exp(np.linspace(np.log(0.25), np.log(10.0), 241))
     nll = [float(nn.functional.cross_entropy(lg / t, yt)) for t in grid]
     return float(grid[int(np.argmin(nll))])
+
+
+ACTIVITY = ("workload.running_requests.sum", "stage.e2e.rate")  # requests in flight, requests finished
+
+
+def idle(win: Windows, features: Sequence[str]) -> np.ndarray:
+    """Windows in which no request was in flight or finished at any step (none where the dataset has
+    neither :data:`ACTIVITY` feature)."""
+    cols = [features.index(f) for f in ACTIVITY if f in features]
+    if not cols:
+        return np.zeros(len(win), dtype=bool)
+    active = (np.nan_to_num(win.data[:, cols]) > 0).any(axis=1)
+    seen = np.concatenate([[0], np.cumsum(active)])
+    return seen[win.ends + 1] - seen[win.ends + 1 - win.window] == 0
 
 
 def _hide(raw: np.ndarray, base: np.ndarray, cols: np.ndarray, p: float, rng: np.random.Generator) -> None:
@@ -110,6 +129,8 @@ def train(ds: Dataset, opts: TrainOptions = TrainOptions(), progress: Progress |
     win = ds.windows(opts.window, opts.stride, opts.margin, opts.baseline)
     classes = ds.classes()
     tr, va = split(win, opts.val_every)
+    if opts.request_causes:
+        tr &= ~(idle(win, ds.features) & np.isin(win.y, opts.request_causes))
     if tr.sum() < 10 or va.sum() < 2:
         raise ConfigError(f"{ds.path or 'dataset'}: too little data for window {opts.window}: "
                           f"{int(tr.sum())} training and {int(va.sum())} validation windows; "
@@ -127,7 +148,8 @@ def train(ds: Dataset, opts: TrainOptions = TrainOptions(), progress: Progress |
     best: dict[str, Any] = {"loss": float("inf"), "state": None, "epoch": 0}
     average: dict[str, torch.Tensor] = {}
     drop_rng = np.random.default_rng(opts.seed + 1)
-    optional = np.array([j for j, f in enumerate(ds.features) if f in OPTIONAL_FEATURES], dtype=np.int64)
+    optional = [cols for group in OPTIONAL_GROUPS
+                if len(cols := np.array([j for j, f in enumerate(ds.features) if f in group], dtype=np.int64))]
     batches = (len(train_w) + opts.batch - 1) // opts.batch
     epoch = 0
     for epoch in range(1, opts.epochs + 1):
@@ -138,8 +160,8 @@ def train(ds: Dataset, opts: TrainOptions = TrainOptions(), progress: Progress |
             idx = order[b * opts.batch:(b + 1) * opts.batch]
             hide = drop_rng.random(len(idx)) < opts.level_dropout if opts.level_dropout else None
             raw, base = train_w.batch(idx), train_w.bases(idx)
-            if opts.optional_dropout and len(optional):
-                _hide(raw, base, optional, opts.optional_dropout, drop_rng)
+            for cols in optional if opts.optional_dropout else ():
+                _hide(raw, base, cols, opts.optional_dropout, drop_rng)
             x = torch.from_numpy(encode(raw, base, model.norm, hide))
             loss = loss_fn(model.net(x), torch.from_numpy(y_tr[idx]))
             optim.zero_grad()

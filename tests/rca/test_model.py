@@ -51,7 +51,7 @@ def test_refuses_a_dataset_without_its_features_and_lists_them(tiny_model: RcaMo
     assert "synthetic" in msg
 
 
-def test_the_shipped_model_takes_the_per_process_features_as_empty_columns() -> None:
+def test_the_shipped_model_takes_the_optional_features_as_empty_columns() -> None:
     shipped = RcaModel.load(SHIPPED_MODEL)
     assert OPTIONAL_FEATURES <= set(shipped.features)
     without = [f for f in shipped.features if f not in OPTIONAL_FEATURES]

@@ -13,9 +13,9 @@ import torch
 from sits_observe.cli import main
 from sits_observe.rca import train as train_mod
 from sits_observe.rca.dataset import Dataset, Entity
-from sits_observe.rca.features import OPTIONAL_FEATURES
+from sits_observe.rca.features import OPTIONAL_FEATURES, OPTIONAL_GROUPS
 from sits_observe.rca.model import RcaNet
-from sits_observe.rca.train import TrainOptions, train
+from sits_observe.rca.train import TrainOptions, idle, split, train
 
 TINY = {"window": 16, "hidden": (8, 4), "batch": 64, "stride": 4, "margin": 5, "threads": 1}
 
@@ -54,20 +54,26 @@ def _missing_seen(monkeypatch: pytest.MonkeyPatch, ds: Dataset, optional_dropout
     return x[:, :, 2 * len(ds.features):]
 
 
-def test_optional_dropout_hides_the_per_process_features_together_for_whole_windows(
+def test_optional_dropout_hides_each_group_together_for_whole_windows(
         monkeypatch: pytest.MonkeyPatch, synth: Callable[..., Dataset]) -> None:
-    assert OPTIONAL_FEATURES == {"gpu.serving_utilization_ratio.min", "gpu.serving_utilization_ratio.mean",
-                                 "gpu.foreign_utilization_ratio.max"}
+    assert OPTIONAL_GROUPS == ({"gpu.serving_utilization_ratio.min", "gpu.serving_utilization_ratio.mean",
+                                "gpu.foreign_utilization_ratio.max"},
+                               {"gpu.backlog_utilization_ratio.min", "gpu.backlog_utilization_ratio.mean"})
+    assert OPTIONAL_FEATURES == OPTIONAL_GROUPS[0] | OPTIONAL_GROUPS[1]
     base = synth(steps=1200)
-    features = (*base.features, "gpu.serving_utilization_ratio.min", "gpu.foreign_utilization_ratio.max")
-    ds = Dataset(features, base.step, [Entity(e.name, e.t0, np.concatenate([e.values, e.values[:, :2]], axis=1))
+    features = (*base.features, "gpu.serving_utilization_ratio.min", "gpu.foreign_utilization_ratio.max",
+                "gpu.backlog_utilization_ratio.min")
+    ds = Dataset(features, base.step, [Entity(e.name, e.t0, np.concatenate([e.values, e.values[:, :3]], axis=1))
                                        for e in base.entities], base.labels, "synthetic")
     assert not _missing_seen(monkeypatch, ds, 0.0).any()
     miss = _missing_seen(monkeypatch, ds, 0.4)
     assert (miss.min(axis=1) == miss.max(axis=1)).all()  # missing for the whole window or not at all
     assert not miss[:, :, :4].any()  # the other features are never hidden
-    assert (miss[:, 0, 4] == miss[:, 0, 5]).all()  # the optional ones go together, as on a DCGM host
-    assert 0.3 < miss[:, 0, 4].mean() < 0.5
+    per_process, backlog = miss[:, 0, 4], miss[:, 0, 6]
+    assert (per_process == miss[:, 0, 5]).all()  # a group goes together, as on a DCGM host
+    assert 0.3 < per_process.mean() < 0.5 and 0.3 < backlog.mean() < 0.5
+    both = (per_process * backlog).mean()  # each group on its own: a host may have one and not the other
+    assert 0.5 * 0.16 < both < 1.5 * 0.16 and (per_process != backlog).any()
     # a dataset without optional features trains exactly as before (no random draws spent on them)
     torch.testing.assert_close(train(base, TrainOptions(epochs=1, **TINY)).net.state_dict(),
                                train(base, TrainOptions(epochs=1, optional_dropout=0.0, **TINY)).net.state_dict())
@@ -114,3 +120,26 @@ def test_bad_regularizer_options_are_usage_errors(tmp_path: Path, capsys: pytest
     assert main(["rca", "train", "--dataset", str(tmp_path), option, value]) == 2
     err = capsys.readouterr().err
     assert needle in err and "Traceback" not in err
+
+
+def test_idle_windows_of_request_causes_are_left_out_of_training(monkeypatch: pytest.MonkeyPatch,
+                                                                 synth: Callable[..., Dataset]) -> None:
+    base = synth(steps=1200)
+    ents = []
+    for e in base.entities:
+        running = np.full((len(e.values), 1), 5.0, np.float32)
+        running[300:700] = 0.0  # an idle stretch: no request in flight
+        ents.append(Entity(e.name, e.t0, np.concatenate([e.values, running], axis=1)))
+    ds = Dataset((*base.features, "workload.running_requests.sum"), base.step, ents, base.labels, "synthetic")
+    win = ds.windows(TINY["window"], TINY["stride"], TINY["margin"])
+    step = win.ends % 1200  # each entity has 1200 steps
+    quiet = idle(win, ds.features)
+    assert (quiet == ((step - TINY["window"] + 1 >= 300) & (step < 700))).all() and quiet.any()
+    assert not idle(base.windows(16, 4, 5), base.features).any()  # no activity feature: nothing is idle
+    tr, _ = split(win, TrainOptions().val_every)
+    y = np.asarray(win.y)
+    dropped = int((tr & quiet & (y == "network_ingress")).sum())
+    assert dropped > 0 and (tr & quiet & (y != "network_ingress")).any()  # idle windows of other labels stay
+    seen = {causes: len(_inputs_seen(monkeypatch, ds, request_causes=causes, level_dropout=0.0))
+            for causes in ((), ("network_ingress",))}
+    assert seen[()] - seen[("network_ingress",)] == dropped  # only the idle windows of that cause
