@@ -88,11 +88,15 @@ class ReplicaBoard:
     def register(self, server: str, url: str) -> bool:
         """Join ``server`` to GPU processes through its URL's port; False (not joined) for another host."""
         parts = urlsplit(url)
+        try:
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError:  # out of range: the page read reports the URL itself
+            return False
         if parts.hostname not in self._hosts:
             log.info("replicas: %s is not on this host (%s); its GPUs are not joined to its backlog",
                      server, parts.hostname)
             return False
-        self._ports[parts.port or (443 if parts.scheme == "https" else 80)] = server
+        self._ports[port] = server
         self._backlog[server] = None
         self._owners.clear()  # looked up without this server
         self._namespaces.clear()

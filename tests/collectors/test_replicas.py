@@ -64,6 +64,7 @@ def test_a_worker_under_the_server_is_joined_to_its_backlog(server: SimpleNamesp
 def test_processes_outside_the_server_and_other_hosts_join_nothing(server: SimpleNamespace) -> None:
     board = ReplicaBoard()
     assert not board.register("remote", f"http://10.1.2.3:{server.port}/metrics")  # same port, another host
+    assert not board.register("bad", "http://127.0.0.1:99999/metrics")  # no such port: not joined, no error
     assert not board
     board.publish("remote", 5.0)
     assert board.has_work([server.worker]) is None
