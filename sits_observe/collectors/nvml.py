@@ -68,6 +68,7 @@ class _Snapshot:
     samples: list[Sample] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     pids: dict[int, list[int]] = field(default_factory=dict)  # GPU -> its compute processes
+    work: set[int] = field(default_factory=set)  # GPUs whose replica had work at the sample
 
 
 class NvmlSource:
@@ -150,13 +151,16 @@ class NvmlSource:
 
     def collect(self, frame: Frame) -> None:
         now = self.clock()
+        replicas = self.replicas
         if self._snap is None or now - self._snap.at >= self.sample_interval:
             self._snap = self.sample(now)
+            if replicas:  # which replicas had work when the utilization was sampled
+                self._snap.work = {i for i, pids in self._snap.pids.items() if replicas.has_work(pids)}
         snap = self._snap
         frame.gpu = GpuFrame(snap.gpu.info, snap.gpu.values.copy(), snap.gpu.healthy.copy())
-        if self.replicas:  # every tick: the backlog is this tick's page, the utilization the last sample's
-            for i, pids in snap.pids.items():
-                if self.replicas.has_work(pids):
+        if replicas:  # the utilization is the last sample's: only where the replica had work then and now
+            for i in snap.work:
+                if replicas.has_work(snap.pids[i]):
                     frame.gpu.values[i, _F["backlog_utilization_ratio"]] = frame.gpu.values[i, _F["utilization_ratio"]]
         frame.samples.extend(snap.samples)
         if snap.errors:

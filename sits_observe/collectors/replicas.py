@@ -29,6 +29,7 @@ log = logging.getLogger("sits_observe.collectors.replicas")
 
 _LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp
 _MAX_DEPTH = 8  # ancestors searched above a GPU process
+_RETRY = 10.0  # seconds before a process found under no server is looked up again
 _LOCAL = {"localhost", "127.0.0.1", "::1", "0.0.0.0", "::"}
 
 
@@ -39,8 +40,10 @@ def namespace_listeners(pid: int, wanted: Collection[int], proc: Path = Path("/p
     for table in ("tcp", "tcp6"):
         try:
             lines = (proc / str(pid) / "net" / table).read_text().splitlines()[1:]
-        except FileNotFoundError:  # no IPv6 in this namespace
-            continue
+        except FileNotFoundError:
+            if table == "tcp6":  # no IPv6 in this namespace
+                continue
+            raise
         for line in lines:
             f = line.split()
             if len(f) > 9 and f[3] == _LISTEN and (port := int(f[1].rsplit(":", 1)[1], 16)) in wanted:
@@ -79,11 +82,11 @@ class ReplicaBoard:
         self.proc = proc
         self.refresh = refresh
         self.clock = clock
-        self._ports: dict[int, str] = {}  # local listening port -> server
+        self._ports: dict[int, set[str]] = {}  # local listening port -> servers (one per model on a Triton)
         self._backlog: dict[str, float | None] = {}
         self._owners: dict[int, tuple[float, frozenset[str]]] = {}  # pid -> (looked up at, servers)
         self._namespaces: dict[str, tuple[float, dict[str, int]]] = {}  # netns -> (read at, listeners)
-        self._hosts = _LOCAL | {socket.gethostname()}
+        self._hosts = _LOCAL | {socket.gethostname().lower()}
 
     def register(self, server: str, url: str) -> bool:
         """Join ``server`` to GPU processes through its URL's port; False (not joined) for another host."""
@@ -96,7 +99,7 @@ class ReplicaBoard:
             log.info("replicas: %s is not on this host (%s); its GPUs are not joined to its backlog",
                      server, parts.hostname)
             return False
-        self._ports[port] = server
+        self._ports.setdefault(port, set()).add(server)
         self._backlog[server] = None
         self._owners.clear()  # looked up without this server
         self._namespaces.clear()
@@ -115,7 +118,9 @@ class ReplicaBoard:
         a configured port."""
         now = self.clock()
         cached = self._owners.get(pid)
-        if cached is not None and now - cached[0] < self.refresh:
+        # a process not (yet) under a listening server is looked up again sooner: vLLM's workers hold
+        # their GPUs before the API server listens
+        if cached is not None and now - cached[0] < (self.refresh if cached[1] else min(self.refresh, _RETRY)):
             return cached[1]
         found: set[str] = set()
         p = pid
@@ -123,7 +128,8 @@ class ReplicaBoard:
             if p <= 1 or found:
                 break
             try:
-                found = {self._ports[port] for port in listening_ports(p, self._listeners(p, now), self.proc)}
+                ports = listening_ports(p, self._listeners(p, now), self.proc)
+                found = {s for port in ports for s in self._ports[port]}
                 p = parent_pid(p, self.proc)
             except (OSError, ValueError, IndexError):  # gone, or not ours to read
                 break

@@ -111,7 +111,7 @@ class ServerSource:
         self._backoff = 0.0
         self._prefix = "vllm:" if config.kind == "vllm" else "nv_inference_"
         self._model_label = "model_name" if config.kind == "vllm" else "model"
-        self._key = redact(config.url)
+        self._key = f"{redact(config.url)} model={config.model}" if config.model else redact(config.url)
         self.replicas = replicas if replicas is not None and replicas.register(self._key, config.url) else None
 
     def collect(self, frame: Frame) -> None:

@@ -91,14 +91,16 @@ ACTIVITY = ("workload.running_requests.sum", "stage.e2e.rate")  # requests in fl
 
 
 def idle(win: Windows, features: Sequence[str]) -> np.ndarray:
-    """Windows in which no request was in flight or finished at any step (none where the dataset has
-    neither :data:`ACTIVITY` feature)."""
+    """Windows in which no request was in flight or finished at any step, as far as observed (none
+    where the dataset has neither :data:`ACTIVITY` feature or they were never observed in the window)."""
     cols = [features.index(f) for f in ACTIVITY if f in features]
     if not cols:
         return np.zeros(len(win), dtype=bool)
-    active = (np.nan_to_num(win.data[:, cols]) > 0).any(axis=1)
-    seen = np.concatenate([[0], np.cumsum(active)])
-    return seen[win.ends + 1] - seen[win.ends + 1 - win.window] == 0
+    vals = win.data[:, cols]
+    counts = [np.concatenate([[0], np.cumsum(flag)]) for flag in
+              ((np.nan_to_num(vals) > 0).any(axis=1), ~np.isnan(vals).all(axis=1))]
+    active, observed = (c[win.ends + 1] - c[win.ends + 1 - win.window] for c in counts)
+    return (active == 0) & (observed > 0)
 
 
 def _hide(raw: np.ndarray, base: np.ndarray, cols: np.ndarray, p: float, rng: np.random.Generator) -> None:

@@ -59,6 +59,10 @@ def test_a_worker_under_the_server_is_joined_to_its_backlog(server: SimpleNamesp
     board.publish("vllm-0", None)  # the page could not be read this tick
     assert board.has_work([server.worker]) is None
     assert board.has_work([]) is None
+    assert board.register("vllm-0 model=b", server.url)  # a second model on the same server (Triton)
+    board.publish("vllm-0", 0.0)
+    board.publish("vllm-0 model=b", 2.0)
+    assert board.servers_of(server.worker) == {"vllm-0", "vllm-0 model=b"} and board.has_work([server.worker])
 
 
 def test_processes_outside_the_server_and_other_hosts_join_nothing(server: SimpleNamespace) -> None:
@@ -106,7 +110,8 @@ def test_nvml_source_reports_utilization_of_gpus_whose_replica_has_work(server: 
     cfg = parse({"gpu": {"backend": "nvml"}, "servers": [
         {"kind": "vllm", "url": server.url, "workload": "chat"},
         {"kind": "vllm", "url": "http://127.0.0.1:1/metrics", "workload": "chat"}]}, env={})
-    sources = build_sources(cfg, BucketLayout(cfg.store.snapped()), nvml=fake)
+    clock = Clock()
+    sources = build_sources(cfg, BucketLayout(cfg.store.snapped()), nvml=fake, clock=clock)
     assert [s.name for s in sources] == ["host", "vllm:chat", "vllm:chat", "nvml"]  # servers first
     replica, other, nvml = sources[1], sources[2], sources[3]
     assert isinstance(replica, ServerSource) and isinstance(nvml, NvmlSource)
@@ -121,9 +126,12 @@ def test_nvml_source_reports_utilization_of_gpus_whose_replica_has_work(server: 
         nvml.collect(frame)
         return frame.gpu.values[:, GPU_FIELD_INDEX["backlog_utilization_ratio"]]
 
-    first = tick(0, 1)
-    assert first[:2] == pytest.approx([0.73, 0.73]) and np.isnan(first[2:]).all()
     assert np.isnan(tick(0, 0)).all()  # nothing to do: the GPUs' idleness says nothing
+    assert np.isnan(tick(0, 1)).all()  # work now, but the utilization was sampled while there was none
+    clock.t = 5.0
+    first = tick(0, 1)  # a new sample
+    assert first[:2] == pytest.approx([0.73, 0.73]) and np.isnan(first[2:]).all()
+    assert np.isnan(tick(0, 0)).all()
     assert tick(4, 0)[:2] == pytest.approx([0.73, 0.73])  # the same NVML sample, this tick's page
     frame = Frame(ts=0.0, interval=1.0)
     replica.read(PAGE.format(running=3, waiting=1), frame)

@@ -136,6 +136,10 @@ def test_idle_windows_of_request_causes_are_left_out_of_training(monkeypatch: py
     quiet = idle(win, ds.features)
     assert (quiet == ((step - TINY["window"] + 1 >= 300) & (step < 700))).all() and quiet.any()
     assert not idle(base.windows(16, 4, 5), base.features).any()  # no activity feature: nothing is idle
+    blind = Dataset(ds.features, ds.step, [Entity(e.name, e.t0, e.values.copy()) for e in ds.entities], ds.labels, "x")
+    for e in blind.entities:
+        e.values[:, -1] = np.nan  # activity never observed: unknown, not idle
+    assert not idle(blind.windows(TINY["window"], TINY["stride"], TINY["margin"]), blind.features).any()
     tr, _ = split(win, TrainOptions().val_every)
     y = np.asarray(win.y)
     dropped = int((tr & quiet & (y == "network_ingress")).sum())
