@@ -78,7 +78,7 @@ def test_probe_missing_a_required_tracepoint_is_reported_and_others_run(degraded
     assert status["runq"]["attached"] and status["runq"]["missing_tracepoints"] == ["sched:no_such_wakeup_new"]
     assert status["cuda"]["problem"] == "disabled in config"
     drain(degraded)
-    for _ in range(20):
+    for _ in range(40):  # 40 wake-ups; on a loaded machine a few may be merged or missed
         time.sleep(0.001)
     assert drain(degraded).hists[("runq", "self")].count >= 20
 
