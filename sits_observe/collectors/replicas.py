@@ -113,31 +113,29 @@ class ReplicaBoard:
         if server in self._backlog:
             self._backlog[server] = backlog
 
-    def servers_of(self, pid: int) -> frozenset[str]:
+    def servers_of(self, pid: int, depth: int = _MAX_DEPTH) -> frozenset[str]:
         """The configured servers whose listening process is ``pid`` or its nearest ancestor that listens on
-        a configured port."""
+        a configured port.  Every process on the way is cached, so the workers of one server read its file
+        descriptors once per refresh."""
         now = self.clock()
         cached = self._owners.get(pid)
         # a process not (yet) under a listening server is looked up again sooner: vLLM's workers hold
         # their GPUs before the API server listens
         if cached is not None and now - cached[0] < (self.refresh if cached[1] else min(self.refresh, _RETRY)):
             return cached[1]
-        found: set[str] = set()
-        p = pid
-        for _ in range(_MAX_DEPTH):
-            if p <= 1 or found:
-                break
+        found: frozenset[str] = frozenset()
+        if pid > 1 and depth > 0:
             try:
-                ports = listening_ports(p, self._listeners(p, now), self.proc)
-                found = {s for port in ports for s in self._ports[port]}
-                p = parent_pid(p, self.proc)
+                ports = listening_ports(pid, self._listeners(pid, now), self.proc)
+                found = (frozenset(s for port in ports for s in self._ports[port])
+                         or self.servers_of(parent_pid(pid, self.proc), depth - 1))
             except (OSError, ValueError, IndexError):  # gone, or not ours to read
-                break
+                pass
         if len(self._owners) > 4096:  # pids come and go; never grow without bound
             self._owners.clear()
             self._namespaces.clear()
-        self._owners[pid] = (now, frozenset(found))
-        return self._owners[pid][1]
+        self._owners[pid] = (now, found)
+        return found
 
     def _listeners(self, pid: int, now: float) -> dict[str, int]:
         ns = os.readlink(self.proc / str(pid) / "ns" / "net")

@@ -146,8 +146,8 @@ class RcaModel:
         pos = {name: i for i, name in enumerate(available)}
         missing = [f for f in self.features if f not in pos]
         if missing:
-            fix = ("add them as empty columns (a host without NVML's per-process fields; the model was trained "
-                   "to do without them)" if set(missing) <= OPTIONAL_FEATURES
+            fix = ("add them as empty columns (a host without NVML's per-process fields or servers' backlogs; the "
+                   "model was trained to do without them)" if set(missing) <= OPTIONAL_FEATURES
                    else "use data with these columns or retrain on it")
             raise ModelError(f"{source} lacks {len(missing)} of the model's {len(self.features)} features: "
                              f"{', '.join(missing)}; {fix}")

@@ -22,8 +22,8 @@ confidences are calibrated.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 import numpy as np
