@@ -154,6 +154,13 @@ class Dataset:
                     out |= (t >= edge) & (t < edge + margin * self.step)
         return out
 
+    def after_fault(self, win: Windows) -> np.ndarray:
+        """Of ``win`` (made by :meth:`windows` of this dataset), the healthy windows that still hold steps
+        of a fault that has ended: its after-effects (a queue draining, a die cooling) may still show."""
+        faulty = np.concatenate([[False]] + [self.causes(e) != HEALTHY for e in self.entities])
+        count = np.cumsum(faulty)  # count[i + 1]: faulty steps among rows 0..i
+        return (win.y == HEALTHY) & (count[win.ends + 1] - count[win.ends + 1 - win.window] > 0)
+
     def classes(self) -> list[str]:
         """``healthy`` first, then every cause in the labels, sorted."""
         return [HEALTHY] + sorted({lab.cause for lab in self.labels} - {HEALTHY})

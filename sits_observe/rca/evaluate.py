@@ -20,6 +20,7 @@ from .baselines import ThresholdBaseline, TreeBaseline, summaries
 from .dataset import Dataset, Windows
 from .metrics import expected_calibration_error, scores
 from .model import RcaModel
+from .verdict import HEALTHY, UNKNOWN
 
 __all__ = ["evaluate", "load_train", "model_proba", "render"]
 
@@ -39,6 +40,21 @@ def _fit_windows(train: Dataset, model: RcaModel, margin: int, cap: int) -> tupl
     return win, cols
 
 
+def _scored(y: np.ndarray, pred: np.ndarray, classes: list[str], after: np.ndarray) -> dict[str, Any]:
+    """:func:`scores`, plus the healthy false-positive rate split into the healthy windows that still hold
+    an ended fault (``after``) and the rest."""
+    out = scores(y, pred, classes)
+    called = (y == HEALTHY) & ~np.isin(pred, [HEALTHY, UNKNOWN])
+    steady = (y == HEALTHY) & ~after
+    out["healthy_fp_split"] = {
+        "after_fault": round(float(called[after].mean()), 4) if after.any() else 0.0,
+        "after_fault_windows": int(after.sum()),
+        "steady": round(float(called[steady].mean()), 4) if steady.any() else 0.0,
+        "steady_windows": int(steady.sum()),
+    }
+    return out
+
+
 def evaluate(model: RcaModel, test: Dataset, train: Dataset, min_confidence: float = 0.6,
              margin: int | None = None, stride: int = 1, threads: int = 2, fit_cap: int = 30000) -> dict[str, Any]:
     """Score the model and the two baselines on ``test``; ``margin`` defaults to the training margin."""
@@ -52,7 +68,8 @@ def evaluate(model: RcaModel, test: Dataset, train: Dataset, min_confidence: flo
     t0 = time.perf_counter()
     proba = model_proba(model, win, cols)
     lstm_s = time.perf_counter() - t0
-    lstm = scores(win.y, model.decide(proba, min_confidence), classes)
+    after = test.after_fault(win)
+    lstm = _scored(win.y, model.decide(proba, min_confidence), classes, after)
     known = np.isin(win.y, model.classes)
     yidx = np.array([model.classes.index(c) if c in model.classes else -1 for c in win.y])
     lstm["ece"] = expected_calibration_error(proba[known], yidx[known])
@@ -64,11 +81,11 @@ def evaluate(model: RcaModel, test: Dataset, train: Dataset, min_confidence: flo
     test_sum = summaries(win, cols)
     last_col = slice(0, len(cols))  # the "last" block of the summaries
     thr = ThresholdBaseline().fit(fit_sum[:, last_col], fit_win.y)
-    thr_scores = scores(win.y, thr.predict(test_sum[:, last_col]), classes)
+    thr_scores = _scored(win.y, thr.predict(test_sum[:, last_col]), classes, after)
     thr_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     gbt = TreeBaseline(threads=threads).fit(fit_sum, fit_win.y)
-    gbt_scores = scores(win.y, gbt.predict(test_sum), classes)
+    gbt_scores = _scored(win.y, gbt.predict(test_sum), classes, after)
     gbt_s = time.perf_counter() - t0
     return {
         "dataset": test.path,
@@ -114,10 +131,12 @@ def render(report: dict[str, Any], console: Console) -> None:
         per.add_row(*row)
     console.print(per)
     summ = Table(title="Summary")
-    for col in ("system", "macro-F1", "accuracy", "healthy FP rate", "unknown rate"):
+    for col in ("system", "macro-F1", "accuracy", "healthy FP rate", "  after a fault", "  steady", "unknown rate"):
         summ.add_column(col, justify="right" if col != "system" else "left")
     for name, s in systems.items():
+        split = s.get("healthy_fp_split", {})  # reports from before the split have none
         summ.add_row(name, f"{s['macro_f1']:.4f}", f"{s['accuracy']:.4f}", f"{s['healthy_fp_rate']:.4f}",
+                     *(f"{split[k]:.4f}" if k in split else "-" for k in ("after_fault", "steady")),
                      f"{s['unknown_rate']:.4f}")
     console.print(summ)
     conf = report["lstm"]["confusion"]

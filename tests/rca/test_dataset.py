@@ -96,3 +96,15 @@ def test_bad_files_name_file_line_and_value(tmp_path: Path, metrics: str, labels
 def test_missing_directory_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no such file"):
         dataset.read(tmp_path / "nowhere")
+
+
+def test_after_fault_marks_the_healthy_windows_that_still_hold_an_ended_fault() -> None:
+    values = np.ones((300, 1), np.float32)
+    ds = Dataset(("a",), 1.0, [dataset.Entity("x", 0.0, values), dataset.Entity("y", 0.0, values.copy())],
+                 [dataset.Label("x", 100.0, 150.0, "overheat")], "t")
+    win = ds.windows(16)
+    ends = win.ends  # x's rows are 0..299, y's 300..599
+    after = ds.after_fault(win)
+    # x: healthy windows ending at 150..164 hold steps 135..149 of the fault; the fault's own windows do not count
+    assert (after == ((ends >= 150) & (ends <= 164))).all()
+    assert not after[ends >= 300].any()  # y never had a fault; its first window does not reach into x

@@ -24,6 +24,13 @@ def test_learns_far_above_chance_and_beats_nothing_but_itself(tiny_model: RcaMod
     assert report["lstm"]["macro_f1"] > 0.85
     assert set(report["baselines"]) == {"thresholds", "gbt"}
     assert report["lstm"]["confusion"]["labels"][-1] == "unknown"
+    for system in (report["lstm"], *report["baselines"].values()):  # the FP rate split adds up to the whole
+        split = system["healthy_fp_split"]
+        healthy = system["per_class"]["healthy"]["support"]
+        assert split["after_fault_windows"] + split["steady_windows"] == healthy
+        assert 0 < split["after_fault_windows"] < healthy
+        whole = (split["after_fault"] * split["after_fault_windows"] + split["steady"] * split["steady_windows"]) / healthy
+        assert whole == pytest.approx(system["healthy_fp_rate"], abs=2e-4)
     val = tiny_model.metrics["validation"]
     assert val["macro_f1"] > 0.8 and 0.25 <= tiny_model.temperature <= 10
 
