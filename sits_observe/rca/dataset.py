@@ -123,6 +123,11 @@ class Windows:
         """The baseline at each window's last step, ``(len(idx), F)``."""
         return self.base[self.ends if idx is None else self.ends[idx]]
 
+    def steps_where(self, flag: np.ndarray) -> np.ndarray:
+        """``(M,)``: how many steps of each window have ``flag`` (one bool per row of ``data``) set."""
+        count = np.concatenate([[0], np.cumsum(flag)])  # count[i + 1]: flagged rows among 0..i
+        return count[self.ends + 1] - count[self.ends + 1 - self.window]
+
     def subset(self, mask: np.ndarray) -> Windows:
         return Windows(self.data, self.base, self.ends[mask], self.y[mask], self.times[mask], self.window)
 
@@ -157,9 +162,8 @@ class Dataset:
     def after_fault(self, win: Windows) -> np.ndarray:
         """Of ``win`` (made by :meth:`windows` of this dataset), the healthy windows that still hold steps
         of a fault that has ended: its after-effects (a queue draining, a die cooling) may still show."""
-        faulty = np.concatenate([[False]] + [self.causes(e) != HEALTHY for e in self.entities])
-        count = np.cumsum(faulty)  # count[i + 1]: faulty steps among rows 0..i
-        return (win.y == HEALTHY) & (count[win.ends + 1] - count[win.ends + 1 - win.window] > 0)
+        faulty = np.concatenate([np.zeros(0, bool), *(self.causes(e) != HEALTHY for e in self.entities)])
+        return (win.y == HEALTHY) & (win.steps_where(faulty) > 0)
 
     def classes(self) -> list[str]:
         """``healthy`` first, then every cause in the labels, sorted."""

@@ -134,10 +134,9 @@ def render(report: dict[str, Any], console: Console) -> None:
     for col in ("system", "macro-F1", "accuracy", "healthy FP rate", "  after a fault", "  steady", "unknown rate"):
         summ.add_column(col, justify="right" if col != "system" else "left")
     for name, s in systems.items():
-        split = s.get("healthy_fp_split", {})  # reports from before the split have none
+        split = s["healthy_fp_split"]
         summ.add_row(name, f"{s['macro_f1']:.4f}", f"{s['accuracy']:.4f}", f"{s['healthy_fp_rate']:.4f}",
-                     *(f"{split[k]:.4f}" if k in split else "-" for k in ("after_fault", "steady")),
-                     f"{s['unknown_rate']:.4f}")
+                     f"{split['after_fault']:.4f}", f"{split['steady']:.4f}", f"{s['unknown_rate']:.4f}")
     console.print(summ)
     conf = report["lstm"]["confusion"]
     cm = Table(title="LSTM confusion matrix (rows: truth, columns: prediction)")

@@ -97,9 +97,8 @@ def idle(win: Windows, features: Sequence[str]) -> np.ndarray:
     if not cols:
         return np.zeros(len(win), dtype=bool)
     vals = win.data[:, cols]
-    counts = [np.concatenate([[0], np.cumsum(flag)]) for flag in
-              ((np.nan_to_num(vals) > 0).any(axis=1), ~np.isnan(vals).all(axis=1))]
-    active, observed = (c[win.ends + 1] - c[win.ends + 1 - win.window] for c in counts)
+    active = win.steps_where((np.nan_to_num(vals) > 0).any(axis=1))
+    observed = win.steps_where(~np.isnan(vals).all(axis=1))
     return (active == 0) & (observed > 0)
 
 
