@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..errors import AlertingError, SitsError
 from .formats import Alert
@@ -76,6 +77,9 @@ def transaction(db: sqlite3.Connection, lock: threading.Lock,
                 raise
             db.execute("COMMIT")
         except sqlite3.Error as exc:
+            if db.in_transaction:  # COMMIT itself failed (disk full, I/O error): or every later BEGIN fails
+                with contextlib.suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
             raise error(exc) from exc
 
 
@@ -112,6 +116,14 @@ class Outbox:
             raise AlertingError(f"alert outbox {self.path}: {exc}; check state_dir") from exc
         self.instance: str = row[0]
 
+    def _read(self, sql: str, args: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
+        """One read under the lock; sqlite errors raise :class:`AlertingError` like writes do."""
+        with self._lock:
+            try:
+                return self._db.execute(sql, args).fetchall()
+            except sqlite3.Error as exc:
+                raise AlertingError(f"alert outbox {self.path}: {exc}") from exc
+
     def _tx(self) -> AbstractContextManager[sqlite3.Connection]:
         return transaction(self._db, self._lock, lambda e: AlertingError(f"alert outbox {self.path}: {e}"))
 
@@ -147,9 +159,8 @@ class Outbox:
 
     def head(self, receiver: str, limit: int = 1) -> list[Message]:
         """The oldest pending messages of a receiver, in order, stopping before an alert seen twice."""
-        with self._lock:
-            rows = self._db.execute("SELECT id, fingerprint, alert, attempts, version FROM outbox WHERE receiver=? "
-                                    "ORDER BY id LIMIT ?", (receiver, limit)).fetchall()
+        rows = self._read("SELECT id, fingerprint, alert, attempts, version FROM outbox WHERE receiver=? "
+                          "ORDER BY id LIMIT ?", (receiver, limit))
         out, seen = [], set()
         for mid, fp, body, attempts, version in rows:
             if fp in seen:
@@ -178,20 +189,16 @@ class Outbox:
             db.execute("DELETE FROM failed WHERE id <= (SELECT MAX(id) FROM failed) - ?", (FAILED_KEPT,))
 
     def depth(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self._db.execute("SELECT receiver, COUNT(*) FROM outbox GROUP BY receiver").fetchall())
+        return dict(self._read("SELECT receiver, COUNT(*) FROM outbox GROUP BY receiver"))
 
     def last_errors(self) -> dict[str, str]:
         """Per receiver, the error of its oldest pending message (why the queue is stuck), if any."""
-        with self._lock:
-            rows = self._db.execute("SELECT receiver, last_error FROM outbox WHERE id IN "
-                                    "(SELECT MIN(id) FROM outbox GROUP BY receiver) AND last_error IS NOT NULL")
-            return dict(rows.fetchall())
+        return dict(self._read("SELECT receiver, last_error FROM outbox WHERE id IN "
+                               "(SELECT MIN(id) FROM outbox GROUP BY receiver) AND last_error IS NOT NULL"))
 
     def recent_failures(self, limit: int = 20) -> list[dict[str, object]]:
-        with self._lock:
-            rows = self._db.execute("SELECT id, receiver, fingerprint, status, reason, at FROM failed "
-                                    "ORDER BY id DESC LIMIT ?", (limit,)).fetchall()
+        rows = self._read("SELECT id, receiver, fingerprint, status, reason, at FROM failed "
+                          "ORDER BY id DESC LIMIT ?", (limit,))
         keys = ("id", "receiver", "fingerprint", "status", "reason", "at")
         return [dict(zip(keys, r)) for r in rows]
 

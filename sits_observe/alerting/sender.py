@@ -10,9 +10,11 @@ Logs and errors name receivers, never their URL or secret.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import http.client
 import logging
+import math
 import random
 import socket
 import threading
@@ -21,7 +23,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from ..errors import AlertingError
 from ..frame import Sample
@@ -60,6 +62,8 @@ class Sender(threading.Thread):
         self.rng = rng or random.Random()
         parts = urlsplit(cfg.url)
         self._https = parts.scheme == "https"
+        # user:password@ in the URL (a proxy in front of Alertmanager): sent as HTTP basic auth, never logged
+        self._auth = _basic_auth(parts.username, parts.password) if parts.username is not None else None
         self._host, self._port = parts.hostname or "", parts.port
         path = parts.path or "/"
         if cfg.type == "alertmanager" and not path.endswith(_AM_PATH):
@@ -90,6 +94,12 @@ class Sender(threading.Thread):
             except AlertingError as exc:  # the outbox itself failed (disk): say so, wait, try again
                 log.error("receiver %s: %s", self.cfg.label, exc)
                 self._halt.wait(self.backoff.max)
+            except Exception as exc:  # noqa: BLE001 - a bug must not end deliveries until a restart
+                # the type only: a message could quote the URL, whose path may be the receiver's secret
+                log.error("receiver %s: unexpected %s while delivering; trying again in %g s",
+                          self.cfg.label, type(exc).__name__, self.backoff.max)
+                self._close_conn()
+                self._halt.wait(self.backoff.max)
         self._close_conn()
 
     def _step(self, attempts: int) -> int:
@@ -118,7 +128,10 @@ class Sender(threading.Thread):
 
     def _delay(self, attempts: int, after: float | None) -> float:
         b = self.backoff
-        delay = min(b.max, b.initial * b.multiplier ** (attempts - 1))
+        steps = attempts - 1  # multiplier**steps overflows a float after ~1,000 attempts at the default 2
+        capped = b.multiplier == 1 or steps < math.log(b.max / b.initial, b.multiplier)
+        delay = b.initial * b.multiplier ** steps if capped else b.max
+        delay = min(b.max, delay)
         delay *= 1.0 + self.rng.uniform(-b.jitter, b.jitter)
         return min(b.max, max(delay, after or 0.0))
 
@@ -136,6 +149,8 @@ class Sender(threading.Thread):
         ids = ",".join(f"{m.id}.{m.version}" for m in batch)
         headers = {"Content-Type": "application/json", "User-Agent": "sits-observe",
                    "X-Sits-Delivery": f"{self.outbox.instance}:{ids}"}
+        if self._auth is not None:
+            headers["Authorization"] = self._auth
         if self.cfg.secret is not None:
             ts = str(int(time.time()))
             headers["X-Sits-Timestamp"] = ts
@@ -179,6 +194,11 @@ class Sender(threading.Thread):
 
 class _Final(Exception):
     """The receiver refused the message for good (a non-2xx answer other than 5xx, 408, 429)."""
+
+
+def _basic_auth(user: str, password: str | None) -> str:
+    token = f"{unquote(user)}:{unquote(password or '')}".encode()
+    return f"Basic {base64.b64encode(token).decode()}"
 
 
 def _describe(exc: BaseException) -> str:

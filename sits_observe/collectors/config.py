@@ -17,6 +17,14 @@ def check_url(url: str) -> str:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError("must be an http:// or https:// URL with a host, e.g. http://127.0.0.1:8000/metrics")
+    try:
+        port = parts.port
+    except ValueError:  # not a number, or past 65535
+        port = 0
+    if port is not None and not 1 <= port <= 65535:
+        raise ValueError("has a port that is not a number in 1-65535; fix the part after the host's ':'")
+    if not url.isascii():
+        raise ValueError("has characters outside ASCII; percent-encode them (e.g. %C3%A9 for é)")
     return url
 
 

@@ -26,6 +26,7 @@ class Delivery:
     body: Any
     signed_ok: bool | None
     answer: object
+    authorization: str | None = None
 
 
 def free_port() -> int:
@@ -84,7 +85,8 @@ class Receiver:
             signed_ok = hmac.compare_digest(sig, want)
         with self._lock:
             answer = self.script.pop(0) if self.script else 200
-            self.deliveries.append(Delivery(headers.get("X-Sits-Delivery", ""), json.loads(body), signed_ok, answer))
+            self.deliveries.append(Delivery(headers.get("X-Sits-Delivery", ""), json.loads(body), signed_ok, answer,
+                                            headers.get("Authorization")))
         return answer
 
     def accepted(self) -> list[Delivery]:

@@ -1,13 +1,18 @@
 """Outbox and senders against a scripted loopback receiver: retries, final refusals, dedup, order, payloads."""
 
+import base64
 import json
 import logging
 import time
 
+import pytest
+
+from sits_observe.alerting import sender as sender_module
 from sits_observe.alerting.config import AlertingConfig
 from sits_observe.alerting.formats import Alert, fingerprint, render
 from sits_observe.alerting.outbox import Outbox
 from sits_observe.alerting.sender import Dispatcher
+from sits_observe.errors import AlertingError
 
 from alert_receiver import Receiver, free_port
 
@@ -145,3 +150,58 @@ def test_fingerprint():
     assert fingerprint({}) == "cbf29ce484222325"  # FNV-1a 64 offset basis: Alertmanager's empty label set
     assert fingerprint({"a": "1", "b": "2"}) == fingerprint({"b": "2", "a": "1"})
     assert fingerprint({"a": "1", "b": "2"}) != fingerprint({"a": "12"})  # the separator byte keeps them apart
+
+
+def test_credentials_in_the_url_go_as_basic_auth_and_never_into_logs(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="sits_observe.alerting")
+    rx = Receiver(script=[503])
+    d = _dispatcher(tmp_path, f"http://am%40ops:pa%3Ass@127.0.0.1:{rx.port}/hook")
+    d.start()
+    try:
+        d.notify(_alert("a"))
+        assert _wait(lambda: d.outbox.depth() == {} and len(rx.deliveries) == 2)
+        assert {x.authorization for x in rx.deliveries} == {"Basic " + base64.b64encode(b"am@ops:pa:ss").decode()}
+        assert "pa%3Ass" not in caplog.text and "pa:ss" not in caplog.text and "receiver r:" in caplog.text
+    finally:
+        d.close()
+        rx.close()
+
+
+def test_a_sender_outlives_an_unexpected_error_and_a_receiver_down_for_days(tmp_path, monkeypatch, caplog):
+    rx = Receiver()
+    d = _dispatcher(tmp_path, rx.url)
+    sender = d.senders["r"]
+    # ~1,000 failed attempts in a row (3.5 days at the default back-off) used to overflow the delay
+    assert sender._delay(5000, None) <= 0.1 and sender._delay(1, None) <= 0.02 * 1.2
+    real, calls = sender_module.render, []
+
+    def render_once_broken(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise UnicodeEncodeError("ascii", "é", 0, 1, "a bug")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sender_module, "render", render_once_broken)
+    d.start()
+    try:
+        d.notify(_alert("a"))
+        assert _wait(lambda: d.outbox.depth() == {}) and len(rx.deliveries) == 1
+        assert sender.is_alive() and len(calls) == 2
+        assert "receiver r: unexpected UnicodeEncodeError while delivering" in caplog.text
+    finally:
+        d.close()
+        rx.close()
+
+
+def test_a_failed_commit_is_rolled_back_so_later_writes_still_work(tmp_path):
+    box = Outbox(tmp_path / "outbox.db")
+    db = box._db
+    db.execute("PRAGMA foreign_keys=ON")
+    db.execute("CREATE TABLE parent (id INTEGER PRIMARY KEY)")
+    db.execute("CREATE TABLE child (p INTEGER REFERENCES parent(id) DEFERRABLE INITIALLY DEFERRED)")
+    with pytest.raises(AlertingError, match="FOREIGN KEY"):
+        with box._tx() as tx:
+            tx.execute("INSERT INTO child VALUES (42)")  # checked only at COMMIT, which fails
+    assert not db.in_transaction
+    assert box.enqueue(["r"], _alert("a")) == 1 and box.depth() == {"r": 1}
+    box.close()

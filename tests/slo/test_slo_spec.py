@@ -78,6 +78,18 @@ def test_duplicate_names_and_receivers_never_echo_secrets(tmp_path):
     assert "TOKENVALUE" not in text and "hunter2" not in text and ", got 5" not in text
 
 
+def test_receiver_urls_with_a_bad_port_or_raw_unicode_are_refused_at_load(tmp_path):
+    data = {"slos": [{"name": "a", "objective": 0.9, "latency": LATENCY}],
+            "alerting": {"receivers": [{"type": "webhook", "url": "http://am:99999/x"},
+                                       {"type": "webhook", "url": "http://am:abc/x"},
+                                       {"type": "slack", "url": "https://hooks.example/services/équipe"}]}}
+    f, lines = _errors(tmp_path, data)
+    for i in (0, 1):
+        assert f"{f}: alerting.receivers[{i}].url: has a port that is not a number in 1-65535" in "\n".join(lines)
+    assert f"{f}: alerting.receivers[2].url: has characters outside ASCII; percent-encode them" in "\n".join(lines)
+    assert "services" not in "\n".join(lines)  # a Slack URL is a secret: never echoed
+
+
 def test_tier_shorthand_defaults_and_round_trip():
     cfg = parse({"slos": [{"name": "s", "objective": 0.99, "window": "2d", "latency": LATENCY,
                            "tiers": {"ticket_slow": False, "ticket_fast": {"long": "12h", "budget": 0.05}}}],
