@@ -52,6 +52,7 @@ __all__ = ["SloEngine", "Evaluation"]
 
 log = logging.getLogger("sits_observe.slo")
 RECENT_KEPT = 50
+QUIET_NOTES = frozenset({"confidence", "rca_verdict"})  # annotations whose change alone sends no message
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,17 +237,24 @@ class SloEngine:
     # ---- hooks ---------------------------------------------------------------------------------
 
     def annotate(self, slo_name: str, annotations: dict[str, Any]) -> None:
-        """Add annotations (e.g. ``likely_cause``, ``confidence``) to the SLO's current or next alert."""
+        """Add annotations (e.g. ``likely_cause``, ``confidence``) to the SLO's current or next alert.
+
+        A firing alert is announced again only when an annotation other than :data:`QUIET_NOTES` changes
+        (a verdict every few seconds must not become a chat message every few seconds); quiet ones ride
+        on its next message and on Alertmanager's periodic re-send."""
         with self._lock:
             index = {s.name: i for i, s in enumerate(self.specs)}
             if slo_name not in index:
                 raise SloError(f"annotate: unknown SLO {slo_name!r}; configured: {sorted(index)}")
-            notes = {**self.notes.get(slo_name, {}), **{str(k): str(v) for k, v in annotations.items()}}
+            old = self.notes.get(slo_name, {})
+            notes = {**old, **{str(k): str(v) for k, v in annotations.items()}}
+            loud = any(old.get(k) != v for k, v in notes.items() if k not in QUIET_NOTES)
             self.notes[slo_name] = notes
             self.state.set_notes(slo_name, notes)
             for key in [k for k in self.alerts if k[0] == index[slo_name]]:
                 self.alerts[key] = replace(self.alerts[key], annotations={**self.alerts[key].annotations, **notes})
-                self._notify(self.alerts[key])
+                if loud:
+                    self._notify(self.alerts[key])
 
     def metrics(self) -> Iterable[Sample]:
         with self._lock:

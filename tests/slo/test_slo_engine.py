@@ -126,8 +126,11 @@ def test_annotations_ride_on_the_alert(tmp_path, receiver):
     for _ in range(30):
         engine.on_tick(feed.frame(0.5))
     assert _wait(lambda: len(receiver.accepted()) == 1)
-    engine.annotate("chat-latency", {"confidence": 0.93})  # already delivered: sent again, updated
-    assert _wait(lambda: len(receiver.accepted()) == 2)
+    for confidence in (0.93, 0.94, 0.95):  # a verdict every few ticks, same cause: no message of its own
+        engine.annotate("chat-latency", {"likely_cause": "gpu_memory_pressure", "confidence": confidence,
+                                         "rca_verdict": f"v{confidence}"})
+    engine.annotate("chat-latency", {"likely_cause": "thermal_throttling", "confidence": 0.7})  # already
+    assert _wait(lambda: len(receiver.accepted()) == 2)  # delivered: sent again, updated
     with pytest.raises(Exception, match="unknown SLO 'nope'"):
         engine.annotate("nope", {"likely_cause": "x"})
     for _ in range(25):  # 10 s until the short window clears, 10 s of keep_firing_for
@@ -136,7 +139,8 @@ def test_annotations_ride_on_the_alert(tmp_path, receiver):
     engine.close()
     notes = [d.body["alerts"][0]["annotations"] for d in receiver.accepted()]
     assert notes[0]["likely_cause"] == "gpu_memory_pressure" and notes[0]["confidence"] == "0.81"
-    assert notes[1]["confidence"] == "0.93" and notes[2]["confidence"] == "0.93"
+    assert notes[1]["likely_cause"] == "thermal_throttling" and notes[1]["confidence"] == "0.7"
+    assert notes[1]["rca_verdict"] == "v0.95" and notes[2] == notes[1]
     assert [d.body["status"] for d in receiver.accepted()] == ["firing", "firing", "resolved"]
     assert notes[0]["summary"] == "chat-latency: error budget burning over 1.2x in the last 1m and 10s"
 
