@@ -177,6 +177,11 @@ class SloEngine:
                 log.warning("%s: SLO windows and budgets start afresh", exc)
                 self.state.clear_edges()
                 self.ring = WindowRing(len(self.specs), self.levels)
+                # the flap guard's times are in the abandoned future: or a firing alert would be kept
+                # until the clock caught up with them; with empty windows it resolves now
+                self.last_true = np.full_like(self.last_true, np.nan)
+                self.held = np.zeros_like(self.held)
+                self.resume = np.zeros_like(self.resume)
                 written = self.ring.add(frame.ts, good, total)
             self.last = ev = self._evaluate(frame.ts if self.ring.ts is None else self.ring.ts)
             prune = [(lvl, idx - self.levels.slots + 1) for lvl, idx, _ in written]

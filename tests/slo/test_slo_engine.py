@@ -190,13 +190,19 @@ def test_clock_going_back_starts_afresh(tmp_path, receiver, caplog):
     cfg = _config(tmp_path, receiver.url)
     feed = Feeder(cfg)
     engine = SloEngine.from_config(cfg)
-    for _ in range(20):
-        engine.on_tick(feed.frame(0.2))
+    for _ in range(100):
+        engine.on_tick(feed.frame(0.0))
+    for _ in range(30):
+        engine.on_tick(feed.frame(0.5))
+    assert engine.firing == ["page_fast"]
     feed.ts -= 3600
     with caplog.at_level(logging.WARNING, logger="sits_observe.slo"):
         engine.on_tick(feed.frame(0.0))
     assert "start afresh" in caplog.text
     assert engine.slos_state()[0]["windows"][-1]["total"] == 100
+    # the alert does not outlive its windows: resolved at once, not kept until the clock catches up
+    assert engine.firing == [None]
+    assert _wait(lambda: [d.body["status"] for d in receiver.accepted()] == ["firing", "resolved"])
     engine.close()
 
 
