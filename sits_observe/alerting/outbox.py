@@ -8,8 +8,9 @@ of a queued message, so an update is a new delivery).
 
 Deduplication by label fingerprint, per receiver:
 
-* a state change equal to the last one queued (same status, start and annotations) is dropped, so a
-  restarted evaluator that re-announces its alerts sends nothing new;
+* a state change equal to the last one queued (same status and annotations) is dropped, so a
+  restarted evaluator that re-announces its alerts sends nothing new, even one killed after queuing a
+  firing alert and before recording it, which re-announces it with a later start;
 * a change with the same status as a message still pending (new annotations) updates that message in
   place instead of queuing another;
 * a *refresh* (Alertmanager re-send) is queued only when nothing is pending for that alert.
@@ -93,7 +94,8 @@ class Message:
 
 
 def _digest(alert: Alert) -> str:
-    key = json.dumps([alert.status, alert.starts_at, alert.annotations], sort_keys=True)
+    # not the start: the same status twice in a row is one incident (a new one resolves the last first)
+    key = json.dumps([alert.status, alert.annotations], sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
@@ -106,7 +108,8 @@ class Outbox:
         try:
             self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=10)
             self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
+            # FULL: a queued alert survives power loss before the SLO state that says it was announced
+            self._db.execute("PRAGMA synchronous=FULL")
             self._db.executescript(_SCHEMA)
             row = self._db.execute("SELECT value FROM meta WHERE key='instance'").fetchone()
             if row is None:

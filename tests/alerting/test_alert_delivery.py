@@ -4,6 +4,7 @@ import base64
 import json
 import logging
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -115,6 +116,19 @@ def test_alertmanager_batches_and_resends_firing(tmp_path):
     finally:
         d.close()
         rx.close()
+
+
+def test_a_firing_alert_re_announced_with_a_later_start_is_the_same_incident(tmp_path):
+    box = Outbox(tmp_path / "outbox.db")
+    first = _alert("a")
+    assert box.enqueue(["r"], first) == 1
+    box.delivered(box.head("r"))
+    # killed after queuing, before recording: the restarted engine announces it again, from a later tick
+    assert box.enqueue(["r"], replace(first, starts_at=first.starts_at + 300)) == 0
+    assert box.enqueue(["r"], replace(first, status="resolved", ends_at=first.starts_at + 900)) == 1
+    assert box.enqueue(["r"], replace(first, starts_at=first.starts_at + 3600)) == 1  # a new incident
+    assert box._read("PRAGMA synchronous") == [(2,)]  # FULL: queued before the SLO state, on disk too
+    box.close()
 
 
 def test_outbox_survives_reopen_and_keeps_instance(tmp_path):
