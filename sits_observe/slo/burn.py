@@ -40,21 +40,30 @@ def tier_active(err_long: np.ndarray, err_short: np.ndarray, rate_short: np.ndar
                 & (np.asarray(rate_short) >= min_rate))
 
 
-def fire(active: np.ndarray, held: np.ndarray, last_true: np.ndarray, ts: float,
-         keep: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Which tiers fire now, per SLO row and tier column (fastest first): ``(firing, held, last_true)``.
+def fire(active: np.ndarray, held_until: np.ndarray, last_true: np.ndarray, ts: float, keep: np.ndarray,
+         hold_for: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Which tiers fire now, per SLO row and tier column (fastest first): ``(firing, held, last_true, held_until)``.
 
     A tier's condition is *kept* (the flap guard) while it is active or was active at an evaluation at
-    most ``keep`` seconds ago; ``last_true`` is the time of that evaluation (NaN when not kept).  A tier
-    is *held* while kept and a faster tier is kept, or it was held at the previous evaluation: once a
-    faster tier took over an incident, the slower ones resolve at once and stay quiet until their own
-    kept condition lapses, so one incident is one alert.  A tier fires when kept and not held.
-    ``held`` and ``last_true`` are the previous evaluation's; rows are independent.
+    most ``keep`` seconds ago; ``last_true`` is the time of that evaluation (NaN when not kept).  While a
+    faster tier is kept, a slower kept tier is *held* (it fires nothing: one incident, one alert) and
+    ``held_until`` is the faster tiers' latest ``last_true`` plus the slower tier's ``hold_for`` (its short
+    window plus its ``keep_firing_for``): until then its short window may still hold the faster
+    incident's errors, or its flap guard bridge a dip back to them.  Once no faster tier is kept, it
+    stays held while its condition last held no later than ``held_until``, and fires if it holds after
+    that: the burn goes on below the faster rate (before, a held tier stayed quiet for as long as its
+    own condition held, so a page burn that slowed from 20x to 8x resolved and was never paged again).
+    A tier fires when kept and not held.  ``held_until`` and ``last_true`` are the previous
+    evaluation's (NaN: none); rows are independent.
     """
     active = np.asarray(active, dtype=bool)
     with np.errstate(invalid="ignore"):
         kept = active | (ts - np.asarray(last_true) <= keep)
     last = np.where(active, ts, np.where(kept, last_true, np.nan))
     faster = (np.cumsum(kept, axis=-1) - kept) > 0
-    out_held = kept & (faster | np.asarray(held, dtype=bool))
-    return kept & ~out_held, out_held, last
+    latest = np.fmax.accumulate(np.where(kept, last, np.nan), axis=-1)  # NaN-ignoring running max
+    latest = np.concatenate([np.full(latest.shape[:-1] + (1,), np.nan), latest[..., :-1]], axis=-1)
+    until = np.where(kept, np.where(faster, latest + hold_for, held_until), np.nan)
+    with np.errstate(invalid="ignore"):
+        held = kept & (faster | (last <= until))
+    return kept & ~held, held, last, until

@@ -7,8 +7,9 @@ fires: a tier is active when its long and short windows both burn faster than it
 window saw at least ``min_rate`` events/s.  A tier's condition is kept through dips of up to its
 ``keep_firing_for`` (the flap guard), so a brief dip near the threshold does not flap.  Only the
 fastest kept tier fires: slower ones are held (a firing one resolves at once) while a faster one is
-kept, and stay held until their own kept condition lapses, so an incident is one alert, not one per
-tier (:func:`.burn.fire`).
+kept, and after that while their own windows may still lag it (their short window plus their
+``keep_firing_for``), so an incident is one alert, not one per tier; a slower tier whose condition
+still holds past that fires: the burn goes on below the faster rate (:func:`.burn.fire`).
 State changes go to the alert outbox (:mod:`sits_observe.alerting`) before they are recorded in
 ``state_dir/slo.db``, so a crash in between re-announces the change and the outbox drops the duplicate.
 
@@ -16,7 +17,7 @@ Hooks for other parts:
 
 * ``annotate(slo_name, {"likely_cause": ..., "confidence": ...})`` (the RCA consumer): adds annotations
   to the SLO's firing alerts.  A delivery still queued is updated in place; one already delivered is
-  sent again with the new annotations.  Made while nothing fires, they ride on the SLO's next alert.
+  sent again when more than its confidence changed.  Made while nothing fires, they ride on the SLO's next alert.
   They are dropped when the incident resolves.
 * ``slos_state()`` and ``alerts_state()``: JSON-ready bodies of ``GET /api/v1/slos`` and ``/api/v1/alerts``.
 """
@@ -57,8 +58,9 @@ QUIET_NOTES = frozenset({"confidence", "rca_verdict"})  # annotations whose chan
 
 @dataclass(frozen=True, slots=True)
 class Evaluation:
-    """One tick's results: per window pair ``sums (2, P)``; per SLO and tier ``active``, ``firing``, ``held`` and
-    ``last_true (n, T)`` (when a kept tier's condition last held, NaN when not kept; see :func:`.burn.fire`)."""
+    """One tick's results: per window pair ``sums (2, P)``; per SLO and tier ``active``, ``firing``, ``held``,
+    ``last_true (n, T)`` (when a kept tier's condition last held, NaN when not kept) and ``held_until``
+    (see :func:`.burn.fire`)."""
 
     ts: float
     sums: np.ndarray
@@ -70,6 +72,7 @@ class Evaluation:
     held: np.ndarray
     last_true: np.ndarray
     budget: np.ndarray
+    held_until: np.ndarray
 
 
 class SloEngine:
@@ -98,6 +101,7 @@ class SloEngine:
         self.t_short = np.zeros((n, T), dtype=np.int64)
         self.t_threshold = np.full((n, T), np.inf)
         self.keep = np.zeros((n, T))
+        self.hold_for = np.zeros((n, T))  # how long a held tier may lag a faster one: short window + keep
         for i, s in enumerate(self.specs):
             for j, name in enumerate(TIER_NAMES):
                 t = self.tiers[i].get(name)
@@ -105,6 +109,7 @@ class SloEngine:
                     self.t_long[i, j], self.t_short[i, j] = self.pair_of[(i, t.long)], self.pair_of[(i, t.short)]
                     self.t_threshold[i, j] = t.threshold(s.window, s.objective)
                     self.keep[i, j] = t.keep_firing_for
+                    self.hold_for[i, j] = t.short + t.keep_firing_for
         self.budget = np.array([error_budget(s.objective) for s in self.specs])
         self.min_rate = np.array([s.min_rate for s in self.specs])[:, None]
         self.budget_pair = np.array([self.pair_of[(i, s.window)] for i, s in enumerate(self.specs)])
@@ -139,9 +144,9 @@ class SloEngine:
         self.last_true = np.full(shape, np.nan)
         self.saved = np.full(shape, np.nan)  # as stored: NaN not kept, inf condition held at the last evaluation
         index = {s.name: i for i, s in enumerate(self.specs)}
-        self.held = np.zeros(shape, dtype=bool)
-        for name, tiers in self.state.held().items():
-            self.held[index[name]] = [t in tiers for t in TIER_NAMES]
+        self.held_until = np.full(shape, np.nan)
+        for name, until in self.state.held().items():
+            self.held_until[index[name]] = [until.get(t, np.nan) for t in TIER_NAMES]
         for name, kept in self.state.tiers().items():
             i = index[name]
             for tier, (since, last_true) in kept.items():
@@ -180,15 +185,17 @@ class SloEngine:
                 # the flap guard's times are in the abandoned future: or a firing alert would be kept
                 # until the clock caught up with them; with empty windows it resolves now
                 self.last_true = np.full_like(self.last_true, np.nan)
-                self.held = np.zeros_like(self.held)
+                self.held_until = np.full_like(self.held_until, np.nan)
                 self.resume = np.zeros_like(self.resume)
                 written = self.ring.add(frame.ts, good, total)
             self.last = ev = self._evaluate(frame.ts if self.ring.ts is None else self.ring.ts)
             prune = [(lvl, idx - self.levels.slots + 1) for lvl, idx, _ in written]
             self.state.save(written, prune)
-            for i in np.flatnonzero((ev.held != self.held).any(axis=1)):
-                self.state.set_held(self.specs[i].name, [t for t, h in zip(TIER_NAMES, ev.held[i]) if h])
-            self.held, self.last_true, self.resume = ev.held, ev.last_true, np.zeros_like(self.resume)
+            same_until = (ev.held_until == self.held_until) | (np.isnan(ev.held_until) & np.isnan(self.held_until))
+            for i in np.flatnonzero((~same_until).any(axis=1)):
+                self.state.set_held(self.specs[i].name, {t: float(u) for t, u in zip(TIER_NAMES, ev.held_until[i])
+                                                         if not np.isnan(u)})
+            self.held_until, self.last_true, self.resume = ev.held_until, ev.last_true, np.zeros_like(self.resume)
             saved = np.where(ev.active, np.inf, ev.last_true)
             same = (saved == self.saved) | (np.isnan(saved) & np.isnan(self.saved))
             for i in np.flatnonzero(((ev.firing != self.firing_tiers) | ~same).any(axis=1)):
@@ -202,9 +209,9 @@ class SloEngine:
         rate = sums[1] / self.windows
         active = tier_active(err[self.t_long], err[self.t_short], rate[self.t_short], self.t_threshold, self.min_rate)
         last = np.where(self.resume, ts, self.last_true)
-        firing, held, last_true = fire(active, self.held, last, ts, self.keep)
+        firing, held, last_true, until = fire(active, self.held_until, last, ts, self.keep, self.hold_for)
         return Evaluation(ts, sums, err, burn_rate(err, self.budget[self.rows]), rate, active, firing, held, last_true,
-                          budget_remaining(err[self.budget_pair], self.budget))
+                          budget_remaining(err[self.budget_pair], self.budget), until)
 
     def _alert(self, i: int, tier: Tier, since: float) -> Alert:
         spec = self.specs[i]

@@ -12,9 +12,11 @@ One rule group per SLO, evaluated in order within each evaluation:
 * ``sits_slo:burn_condition_held{slo, burn_tier}``, the flap guard: present while the condition holds
   or held at an evaluation at most ``keep_firing_for`` ago; its value is the time of that evaluation
   (the rule reads its own previous value);
-* per tier, fastest first: ``sits_slo:burn_held{slo, burn_tier}`` (not for the fastest), a tier whose
-  held condition is present while a faster tier's is, kept (the rule reads its own previous value)
-  until its own held condition lapses; then alert ``SitsSloBurnRate``, the held condition ``unless``
+* per tier, fastest first (not for the fastest): ``sits_slo:burn_held_until{slo, burn_tier}``, while
+  the tier's held condition is present: the latest held-condition time of the faster tiers plus the
+  tier's short window and ``keep_firing_for`` while any is present, else its own previous value; and ``sits_slo:burn_held``, the
+  held condition while a faster one is present or it last held no later than ``burn_held_until`` (its
+  windows may still lag the faster incident); then alert ``SitsSloBurnRate``, the held condition ``unless``
   ``burn_held``, without ``for`` or ``keep_firing_for`` (so a tier taken over resolves at once), and with
   the same labels and annotations as the daemon's alerts: the daemon's :func:`~.burn.fire`, evaluation
   for evaluation.
@@ -111,9 +113,15 @@ def _group(spec: SloSpec, snapped: Sequence[float], buckets: Sequence[float]) ->
         expr = _selector("sits_slo:burn_condition_held", slo=spec.name, burn_tier=tier.name)
         if k:
             held = _selector("sits_slo:burn_held", slo=spec.name, burn_tier=tier.name)
+            until = _selector("sits_slo:burn_held_until", slo=spec.name, burn_tier=tier.name)
             names = "|".join(t.name for t in tiers[:k])
             faster = f'sits_slo:burn_condition_held{{slo="{spec.name}",burn_tier=~"{names}"}}'
-            rules.append({"record": "sits_slo:burn_held", "expr": f"{expr} and on(slo) ({faster} or {held})",
+            rules.append({"record": "sits_slo:burn_held_until",
+                          "expr": f"((max by (slo) ({faster}) + {tier.short + tier.keep_firing_for}) and on(slo) {expr})"
+                                  f" or on(slo) ({until} and on(slo) {expr})",
+                          "labels": {**slo, "burn_tier": tier.name}})
+            rules.append({"record": "sits_slo:burn_held",
+                          "expr": f"{expr} and on(slo) ({faster} or on(slo) ({expr} <= on(slo) {until}))",
                           "labels": {**slo, "burn_tier": tier.name}})
             expr += " unless on(slo) " + held
         labels = spec.alert_labels(tier)

@@ -7,7 +7,8 @@
   tier's alert if it fires, and when its condition last held (NULL: at the last evaluation), so a
   restart neither re-pages nor forgets to resolve nor resets the flap guard; replaces the ``alerts``
   (one row per SLO) and ``firing`` tables of earlier versions, migrated on open;
-* ``held``: the tiers held quiet because a faster tier took over the incident;
+* ``held``: per SLO, the tiers held quiet because a faster tier took over the incident, and until when
+  their windows may lag it (a list of tier names from earlier versions: held until their condition lapses);
 * ``notes``: annotations added through ``annotate()`` (likely cause) for the current incident.
 """
 
@@ -130,13 +131,19 @@ class SloState:
             if all(since is None for since, _ in tiers.values()):
                 db.execute("DELETE FROM notes WHERE slo=?", (slo,))
 
-    def held(self) -> dict[str, list[str]]:
+    def held(self) -> dict[str, dict[str, float]]:
+        """Per SLO, ``{tier: held until}``."""
         with self._lock:
-            return {s: json.loads(t) for s, t in self.db.execute("SELECT slo, tiers FROM held")}
+            rows = self.db.execute("SELECT slo, tiers FROM held").fetchall()
+        out = {}
+        for slo, text in rows:
+            held = json.loads(text)
+            out[slo] = {t: float("inf") for t in held} if isinstance(held, list) else held
+        return out
 
-    def set_held(self, slo: str, tiers: list[str]) -> None:
+    def set_held(self, slo: str, until: dict[str, float]) -> None:
         with self._tx() as db:
-            db.execute("INSERT OR REPLACE INTO held VALUES (?, ?)", (slo, json.dumps(tiers)))
+            db.execute("INSERT OR REPLACE INTO held VALUES (?, ?)", (slo, json.dumps(until)))
 
     def notes(self) -> dict[str, dict[str, str]]:
         with self._lock:

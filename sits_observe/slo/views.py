@@ -89,7 +89,7 @@ def slo_view(engine: SloEngine, i: int) -> dict[str, Any]:
             burning = bool(ev.err[engine.t_long[i, j]] > thr and ev.err[engine.t_short[i, j]] > thr)
             row.update(active=bool(ev.active[i, j]), firing=bool(ev.firing[i, j]), held=bool(ev.held[i, j]),
                        held_back_low_traffic=burning and not bool(ev.active[i, j]),
-                       condition_held_at=_num(ev.last_true[i, j]))
+                       condition_held_at=_num(ev.last_true[i, j]), held_until=_num(ev.held_until[i, j]))
         tiers.append(row)
     out["tiers"] = tiers
     return out

@@ -74,6 +74,8 @@ SCENARIOS = [
     Scenario("flap", "latency", *_pattern(600, 12, T0, FLAP)),      # keep_firing_for 5m
     # 0.4 % (ticket_fast) for 206 min, then 2.4 % (page_fast takes over) with a 1-minute dip at 0.4 %
     Scenario("takeover", "latency", *_phases(1000, T0, [(4, 206), (24, 12), (4, 1), (24, 6), (4, 40)])),
+    # 2 % (page_fast) for 20 min, then 0.8 % (burn 8: page_slow, not page_fast) for 200 min
+    Scenario("slowdown", "latency", *_phases(1000, T0, [(20, 20), (8, 200)])),
 ]
 
 
@@ -90,6 +92,7 @@ def config(state_dir: str) -> Config:
         {**base, "window": "28d", "name": "outage", "latency": latency("outage")},
         {**base, **SCALED, "name": "flap", "keep_firing_for": "5m", "latency": latency("flap")},
         {**base, **SCALED, "name": "takeover", "latency": latency("takeover")},
+        {**base, **SCALED, "name": "slowdown", "latency": latency("slowdown")},
     ]}, env={})
 
 

@@ -66,12 +66,14 @@ def test_tier_active(err_long, err_short, rate_short, min_rate, active):
     assert bool(tier_active(err_long, err_short, rate_short, 0.01344, min_rate)) is active
 
 
-def _fire_over_time(active, keep):
-    """Run :func:`fire` for one SLO, one evaluation per second; the firing rows."""
-    held, last_true = np.zeros(4, dtype=bool), np.full(4, np.nan)
+def _fire_over_time(active, keep, hold_for=2.0):
+    """Run :func:`fire` for one SLO, one evaluation per second, every tier's short window ``hold_for``
+    seconds; the firing rows."""
+    until, last_true = np.full(4, np.nan), np.full(4, np.nan)
     got = []
     for ts, row in enumerate(active):
-        firing, held, last_true = fire(np.array(row, dtype=bool), held, last_true, float(ts), np.full(4, keep))
+        firing, _, last_true, until = fire(np.array(row, dtype=bool), until, last_true, float(ts), np.full(4, keep),
+                                           np.full(4, hold_for))
         got.append(firing.astype(int).tolist())
     return got
 
@@ -86,6 +88,9 @@ def _fire_over_time(active, keep):
     ("a slower tier that cleared may fire again on its own",
      [[1, 1, 0, 0], [0, 1, 0, 0], [0, 0, 0, 0], [0, 1, 0, 0]],
      [[1, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0], [0, 1, 0, 0]]),
+    ("the page clears, the ticket-level burn goes on: the ticket fires once its 2 s short window is past it",
+     [[0, 0, 1, 0], [1, 0, 1, 0], [0, 0, 1, 0], [0, 0, 1, 0], [0, 0, 1, 0], [0, 0, 1, 0], [0, 0, 0, 0]],
+     [[0, 0, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 1, 0], [0, 0, 1, 0], [0, 0, 0, 0]]),
 ])
 def test_inhibit_over_time_without_keep_firing_for(name, active, firing):
     assert _fire_over_time(active, 0.0) == firing, name
@@ -105,23 +110,36 @@ def test_inhibit_over_time_without_keep_firing_for(name, active, firing):
       [0, 0, 0, 1]],
      [[0, 0, 0, 1], [1, 0, 0, 0], [1, 0, 0, 0], [1, 0, 0, 0], [1, 0, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0],
       [0, 0, 0, 1]]),
-    ("a slower tier that turns active while the faster alert is kept firing stays held through its own dips",
-     [[1, 0, 0, 0], [0, 1, 0, 0], [0, 1, 0, 0], [0, 1, 0, 0], [0, 0, 0, 0], [0, 1, 0, 0], [0, 0, 0, 0],
-      [0, 0, 0, 0], [0, 0, 0, 0], [0, 1, 0, 0]],
-     [[1, 0, 0, 0], [1, 0, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0],
-      [0, 0, 0, 0], [0, 0, 0, 0], [0, 1, 0, 0]]),
 ])
 def test_keep_firing_for_over_time(name, active, firing):
     assert _fire_over_time(active, 2.0) == firing, name
+
+
+SLOWER_TURNS_ACTIVE = [[1, 0, 0, 0], [0, 1, 0, 0], [0, 1, 0, 0], [0, 1, 0, 0], [0, 0, 0, 0], [0, 1, 0, 0],
+                       [0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0], [0, 1, 0, 0]]
+
+
+@pytest.mark.parametrize("name, hold_for, firing", [
+    ("its 5 s short window may still hold the page's errors until 5 s: held through its own dips, one alert",
+     5.0, [[1, 0, 0, 0], [1, 0, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0],
+           [0, 0, 0, 0], [0, 0, 0, 0], [0, 1, 0, 0]]),
+    ("with a 2 s short window its condition at 3 s is its own burn: it fires",
+     2.0, [[1, 0, 0, 0], [1, 0, 0, 0], [1, 0, 0, 0], [0, 1, 0, 0], [0, 1, 0, 0], [0, 1, 0, 0], [0, 1, 0, 0],
+           [0, 1, 0, 0], [0, 0, 0, 0], [0, 1, 0, 0]]),
+])
+def test_a_slower_tier_turning_active_while_the_faster_alert_is_kept(name, hold_for, firing):
+    assert _fire_over_time(SLOWER_TURNS_ACTIVE, 2.0, hold_for) == firing, name
 
 
 def test_fire_is_vectorised_over_slos():
     active = np.array([[1, 0, 0, 0], [0, 0, 0, 1]], dtype=bool)
     last = np.full((2, 4), np.nan)
     last[1, 0] = 6.0  # row 1: the page's condition held 4 s ago
-    firing, held, last_true = fire(active, np.zeros((2, 4), bool), last, 10.0, np.array([[5.0] * 4, [5.0] * 4]))
+    firing, held, last_true, until = fire(active, np.full((2, 4), np.nan), last, 10.0, np.full((2, 4), 5.0),
+                                          np.array([[60.0, 360.0, 1440.0, 4320.0]] * 2))
     assert firing.astype(int).tolist() == [[1, 0, 0, 0], [1, 0, 0, 0]]  # row 1: page kept, ticket held
     assert held.astype(int).tolist() == [[0, 0, 0, 0], [0, 0, 0, 1]]
+    assert np.isnan(until[0]).all() and until[1, 3] == 6.0 + 4320.0 and np.isnan(until[1, :3]).all()
     assert last_true[0].tolist()[0] == 10.0 and np.isnan(last_true[0, 1:]).all()
     assert last_true[1, 0] == 6.0 and last_true[1, 3] == 10.0
 

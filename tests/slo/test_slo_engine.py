@@ -168,6 +168,8 @@ def test_api_state_and_metrics(tmp_path, receiver):
     assert tiers["page_fast"]["firing"] and tiers["page_fast"]["condition_held_at"] == feed.ts
     assert tiers["ticket_slow"]["held"] and not tiers["ticket_slow"]["firing"]
     assert tiers["ticket_slow"]["keep_firing_for"] == "1m" and tiers["ticket_slow"]["condition_held_at"] == feed.ts
+    # held while its 1m short window and 1m keep_firing_for may still lag page_fast's incident
+    assert tiers["ticket_slow"]["held_until"] == feed.ts + 60 + 60
     assert [a["labels"]["burn_tier"] for a in alerts["firing"]] == ["page_fast"]
     assert [a["labels"]["burn_tier"] for a in alerts["recent"]] == ["ticket_slow"]
     assert alerts["receivers"][0]["name"] == "hook" and set(alerts["receivers"][0]) >= {"queue_depth", "delivered"}
@@ -183,6 +185,29 @@ def test_api_state_and_metrics(tmp_path, receiver):
     # ticket_slow firing, page_fast firing, ticket_slow resolved
     assert samples[("sits_webhook_deliveries_total", (("receiver", "hook"), ("outcome", "delivered")))] == 3.0
     assert samples[("sits_webhook_queue_depth", (("receiver", "hook"),))] == 0.0
+    engine.close()
+
+
+def test_a_restart_keeps_how_long_a_tier_is_held_and_reads_the_old_held_list(tmp_path, receiver):
+    cfg = _config(tmp_path, receiver.url)
+    feed = Feeder(cfg)
+    engine = SloEngine.from_config(cfg)
+    for _ in range(90):
+        engine.on_tick(feed.frame(0.0))
+    for _ in range(30):
+        engine.on_tick(feed.frame(0.3))
+    until = engine.held_until.copy()
+    assert until[0, 3] == feed.ts + 120 and np.isnan(until[0, 0])
+    engine.close()
+    engine = SloEngine.from_config(cfg)
+    assert np.array_equal(engine.held_until, until, equal_nan=True)
+    engine.close()
+    db = sqlite3.connect(tmp_path / "slo.db")  # an earlier version: the held tiers' names only
+    db.execute("UPDATE held SET tiers = ?", ('["ticket_slow"]',))
+    db.commit()
+    db.close()
+    engine = SloEngine.from_config(cfg)
+    assert engine.held_until[0, 3] == np.inf  # held until its own condition lapses, as it was then
     engine.close()
 
 

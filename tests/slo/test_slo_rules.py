@@ -49,16 +49,26 @@ T0 = S.T0
 #        window holds (24j + 4(12-j))/12000 > 0.01344 -> j >= 6: page_fast fires at T0+212 and ticket_fast
 #        resolves at that same step (page_slow, active from the same minute, is held too); the 1m window dips
 #        at T0+219 (0.4 %): kept; from T0+226 it stays clean: resolved at T0+227.  ticket_fast stays held (its
-#        condition holds until T0+273, then is kept 24m): no second ticket.
-PF, TF = ("page_fast",), ("ticket_fast",)
+#        condition holds until T0+273, then is kept 24m; held until page_fast's last T0+225 + 24m + 24m): no
+#        second ticket.
+#  slowdown: page_fast as for fast (T0+9), its 1m window falls to 0.8 % at T0+21: kept 1m, resolved at
+#        T0+22; page_slow active from T0+21 (0.02*20 + 0.008 over 72m > 0.0056), held while page_fast is
+#        kept and then until T0+20 + 6m + 6m = T0+32 (its windows may still lag the 2 %); still active at
+#        T0+33: fires (the burn goes on at 8x). The 0.8 % ends at T0+220; the 6m window holds > 0.0056
+#        through T0+221 (0.008*5/6), kept 6m: resolved at T0+228. The ticket tiers stay held (page_slow
+#        kept, then their windows lag it: ticket_fast last active T0+235 < T0+221 + 48m).
+PF, PS, TF = ("page_fast",), ("page_slow",), ("ticket_fast",)
 HAND = {
     1: {"outage": PF}, 19: {"outage": PF}, 20: {}, 40: {}, 130: {},
-    T0 + 8: {}, T0 + 9: {"fast": PF, "flap": PF}, T0 + 13: {"fast": PF, "flap": PF},
-    T0 + 14: {"fast": PF, "flap": PF}, T0 + 25: {"fast": PF, "flap": PF}, T0 + 26: {"flap": PF},
-    T0 + 27: {"flap": PF}, T0 + 28: {}, T0 + 30: {},
-    T0 + 201: {}, T0 + 202: {"slow": TF, "takeover": TF}, T0 + 211: {"slow": TF, "takeover": TF},
-    T0 + 212: {"slow": TF, "takeover": PF}, T0 + 219: {"slow": TF, "takeover": PF},
-    T0 + 226: {"slow": TF, "takeover": PF}, T0 + 227: {"slow": TF}, T0 + 228: {"slow": TF},
+    T0 + 8: {}, T0 + 9: {"fast": PF, "flap": PF, "slowdown": PF}, T0 + 13: {"fast": PF, "flap": PF, "slowdown": PF},
+    T0 + 14: {"fast": PF, "flap": PF, "slowdown": PF}, T0 + 21: {"fast": PF, "flap": PF, "slowdown": PF},
+    T0 + 22: {"fast": PF, "flap": PF}, T0 + 25: {"fast": PF, "flap": PF}, T0 + 26: {"flap": PF},
+    T0 + 27: {"flap": PF}, T0 + 28: {}, T0 + 30: {}, T0 + 32: {}, T0 + 33: {"slowdown": PS},
+    T0 + 201: {"slowdown": PS}, T0 + 202: {"slow": TF, "takeover": TF, "slowdown": PS},
+    T0 + 211: {"slow": TF, "takeover": TF, "slowdown": PS},
+    T0 + 212: {"slow": TF, "takeover": PF, "slowdown": PS}, T0 + 219: {"slow": TF, "takeover": PF, "slowdown": PS},
+    T0 + 226: {"slow": TF, "takeover": PF, "slowdown": PS}, T0 + 227: {"slow": TF, "slowdown": PS},
+    T0 + 228: {"slow": TF},
     T0 + 251: {"slow": TF}, T0 + 252: {}, T0 + 280: {}, T0 + 290: {},
 }
 
@@ -136,7 +146,7 @@ def test_promtool_fires_at_the_same_steps_as_the_daemon(setup, tmp_path):
         if steps[m] != steps[m - 1]:
             check |= {m - 1, m}
     groups = []
-    for names in (("fast", "slow", "flap", "takeover"), ("outage", "quiet")):
+    for names in (("fast", "slow", "flap", "takeover", "slowdown"), ("outage", "quiet")):
         mine = sorted(m for m in check if m > S.T0) if "fast" in names else sorted(m for m in check if m < S.T0)
         tests = [_alert_test(cfg, m, steps[m], names) for m in mine]
         # and the hand-computed table, independently of the daemon
