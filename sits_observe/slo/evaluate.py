@@ -157,6 +157,12 @@ class SloEngine:
                         self.firing_tiers[i, j] = True
                         self.alerts[(i, tier)] = self._alert(i, self.tiers[i][tier], since)
         self.resume = np.isinf(self.saved)  # held up to the restart: counted as held at the first evaluation
+        # alerts the receivers hold as firing that this configuration no longer has, and firing ones it has
+        # that they never got (labels changed; or announced by a version that did not record them)
+        announced = {a.fingerprint: a for a in self.state.announced()}
+        firing = {a.fingerprint for a in self.alerts.values()}
+        self._reconcile = ([a for fp, a in announced.items() if fp not in firing],
+                           [a for a in self.alerts.values() if a.fingerprint not in announced])
         self.last_true = np.where(self.resume, np.nan, self.saved)
 
     @property
@@ -176,6 +182,8 @@ class SloEngine:
         self.start()
         good, total = self.reader.read(frame)
         with self._lock:
+            if any(self._reconcile):
+                self._announce_restored(frame.ts)
             try:
                 written = self.ring.add(frame.ts, good, total)
             except SloError as exc:
@@ -239,8 +247,23 @@ class SloEngine:
             self.notes.pop(name, None)
         self.state.set_tiers(name, {t: (self.alerts[(i, t)].starts_at if f else None,
                                         None if np.isinf(v) else float(v))
-                                    for t, f, v in zip(TIER_NAMES, ev.firing[i], saved) if not np.isnan(v)})
+                                    for t, f, v in zip(TIER_NAMES, ev.firing[i], saved) if not np.isnan(v)},
+                             list(new.values()), resolved)
         self.firing_tiers[i], self.saved[i] = ev.firing[i], saved
+
+    def _announce_restored(self, ts: float) -> None:
+        """After a restart: resolve announced alerts the configuration no longer has, announce firing ones
+        the receivers never got (outbox first; an alert they already have is dropped there as a duplicate)."""
+        gone, unannounced = self._reconcile
+        resolved = [replace(a, status="resolved", ends_at=ts) for a in gone]
+        for alert in (*resolved, *unannounced):  # may raise (disk): tried again at the next tick
+            self._notify(alert)
+        self.state.set_announced(unannounced, gone)
+        for a in gone:
+            log.info("SLO alert %s (%s) is no longer configured: resolved", a.labels.get("slo"),
+                     a.labels.get("burn_tier"))
+        self.recent.extend(resolved)
+        self._reconcile = ([], [])
 
     def _notify(self, alert: Alert) -> None:
         if self.dispatcher is not None:

@@ -9,7 +9,10 @@
   (one row per SLO) and ``firing`` tables of earlier versions, migrated on open;
 * ``held``: per SLO, the tiers held quiet because a faster tier took over the incident, and until when
   their windows may lag it (a list of tier names from earlier versions: held until their condition lapses);
-* ``notes``: annotations added through ``annotate()`` (likely cause) for the current incident.
+* ``notes``: annotations added through ``annotate()`` (likely cause) for the current incident;
+* ``announced``: every alert announced as firing and not yet resolved, by fingerprint, so that one the
+  configuration no longer has (an SLO removed, a tier turned off, labels changed) is resolved at the
+  receivers after a restart instead of firing there for ever.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..alerting.formats import Alert
 from ..alerting.outbox import transaction
 from ..errors import SloError
 
@@ -40,6 +44,7 @@ CREATE TABLE IF NOT EXISTS tiers (
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS notes (slo TEXT PRIMARY KEY, annotations TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS held (slo TEXT PRIMARY KEY, tiers TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS announced (fingerprint TEXT PRIMARY KEY, alert TEXT NOT NULL) WITHOUT ROWID;
 """
 
 
@@ -122,14 +127,33 @@ class SloState:
             out.setdefault(slo, {})[tier] = (since, last_true)
         return out
 
-    def set_tiers(self, slo: str, tiers: dict[str, tuple[float | None, float | None]]) -> None:
-        """Record the SLO's kept tiers (as :meth:`tiers` returns them); none firing also drops its notes."""
+    def set_tiers(self, slo: str, tiers: dict[str, tuple[float | None, float | None]],
+                  started: Sequence[Alert] = (), ended: Sequence[Alert] = ()) -> None:
+        """Record the SLO's kept tiers (as :meth:`tiers` returns them) and the alerts that ``started`` or
+        ``ended`` firing with them; none firing also drops its notes."""
         with self._tx() as db:
+            self._announce(db, started, ended)
             db.execute("DELETE FROM tiers WHERE slo=?", (slo,))
             db.executemany("INSERT INTO tiers VALUES (?, ?, ?, ?)",
                            [(slo, t, since, last) for t, (since, last) in tiers.items()])
             if all(since is None for since, _ in tiers.values()):
                 db.execute("DELETE FROM notes WHERE slo=?", (slo,))
+
+    def announced(self) -> list[Alert]:
+        """Alerts announced as firing and not resolved since, whatever the configuration now says."""
+        with self._lock:
+            rows = self.db.execute("SELECT alert FROM announced").fetchall()
+        return [Alert.from_json(json.loads(a)) for (a,) in rows]
+
+    def set_announced(self, started: Sequence[Alert] = (), ended: Sequence[Alert] = ()) -> None:
+        with self._tx() as db:
+            self._announce(db, started, ended)
+
+    @staticmethod
+    def _announce(db: sqlite3.Connection, started: Sequence[Alert], ended: Sequence[Alert]) -> None:
+        db.executemany("DELETE FROM announced WHERE fingerprint=?", [(a.fingerprint,) for a in ended])
+        db.executemany("INSERT OR REPLACE INTO announced VALUES (?, ?)",
+                       [(a.fingerprint, json.dumps(a.to_json())) for a in started])
 
     def held(self) -> dict[str, dict[str, float]]:
         """Per SLO, ``{tier: held until}``."""

@@ -211,6 +211,38 @@ def test_a_restart_keeps_how_long_a_tier_is_held_and_reads_the_old_held_list(tmp
     engine.close()
 
 
+def test_an_alert_the_new_configuration_no_longer_has_is_resolved_after_a_restart(tmp_path, receiver):
+    cfg = _config(tmp_path, receiver.url)
+    feed = Feeder(cfg)
+    engine = SloEngine.from_config(cfg)
+    for _ in range(100):
+        engine.on_tick(feed.frame(0.0))
+    for _ in range(30):
+        engine.on_tick(feed.frame(0.5))
+    assert engine.firing == ["page_fast"] and _wait(lambda: len(receiver.accepted()) == 1)
+    old = receiver.accepted()[0].body["alerts"][0]
+    engine.close()
+    data = cfg.model_dump(mode="python")
+    data["alerting"]["receivers"][0]["secret"] = SECRET
+    data["slos"][0]["labels"] = {"team": "serving"}  # the same burn, another alert (fingerprint)
+    cfg = parse(data, env={})
+    engine = SloEngine.from_config(cfg)
+    engine.on_tick(feed.frame(0.5))
+    assert engine.firing == ["page_fast"]
+    assert _wait(lambda: len(receiver.accepted()) == 3)
+    got = [d.body["alerts"][0] for d in receiver.accepted()[1:]]
+    # the old alert resolved, then the new one announced (it fired before the restart, under other labels)
+    assert [(a["status"], a["fingerprint"] == old["fingerprint"]) for a in got] == [("resolved", True),
+                                                                                    ("firing", False)]
+    assert got[1]["labels"]["team"] == "serving"
+    engine.close()
+    engine = SloEngine.from_config(cfg)  # and nothing more at the next restart
+    engine.on_tick(feed.frame(0.5))
+    engine.close()
+    time.sleep(0.5)
+    assert len(receiver.accepted()) == 3
+
+
 def test_clock_going_back_starts_afresh(tmp_path, receiver, caplog):
     cfg = _config(tmp_path, receiver.url)
     feed = Feeder(cfg)
