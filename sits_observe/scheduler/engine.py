@@ -41,6 +41,7 @@ __all__ = ["Scheduler", "AckBody"]
 
 log = logging.getLogger("sits_observe.scheduler")
 HISTORY_PER_SHARD = 20  # retired/failed placements kept per shard
+GPU_STALE_S = 15.0  # GPU values older than this (the GPU source stopped reporting) are not decided on
 
 
 class AckBody(BaseModel):
@@ -88,6 +89,7 @@ class Scheduler:
         self._util, self._mem, self._healthy = np.zeros(n), np.full(n, np.nan), np.ones(n, dtype=bool)
         self._total = np.array([g.memory_total_bytes for g in topology.gpus], dtype=np.float64)
         self._values: np.ndarray | None = None
+        self._gpu_ts = float("-inf")  # source time of the GPU values above
         self._host_cpu = float("nan")
         self._numa_cpu: dict[int, float] = {}
         self._now = clock()
@@ -110,8 +112,9 @@ class Scheduler:
         with self._lock:
             self._now = ts = frame.ts
             g = frame.gpu
-            if g is not None and len(g.info) == self.topo.n:
-                self._values = g.values
+            sampled = g is not None and len(g.info) == self.topo.n
+            if sampled:
+                self._values, self._gpu_ts = g.values, ts
                 self._util = np.nan_to_num(g.values[:, GPU_FIELD_INDEX["utilization_ratio"]], nan=0.0)
                 self._mem = g.values[:, GPU_FIELD_INDEX["memory_used_bytes"]]
                 self._healthy = np.asarray(g.healthy, dtype=bool)
@@ -126,16 +129,29 @@ class Scheduler:
                     continue  # made while nothing burns: only a healthy verdict (which ends a streak) counts
                 if (t := self.triggers.on_verdict(v)) is not None:
                     fired.append(t)
-            fired += self.triggers.on_frame(ts, np.where(self._healthy, self._util, np.nan), self._mem / self._total,
-                                            self._host_cpu)
+            # a tick without a GPU sample counts nothing into the GPU windows; a source silent for longer
+            # than GPU_STALE_S re-arms them (NaN) rather than letting its last sample sustain a trigger
+            util = mem = None
+            if sampled or not self._gpu_fresh():
+                fresh = self._gpu_fresh()
+                util = np.where(self._healthy & fresh, self._util, np.nan)
+                mem = np.where(fresh, self._mem / self._total, np.nan)
+            fired += self.triggers.on_frame(ts, util, mem, self._host_cpu)
             for t in fired:
                 self._decide(t)
 
     # ---- decisions -------------------------------------------------------------------------------
 
+    def _gpu_fresh(self) -> bool:
+        return self._now - self._gpu_ts <= GPU_STALE_S
+
     def _decide(self, t: Trigger) -> None:
         if not t.fixable:
             self._no_action(t, t.reason, annotate=True)
+            return
+        if not self._gpu_fresh():
+            self._no_action(t, f"{t.reason}; no GPU values for {GPU_STALE_S:g} s (the GPU source is not "
+                               "reporting): no placement decided on old ones")
             return
         views = self._views()
         implicated = set(t.gpus) or culprits(t.cause, self._values, self.topo, self._numa_cpu)

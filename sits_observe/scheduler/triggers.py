@@ -35,7 +35,7 @@ _CULPRIT_FIELD = {"gpu_memory_pressure": "memory_used_bytes", "thermal_throttlin
 
 
 def culprits(cause: str, values: np.ndarray | None, topo: Topology, numa_cpu: dict[int, float]) -> set[int]:
-    """The GPUs most implicated in ``cause`` when the verdict names none.
+    """The GPUs most implicated in ``cause`` when the verdict names none (none without GPU values).
 
     ``cpu_contention``: the GPUs fed by the busiest NUMA node that has GPUs (``numa_cpu``: node -> busy
     share from the tick's per-node CPU samples; the serving processes run on the cores of their GPUs'
@@ -49,8 +49,8 @@ def culprits(cause: str, values: np.ndarray | None, topo: Topology, numa_cpu: di
         nodes = {n: gs for n, gs in topo.numa_nodes().items() if not np.isnan(numa_cpu.get(n, np.nan))}
         if nodes:
             return set(nodes[max(nodes, key=lambda n: numa_cpu[n])])
-    if values is None:
-        return {0}
+    if values is None:  # no GPU values yet: name none rather than GPU 0
+        return set()
     col = values[:, GPU_FIELD_INDEX[_CULPRIT_FIELD.get(cause, "utilization_ratio")]]
     if not (np.nan_to_num(col) > 0).any():  # nobody reports it, or it points nowhere
         col = values[:, GPU_FIELD_INDEX["utilization_ratio"]]
@@ -133,8 +133,18 @@ class Triggers:
                   else f"{v.cause}: {NON_FIXABLE.get(v.cause, 'not a cause a re-shard can fix')}")
         return Trigger("verdict", v.cause, fixable, v.ts, reason, tuple(v.gpus), v.confidence, v, repeat=repeat)
 
-    def on_frame(self, ts: float, util: np.ndarray, mem_ratio: np.ndarray, host_cpu: float) -> list[Trigger]:
-        """Window triggers from one tick's per-GPU utilization and memory fraction and host CPU."""
+    def on_frame(self, ts: float, util: np.ndarray | None, mem_ratio: np.ndarray | None,
+                 host_cpu: float) -> list[Trigger]:
+        """Window triggers from one tick's per-GPU utilization and memory fraction and host CPU; ``None``
+        for a tick without a new GPU sample leaves the GPU windows as they are (NaN re-arms them)."""
+        out = self._gpu_windows(ts, util, mem_ratio) if util is not None and mem_ratio is not None else []
+        if self.host_cpu.update(ts, host_cpu):
+            out.append(Trigger("saturation", "host_cpu_saturation", True, ts,
+                               f"host CPU {host_cpu:.0%} > {self.cfg.saturation_ratio:.0%} for "
+                               f"{self.cfg.saturation_sustain:g} s", other_node=True, repeat=self.host_cpu.repeat))
+        return out
+
+    def _gpu_windows(self, ts: float, util: np.ndarray, mem_ratio: np.ndarray) -> list[Trigger]:
         out = []
         cfg = self.cfg
         valid = util[~np.isnan(util)]
@@ -151,8 +161,4 @@ class Triggers:
             out.append(Trigger("saturation", "gpu_memory_saturation", True, ts,
                                f"GPU memory > {cfg.saturation_ratio:.0%} for {cfg.saturation_sustain:g} s on GPUs "
                                f"{list(full)} (fullest {fullest:.0%})", full, repeat=self.gpu_memory.repeat))
-        if self.host_cpu.update(ts, host_cpu):
-            out.append(Trigger("saturation", "host_cpu_saturation", True, ts,
-                               f"host CPU {host_cpu:.0%} > {cfg.saturation_ratio:.0%} for {cfg.saturation_sustain:g} s",
-                               other_node=True, repeat=self.host_cpu.repeat))
         return out

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from sched_helpers import PendingActuator, frame, live_gpus
 
-from sits_observe.frame import GPU_FIELD_INDEX, GPU_FIELDS, numa_cpu_sample
+from sits_observe.frame import GPU_FIELD_INDEX, GPU_FIELDS, Frame, numa_cpu_sample
 from sits_observe.rca.verdict import Verdict
 from sits_observe.scheduler.config import SchedulerConfig
 from sits_observe.scheduler.engine import Scheduler
@@ -185,6 +185,26 @@ def test_imbalance_moves_only_for_a_real_gain(make_scheduler: Callable[..., Sche
     d = s.decisions_state()["decisions"][0]
     assert (d["trigger"], d["action"], d["source_gpus"]) == ("imbalance", "migrate", (0,))
     assert d["target_gpus"] != (0,) and d["score"] > 0
+
+
+def test_nothing_is_decided_on_gpu_values_the_gpu_source_stopped_sending(
+        make_scheduler: Callable[..., Scheduler]) -> None:
+    s = make_scheduler(imbalance_sustain=5, min_gain=0.0, verdict_consecutive=1)
+    s.register_shard({"id": "a", "gpus": 1, "memory_per_gpu": 20 * 2**30, "placement": [0]})
+    s.register_shard({"id": "b", "gpus": 1, "memory_per_gpu": 20 * 2**30, "placement": [0]})
+    s.on_tick(frame(1000.0, [1.0] + [0.0] * 7))  # one sample of an imbalance, then the GPU source is down
+    for t in range(1, 120):
+        s.on_tick(Frame(1000.0 + t, 1.0))
+    # not an imbalance "sustained" by one old sample
+    assert [d for d in s.decisions_state()["decisions"] if d["name"] == "shard.reshard"] == []
+    s.on_verdict(verdict("thermal_throttling", 0.9, 1120.0, gpus=(0,)))
+    s.on_tick(Frame(1120.0, 1.0))
+    d = s.decisions_state()["decisions"][0]
+    assert d["action"] == "no_action" and "the GPU source is not reporting" in d["reason"]
+    for t in range(121, 128):  # back: the window starts again from fresh values and fires
+        s.on_tick(frame(1000.0 + t, [1.0] + [0.0] * 7, mem_gib=[40] + [0] * 7))
+    assert s.decisions_state()["decisions"][0]["action"] == "migrate"
+    assert culprits("thermal_throttling", None, preset("nvswitch-8"), {}) == set()  # no values: not GPU 0
 
 
 def test_reload_applies_thresholds_and_new_shards(make_scheduler: Callable[..., Scheduler]) -> None:
