@@ -37,7 +37,7 @@ def scheduler_blueprint(scheduler: Any, auth: Callable[[Callable[..., Any]], Cal
     @bp.get("/api/v1/decisions")
     def decisions() -> Response:
         raw = request.args.get("limit", "100")
-        if not raw.isdigit() or not 1 <= int(raw) <= 10000:
+        if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= 10000:
             raise ConfigError(f"limit: must be an integer from 1 to 10000, got {raw!r}")
         return jsonify(scheduler.decisions_state(int(raw)))
 
@@ -57,6 +57,8 @@ def scheduler_blueprint(scheduler: Any, auth: Callable[[Callable[..., Any]], Cal
     @bp.post("/api/v1/placements/<int:placement_id>/ack")
     @auth
     def ack(placement_id: int) -> Response:
+        if placement_id >= 2**63:  # past SQLite's integer: no such placement
+            raise NotFound(f"placement {placement_id}: no such placement")
         return jsonify(scheduler.ack(placement_id, _body()))
 
     @bp.errorhandler(NotFound)

@@ -49,7 +49,7 @@ class ShardSpec(Section):
     @classmethod
     def _placement_size(cls, v: list[int] | None, info: ValidationInfo) -> list[int] | None:
         k = info.data.get("gpus")
-        if v is not None and k is not None and len(set(v)) != k:
+        if v is not None and k is not None and (len(v) != k or len(set(v)) != k):
             raise ValueError(f"must list {k} distinct GPU indices (the shard's 'gpus')")
         return v
 

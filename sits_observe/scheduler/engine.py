@@ -35,7 +35,7 @@ from .states import NotFound, State
 from .store import Placement, PlacementStore
 from .tracing import Decision, DecisionTracer
 from .triggers import Trigger, Triggers, culprits
-from .view import ShardView, gpu_load, in_flight, request_for, shard_views
+from .view import ShardView, gpu_load, in_flight, locked_gpus, request_for, shard_views
 
 __all__ = ["Scheduler", "AckBody"]
 
@@ -293,6 +293,9 @@ class Scheduler:
             if in_flight(views) >= self.cfg.max_migrations:
                 raise SchedulerError(f"shard {shard_id}: cannot re-shard: {self.cfg.max_migrations} migrations "
                                      "already in flight (scheduler.max_migrations)")
+            if busy := sorted(set(view.gpus) & locked_gpus(views)):
+                raise SchedulerError(f"shard {shard_id}: cannot re-shard: GPUs {busy} are in a migration in "
+                                     "flight (one migration per GPU); try again when it has finished")
             res = self.planner.place(request_for(view.spec, views, self._util, view.gpus), self._load(views))
             others: list[Candidate] = [c for c in res.candidates if c.gpus != view.gpus]
             if not others:

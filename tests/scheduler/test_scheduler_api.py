@@ -129,6 +129,8 @@ def test_webhook_migration_walks_on_acks_and_refuses_bad_input(api: tuple[FlaskC
             f"placement {new}: ack for step launch refused: expected state staged, actual placed")
     refused(client, sched, "/api/v1/placements/999/ack", {"step": "stage", "ok": True}, 404,
             "placement 999: no such placement")
+    refused(client, sched, f"/api/v1/placements/{10**20}/ack", {"step": "stage", "ok": True}, 404,
+            f"placement {10**20}: no such placement")
     refused(client, sched, url, {"step": "stage", "ok": True}, 401, "bearer token", headers={})
 
     # the orchestrator acks each step; the old placement then drains
@@ -165,7 +167,10 @@ def test_bad_registrations_and_reshards(api: tuple[FlaskClient, Scheduler]) -> N
     refused(client, sched, "/api/v1/reshard", {"shard": "nope", "reason": "x"}, 404, "shard nope: not registered")
     refused(client, sched, "/api/v1/reshard", {"shard": "tp2"}, 400, "reason: must be a non-empty string")
     refused(client, sched, "/api/v1/reshard", {"reason": "x"}, 400, 'body must be {"shard": "<id>"')
-    r = client.get("/api/v1/decisions?limit=0")
-    assert r.status_code == 400 and "limit: must be an integer from 1 to 10000, got '0'" in r.get_json()["error"]
+    refused(client, sched, "/api/v1/shards", {"id": "x", "gpus": 2, "placement": [1, 1, 2]}, 400,
+            "placement: must list 2 distinct GPU indices")
+    for bad in ("0", "\u00b2"):  # a superscript two is a digit to str.isdigit, not to int()
+        r = client.get(f"/api/v1/decisions?limit={bad}")
+        assert r.status_code == 400 and f"limit: must be an integer from 1 to 10000, got {bad!r}" in r.get_json()["error"]
     r = client.post("/api/v1/shards", json={"id": "fits", "gpus": 2, "memory_per_gpu": 10 * GiB}, headers=AUTH)
     assert r.status_code == 201 and r.get_json()["state"] == "placed"  # waiting for the orchestrator's stage ack

@@ -9,6 +9,7 @@ import pytest
 from sched_helpers import PendingActuator, frame, live_gpus
 
 from sits_observe.frame import GPU_FIELD_INDEX, GPU_FIELDS, Frame, numa_cpu_sample
+from sits_observe.errors import SchedulerError
 from sits_observe.rca.verdict import Verdict
 from sits_observe.scheduler.config import SchedulerConfig
 from sits_observe.scheduler.engine import Scheduler
@@ -111,6 +112,8 @@ def test_cooldown_and_one_migration_per_gpu(make_scheduler: Callable[..., Schedu
     # at most one migration in flight per GPU: a shard sharing a GPU with it stays, a's own GPUs are taken
     target = first["target_gpus"][0]
     s.register_shard({"id": "c", "gpus": 1, "memory_per_gpu": 2**30, "placement": [target]})
+    with pytest.raises(SchedulerError, match=rf"GPUs \[{target}\] are in a migration in flight"):
+        s.manual_reshard("c", "maintenance")  # an operator's re-shard keeps the rule too
     for t, gpu in ((1001.0, target), (1002.0, 1)):
         s.on_verdict(verdict("healthy", 0.9, t))
         s.on_verdict(verdict("gpu_compute_saturation", 0.9, t, gpus=(gpu,)))
