@@ -50,12 +50,16 @@ class RcaEngine:
         self._ticks = 0
         self._base: np.ndarray | None = None
         self._base_tick = -1
+        self._loaded: tuple[int, int] | None = None  # the model file's (mtime_ns, size) when loaded
+        self._short_history_logged = False
         self._proba: dict[str, float] = {}
         self._counts: dict[str, int] = {}
         self._load()
 
     def _load(self) -> None:
         path = self.cfg.model_path()
+        self._base, self._base_tick = None, -1  # a baseline belongs to the model's features
+        self._loaded = _file_stamp(path)
         try:
             import torch
 
@@ -70,15 +74,17 @@ class RcaEngine:
 
     def _disable(self, why: str) -> None:
         self.model = None
+        self._base, self._base_tick = None, -1
         self.error = why
         log.warning("rca: root-cause classification is off: %s", why)
 
     def reload(self, cfg: Any) -> None:
-        """SIGHUP: take the new ``rca`` section; reload the model when its path changed."""
+        """SIGHUP: take the new ``rca`` section; reload the model when its path or file changed (a model
+        retrained in place), or when RCA is off (the file fixed since)."""
         new: RcaConfig = cfg.rca
-        changed = new.model_path() != self.cfg.model_path()
+        changed = new.model_path() != self.cfg.model_path() or _file_stamp(new.model_path()) != self._loaded
         self.cfg = new
-        if changed:
+        if changed or self.model is None:
             self._load()
 
     # ---- per tick ------------------------------------------------------------------------------
@@ -88,11 +94,12 @@ class RcaEngine:
             return
         self._ticks += 1
         burning = list(self.firing()) if self.firing is not None else []
-        if self._ticks % (self.cfg.burn_every_ticks if burning else self.cfg.every_ticks):
-            return
-        if store.ticks < self.model.window:
-            return
+        due = not self._ticks % (self.cfg.burn_every_ticks if burning else self.cfg.every_ticks)
         try:
+            if (store.ticks - 1) % self.model.baseline.every == 0:
+                self._baseline(store)  # at its refresh point: the same ticks as in training, whatever the ring holds
+            if not due or store.ticks < self.model.window:
+                return
             raw = store.window(self.model.features, self.model.window)
             base = self._baseline(store)
         except StoreError as exc:
@@ -106,6 +113,11 @@ class RcaEngine:
         from the ticks up to the refresh point, exactly as :func:`sits_observe.rca.dataset.rolling_baseline`
         computes it for training (row ``t`` = tick ``t + 1``)."""
         b = self.model.baseline  # type: ignore[union-attr]
+        if store.history < b.horizon and not self._short_history_logged:
+            self._short_history_logged = True
+            log.warning("rca: store.history is %d ticks, the model's baseline covers %d: verdicts compare with a "
+                        "shorter baseline than in training; set store.history to at least %d", store.history,
+                        b.horizon, b.horizon)
         since = (store.ticks - 1) % b.every  # ticks after the refresh point
         due = store.ticks - 1 - since
         if self._base is None or due != self._base_tick:
@@ -175,3 +187,11 @@ class RcaEngine:
 
     def close(self) -> None:
         self.log.close()
+
+
+def _file_stamp(path: Path | str) -> tuple[int, int] | None:
+    try:
+        st = Path(path).stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size

@@ -44,9 +44,13 @@ class HostSource:
         frame.add_values("e2e", "chat", self.rng.uniform(0.3, 0.5, 50), self.layout)
 
 
-def _daemon(tmp_path: Path, model: Path, every: int, **hooks: Any) -> tuple[Daemon, RcaEngine]:
-    cfg = parse({"state_dir": str(tmp_path), "gpu": {"backend": "none"},
-                 "rca": {"model": str(model), "every_ticks": every, "burn_every_ticks": 1}}, env={})
+def _config(tmp_path: Path, model: Path, every: int, history: int = 3600) -> Any:
+    return parse({"state_dir": str(tmp_path), "gpu": {"backend": "none"}, "store": {"history": history},
+                  "rca": {"model": str(model), "every_ticks": every, "burn_every_ticks": 1}}, env={})
+
+
+def _daemon(tmp_path: Path, model: Path, every: int, history: int = 3600, **hooks: Any) -> tuple[Daemon, RcaEngine]:
+    cfg = _config(tmp_path, model, every, history)
     daemon = Daemon(config=cfg, clock=SimClock(1.0, 1.0, start=1000.0))
     engine = RcaEngine(cfg.rca, cfg.state_dir, **hooks)
     daemon.consumers.append(engine)
@@ -142,3 +146,28 @@ def test_a_burn_classifies_every_burn_every_ticks(tmp_path: Path, tiny_model: Rc
     for _ in range(40):  # window 16: burn verdicts at ticks 16, 20, ..., 40
         daemon.tick()
     assert [v.trigger for v in handed] == ["slo_burn"] * 7
+
+
+def test_sighup_brings_rca_back_once_the_model_file_is_fixed_or_retrained(tmp_path: Path, tiny_model: RcaModel,
+                                                                          caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "m.pt"
+    path.write_bytes(b"\x00garbage")
+    cfg = _config(tmp_path, path, every=5, history=600)
+    daemon, engine = _daemon(tmp_path, path, every=5, history=600)
+    daemon.sources.append(HostSource(daemon.layout))
+    daemon.tick()
+    assert engine.model is None
+    tiny_model.save(path)  # fixed (or retrained) in place, same path
+    engine.reload(cfg)
+    assert engine.model is not None and engine.error is None
+    with caplog.at_level(logging.WARNING, logger="sits_observe.rca"):
+        for _ in range(20):
+            daemon.tick()
+    assert engine.verdicts_state()["verdicts"] and engine._base is not None
+    # the default store keeps 3600 ticks; this one 600, shorter than the model's baseline: said once
+    assert sum("store.history is 600 ticks" in r.message for r in caplog.records) == 1
+    engine.reload(cfg)  # the same file: kept as loaded, baseline and all
+    assert engine._base is not None
+    path.write_bytes(path.read_bytes() + b"")  # rewritten: a retrained model takes over with its own baseline
+    engine.reload(cfg)
+    assert engine.model is not None and engine._base is None
