@@ -62,6 +62,17 @@ def _tier(engine, name):
     return next(t for t in engine.slos_state()[0]["tiers"] if t["burn_tier"] == name)
 
 
+def _burning(cfg, clean: int = 100, bad: float = 0.5) -> tuple[Feeder, SloEngine]:
+    """An engine that saw ``clean`` good ticks, then 30 with a ``bad`` error share: page_fast fires."""
+    feed = Feeder(cfg)
+    engine = SloEngine.from_config(cfg)
+    for _ in range(clean):
+        engine.on_tick(feed.frame(0.0))
+    for _ in range(30):
+        engine.on_tick(feed.frame(bad))
+    return feed, engine
+
+
 @pytest.fixture
 def receiver():
     r = Receiver(secret=SECRET)
@@ -71,12 +82,7 @@ def receiver():
 
 def test_restart_remembers_budget_and_firing_alert(tmp_path, receiver):
     cfg = _config(tmp_path, receiver.url)
-    feed = Feeder(cfg)
-    engine = SloEngine.from_config(cfg)
-    for _ in range(120):
-        engine.on_tick(feed.frame(0.0))
-    for _ in range(30):
-        engine.on_tick(feed.frame(0.5))
+    feed, engine = _burning(cfg, clean=120)
     assert engine.firing == ["page_fast"]
     before = engine.slos_state()[0]["error_budget"]["remaining_ratio"]
     assert before < 0  # 15 % of a 1h window's events were bad against a 1 % budget
@@ -147,12 +153,7 @@ def test_annotations_ride_on_the_alert(tmp_path, receiver):
 
 def test_api_state_and_metrics(tmp_path, receiver):
     cfg = _config(tmp_path, receiver.url)
-    feed = Feeder(cfg)
-    engine = SloEngine.from_config(cfg)
-    for _ in range(90):
-        engine.on_tick(feed.frame(0.0))
-    for _ in range(30):
-        engine.on_tick(feed.frame(0.3))
+    feed, engine = _burning(cfg, clean=90, bad=0.3)
     slos, alerts = engine.slos_state(), engine.alerts_state()
     text = json.dumps([slos, alerts])  # JSON-ready
     assert SECRET not in text and receiver.url not in text
@@ -190,12 +191,7 @@ def test_api_state_and_metrics(tmp_path, receiver):
 
 def test_a_restart_keeps_how_long_a_tier_is_held_and_reads_the_old_held_list(tmp_path, receiver):
     cfg = _config(tmp_path, receiver.url)
-    feed = Feeder(cfg)
-    engine = SloEngine.from_config(cfg)
-    for _ in range(90):
-        engine.on_tick(feed.frame(0.0))
-    for _ in range(30):
-        engine.on_tick(feed.frame(0.3))
+    feed, engine = _burning(cfg, clean=90, bad=0.3)
     until = engine.held_until.copy()
     assert until[0, 3] == feed.ts + 120 and np.isnan(until[0, 0])
     engine.close()
@@ -213,12 +209,7 @@ def test_a_restart_keeps_how_long_a_tier_is_held_and_reads_the_old_held_list(tmp
 
 def test_an_alert_the_new_configuration_no_longer_has_is_resolved_after_a_restart(tmp_path, receiver):
     cfg = _config(tmp_path, receiver.url)
-    feed = Feeder(cfg)
-    engine = SloEngine.from_config(cfg)
-    for _ in range(100):
-        engine.on_tick(feed.frame(0.0))
-    for _ in range(30):
-        engine.on_tick(feed.frame(0.5))
+    feed, engine = _burning(cfg)
     assert engine.firing == ["page_fast"] and _wait(lambda: len(receiver.accepted()) == 1)
     old = receiver.accepted()[0].body["alerts"][0]
     engine.close()
@@ -245,12 +236,7 @@ def test_an_alert_the_new_configuration_no_longer_has_is_resolved_after_a_restar
 
 def test_clock_going_back_starts_afresh(tmp_path, receiver, caplog):
     cfg = _config(tmp_path, receiver.url)
-    feed = Feeder(cfg)
-    engine = SloEngine.from_config(cfg)
-    for _ in range(100):
-        engine.on_tick(feed.frame(0.0))
-    for _ in range(30):
-        engine.on_tick(feed.frame(0.5))
+    feed, engine = _burning(cfg)
     assert engine.firing == ["page_fast"]
     feed.ts -= 3600
     with caplog.at_level(logging.WARNING, logger="sits_observe.slo"):
