@@ -80,6 +80,11 @@ def gpu_field_of(feature: str) -> str | None:
     return rest.rpartition(".")[0] if kind == "gpu" else None
 
 
+# How far back a GPU's own normal reaches: long enough that a fault of a few minutes is a minority of it,
+# short enough that a GPU whose role changed (a shard moved off or onto it) has its new normal soon.
+NORMAL_TICKS = 600
+
+
 class _GpuOccluded:
     """Stands in for the store where GPU windows are read: GPU ``gpu`` replaced by its own normal."""
 
@@ -93,14 +98,14 @@ class _GpuOccluded:
         if field not in self._normals:
             with warnings.catch_warnings():  # a GPU that never reported the field: NaN is the right answer
                 warnings.simplefilter("ignore", RuntimeWarning)
-                self._normals[field] = np.nanmedian(self._store.gpu_window(field), axis=0)
+                self._normals[field] = np.nanmedian(self._store.gpu_window(field, NORMAL_TICKS), axis=0)
         vals[:, self._gpu] = self._normals[field][self._gpu]
         return vals
 
 
 def gpu_occluded(store: SeriesStore, features: tuple[str, ...], raw: np.ndarray, last: int) -> np.ndarray:
     """``(G, n, F)``: ``raw`` with every GPU feature recomputed as if GPU ``g`` behaved as it normally does
-    (its median over the store's history, as a feature's occlusion uses the host baseline).
+    (its median over the last :data:`NORMAL_TICKS` ticks, as a feature's occlusion uses the host baseline).
 
     Its own normal, not the other GPUs': an idle spare GPU is normal when idle, and a GPU that became
     busy because of a co-tenant is not.  The GPU aggregates come from the store's own feature code

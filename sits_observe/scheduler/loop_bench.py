@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..config import DEFAULT_BUCKETS, SimConfig
+from ..config import DEFAULT_BUCKETS, SimConfig, StoreConfig
 from ..errors import ConfigError, ModelError, SchedulerError
 from ..frame import GPU_FIELD_INDEX, BucketLayout, Frame
 from ..histogram import snap_edges
@@ -158,7 +158,8 @@ def _run(mode: str, args: argparse.Namespace, rca_cfg: RcaConfig | None, work: P
         cfg = SchedulerConfig(actuator="sim", cooldown=args.cooldown, decisions_kept=100000,
                               weights=NAIVE if mode == "naive" else None)
         sched = Scheduler(cfg, OtlpConfig(), sim.topology, work / mode, sim=sim, clock=lambda: 0.0)
-    store = SeriesStore(layout, history=600) if mode == "full" and rca_cfg is not None else None
+    # the daemon's default store (1 h): the classifier's host baseline spans that much, as in training
+    store = SeriesStore(layout, history=StoreConfig().history) if mode == "full" and rca_cfg is not None else None
     if mode == "full" and rca_cfg is not None:
         from ..rca.engine import RcaEngine
 

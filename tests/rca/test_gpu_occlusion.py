@@ -39,3 +39,20 @@ def test_each_gpu_is_put_back_to_its_own_normal() -> None:
     for g in (0, 2, 3):
         np.testing.assert_allclose(occ[g], raw)
     np.testing.assert_array_equal(occ[:, :, 3], np.repeat(raw[None, :, 3], 4, axis=0))  # stages untouched
+
+
+def test_a_gpu_a_shard_left_has_its_new_normal_once_the_move_is_ten_minutes_old() -> None:
+    st = SeriesStore(BucketLayout((0.1, 1.0)), history=3600)
+    for t in range(3600):
+        f = Frame(float(t + 1), 1.0)
+        f.gpu = GpuFrame.empty([GpuInfo(i, f"GPU-{i}", "H100", f"0:{i}") for i in range(2)])
+        moved = t >= 2400  # GPU 0 served a shard for 40 minutes, then it moved to GPU 1: 20 minutes ago
+        f.gpu.set(0, "temperature_celsius", 35.0 if moved else 75.0)
+        f.gpu.set(1, "temperature_celsius", 75.0 if moved else 35.0)
+        st.ingest(f)
+    raw = st.window(FEATURES, 20)
+    occ = gpu_occluded(st, FEATURES, raw, 20)
+    # over the hour each GPU's median is its old role (GPU 1: an idle 35 C); over the last 10 minutes it is its
+    # present one, so putting either back to its normal changes nothing: neither is implicated by a role
+    np.testing.assert_allclose(occ[0, :, 2], raw[:, 2])
+    np.testing.assert_allclose(occ[1, :, 2], raw[:, 2])
