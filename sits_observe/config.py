@@ -200,9 +200,12 @@ def load(path: str | Path | None = None, env: dict[str, str] | None = None) -> C
         return parse({}, "<defaults>", env)
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read config file: {exc.strerror}; check the path") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: not UTF-8 text (byte {exc.start}: {exc.object[exc.start:exc.start + 1]!r}); "
+                          "save the file as UTF-8") from None
     return parse(parse_yaml(text, str(p)), str(p), env)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -20,6 +20,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from . import __version__
 from .config import Config
+from .errors import SitsError
 from .frame import BucketLayout, Frame, Sample
 from .store import SeriesStore
 from .topology import Topology
@@ -98,6 +99,7 @@ class Daemon:
         self.started = time.time()
         self.last_tick_wall: float | None = None
         self.stop_event = threading.Event()
+        self._reload_loader: Callable[[], Config | None] | None = None  # SIGHUP's, applied between ticks
         self._lock = threading.Lock()
 
     # ---- one tick ------------------------------------------------------------------------------
@@ -144,6 +146,9 @@ class Daemon:
         next_at = time.monotonic()
         while not self.stop_event.is_set():
             self.tick()
+            loader, self._reload_loader = self._reload_loader, None
+            if loader is not None:
+                self._reload_with(loader)
             next_at += self.clock.wall_interval
             now = time.monotonic()
             if deadline is not None and now >= deadline:
@@ -161,9 +166,27 @@ class Daemon:
                 except Exception as exc:  # closing one part must not keep the others open
                     log.warning("closing %s failed: %s", getattr(part, "name", part), exc)
 
+    def request_reload(self, loader: Callable[[], Config | None]) -> None:
+        """From a signal handler: load and apply the config with ``loader`` after the tick in progress (a
+        handler runs in the middle of whatever the tick is doing)."""
+        self._reload_loader = loader
+
+    def _reload_with(self, loader: Callable[[], Config | None]) -> None:
+        try:
+            new = loader()
+        except SitsError as exc:
+            log.error("SIGHUP: new config rejected, keeping the old one: %s", exc)
+            return
+        except Exception as exc:  # noqa: BLE001 - a reload must never take the daemon down
+            log.error("SIGHUP: cannot load the new config (%s); keeping the old one", type(exc).__name__)
+            return
+        if new is not None:
+            self.reload(new)
+
     def reload(self, new: Config) -> None:
         """Apply a validated new config (SIGHUP); parts that can reload take it, the rest need a restart."""
-        restart = [k for k in ("listen", "state_dir", "store", "tick_interval", "gpu", "sim", "slos", "alerting")
+        restart = [k for k in ("listen", "state_dir", "store", "tick_interval", "gpu", "sim", "slos", "alerting",
+                               "servers", "workloads", "probes")
                    if getattr(new, k) != getattr(self.config, k)]
         if restart:
             log.warning("SIGHUP: %s changed; these take effect after a restart", ", ".join(restart))

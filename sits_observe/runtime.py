@@ -14,7 +14,6 @@ from typing import Any
 import yaml
 
 from .config import Config, load, parse
-from .errors import SitsError
 
 __all__ = ["register", "serve"]
 
@@ -103,13 +102,8 @@ def serve(cfg: Config, *, duration: float | None = None, config_path: str | None
         daemon.stop_event.set()
 
     def on_hup(_signum: int, _frame: Any) -> None:
-        try:
-            new = load(config_path) if config_path else None
-        except SitsError as exc:
-            log.error("SIGHUP: new config rejected, keeping the old one: %s", exc)
-            return
-        if new is not None:
-            daemon.reload(new)
+        if config_path:
+            daemon.request_reload(lambda: load(config_path))
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)

@@ -1,6 +1,7 @@
 """The command line as a user meets it: one-line errors with exit 2, clean SIGTERM, SIGHUP reload."""
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -73,11 +74,13 @@ def test_sigterm_exits_cleanly_and_sighup_keeps_old_config_on_error(tmp_path, fr
                             stderr=subprocess.PIPE, text=True)
     try:
         wait_ready(port, proc)
-        cfg.write_text("listen: [not, valid\n")
-        proc.send_signal(signal.SIGHUP)
-        time.sleep(1.0)
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-            assert b"sits_build_info" in r.read()
+        good = cfg.read_bytes()
+        for bad in (b"listen: [not, valid\n", good + b"# caf\xe9\n"):  # bad YAML; not UTF-8 (Latin-1)
+            cfg.write_bytes(bad)
+            proc.send_signal(signal.SIGHUP)
+            time.sleep(1.5)
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                assert b"sits_build_info" in r.read()
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(timeout=5)
     finally:
@@ -85,7 +88,8 @@ def test_sigterm_exits_cleanly_and_sighup_keeps_old_config_on_error(tmp_path, fr
             proc.kill()
     err = proc.stderr.read()
     assert rc == 0, err
-    assert "new config rejected, keeping the old one" in err and "Traceback" not in err
+    assert err.count("new config rejected, keeping the old one") == 2 and "Traceback" not in err
+    assert "not UTF-8 text (byte" in err and "save the file as UTF-8" in err
 
 
 def test_bench_prints_one_json_object():
@@ -94,3 +98,20 @@ def test_bench_prints_one_json_object():
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     assert out["bench"] == "pipeline" and out["results"][0]["gpus"] == 8
+
+
+def test_a_sighup_that_changes_servers_workloads_or_probes_says_they_need_a_restart(tmp_path, caplog):
+    from sits_observe.config import parse
+    from sits_observe.daemon import Daemon, SimClock
+
+    cfg = parse({"state_dir": str(tmp_path), "gpu": {"backend": "none"}}, env={})
+    daemon = Daemon(config=cfg, clock=SimClock(1.0, 100.0, start=1000.0))
+    new = parse({"state_dir": str(tmp_path), "gpu": {"backend": "none"},
+                 "servers": [{"kind": "vllm", "url": "http://127.0.0.1:8000/metrics", "workload": "chat"}],
+                 "workloads": [{"name": "chat", "comm": "python3"}]}, env={})
+    with caplog.at_level(logging.WARNING, logger="sits_observe"):
+        daemon.request_reload(lambda: new)
+        daemon.run(duration=0.05)  # applied between ticks, not inside the signal handler
+    assert "SIGHUP: servers, workloads changed; these take effect after a restart" in caplog.text
+    assert daemon.config is new
+    daemon.close()
