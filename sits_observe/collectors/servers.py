@@ -17,7 +17,7 @@ should be busy from idle ones.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -75,7 +75,35 @@ class Cumulative:
 
     def __init__(self) -> None:
         self._prev: dict[str, np.ndarray] = {}
+        self._parts: dict[str, set[str]] = {}
         self.resets = 0
+
+    def summed(self, name: str, parts: dict[str, float]) -> float | None:
+        """The summed increase of one counter exported as several series (``parts``: label set -> value),
+        each series on its own, as Prometheus' ``rate`` takes them: a series that appears counts from its
+        next value, one that vanishes (a model unloaded) adds nothing.  If any series went down the
+        server restarted: every series counts its whole value.  None when no series had a previous value."""
+        pairs = []
+        for labels, value in parts.items():
+            key = f"{name}{{{labels}}}"
+            prev = self._prev.get(key)
+            self._prev[key] = np.atleast_1d(np.float64(value))
+            if prev is not None and prev.shape == (1,):
+                pairs.append((float(prev[0]), float(value)))
+        self.keep_only(name, parts.keys())
+        if not pairs:
+            return None
+        if any(cur < prev for prev, cur in pairs):
+            self.resets += 1
+            return sum(cur for _, cur in pairs)
+        return sum(cur - prev for prev, cur in pairs)
+
+    def keep_only(self, name: str, labels: Iterable[str]) -> None:
+        """Forget the series of ``name`` whose label sets are not in ``labels`` (bounded memory)."""
+        now = set(labels)
+        for gone in self._parts.get(name, set()) - now:
+            self._prev.pop(f"{name}{{{gone}}}", None)
+        self._parts[name] = now
 
     def delta(self, key: str, value: float | np.ndarray) -> np.ndarray | None:
         """None on the first value (or after the vector changed shape); the increase otherwise."""
@@ -88,6 +116,11 @@ class Cumulative:
             self.resets += 1
             return cur
         return cur - prev
+
+
+def _label_key(labels: dict[str, str]) -> str:
+    """One series' identity within a metric: its labels but ``le``, in order."""
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()) if k != "le")
 
 
 def _add_gauge(frame: Frame, key: tuple[str, str], value: float, ratio: bool) -> None:
@@ -151,14 +184,20 @@ class ServerSource:
         entries = self._entries(series, name)
         return sum(v for _, v in entries) if entries else None
 
+    def _increase(self, series: Series, name: str) -> float | None:
+        """The increase of a cumulative series since the last page, over all its label sets."""
+        parts: dict[str, float] = {}
+        for labels, value in self._entries(series, name):
+            key = _label_key(labels)
+            parts[key] = parts.get(key, 0.0) + value
+        return self.counters.summed(name, parts)
+
     def _counter(self, series: Series, name: str, frame: Frame, counter: str) -> float | None:
-        """Add the increase of a summed cumulative series to ``frame.counters``; returns it."""
-        total = self._total(series, name)
-        d = None if total is None else self.counters.delta(name, total)
-        if d is None:
-            return None
-        frame.add_counter(counter, self.config.workload, float(d[0]))
-        return float(d[0])
+        """Add the increase of a cumulative series to ``frame.counters``; returns it."""
+        d = self._increase(series, name)
+        if d is not None:
+            frame.add_counter(counter, self.config.workload, d)
+        return d
 
     # ---- vLLM ----------------------------------------------------------------------------------
 
@@ -178,23 +217,31 @@ class ServerSource:
             self._counter(series, name, frame, counter)
 
     def _histogram(self, series: Series, name: str, stage: str, frame: Frame) -> None:
-        buckets: dict[float, float] = {}
+        """Each label set's histogram on its own (as ``rate`` takes them), rebucketed and added up."""
+        groups: dict[str, dict[float, float]] = {}
         for labels, value in self._entries(series, f"{name}_bucket"):
             if "le" in labels:
+                buckets = groups.setdefault(_label_key(labels), {})
                 le = float(labels["le"])
                 buckets[le] = buckets.get(le, 0.0) + value
-        total = self._total(series, f"{name}_sum")
-        if not buckets or total is None or np.inf not in buckets:
-            return
-        edges = np.array(sorted(buckets))
-        cum = np.array([buckets[e] for e in edges])
-        d = self.counters.delta(name, np.append(cum, total))
-        if d is None:
-            return
-        per_bucket = np.diff(np.concatenate([[0.0], d[:-1]])).clip(min=0)
-        if per_bucket.sum() > 0:
-            counts = rebucket(edges[:-1], np.rint(per_bucket).astype(np.uint64), self.layout)
-            frame.add_hist(stage, self.config.workload, counts, float(d[-1]))
+        sums: dict[str, float] = {}
+        for labels, value in self._entries(series, f"{name}_sum"):
+            sums[_label_key(labels)] = sums.get(_label_key(labels), 0.0) + value
+        counts, seconds, keys = np.zeros(self.layout.n, dtype=np.uint64), 0.0, set()
+        for key, buckets in groups.items():
+            if key not in sums or np.inf not in buckets:
+                continue
+            keys.add(key)
+            edges = np.array(sorted(buckets))
+            d = self.counters.delta(f"{name}{{{key}}}", np.append([buckets[e] for e in edges], sums[key]))
+            if d is None:
+                continue
+            per_bucket = np.diff(np.concatenate([[0.0], d[:-1]])).clip(min=0)
+            counts += rebucket(edges[:-1], np.rint(per_bucket).astype(np.uint64), self.layout)
+            seconds += float(d[-1])
+        self.counters.keep_only(name, keys)
+        if counts.sum() > 0:
+            frame.add_hist(stage, self.config.workload, counts, seconds)
 
     # ---- Triton --------------------------------------------------------------------------------
 
@@ -210,11 +257,10 @@ class ServerSource:
         if pending is not None:
             _add_gauge(frame, ("queue_depth", wl), pending, False)
         for name, stage in TRITON_STAGES:
-            total_us = self._total(series, name)
-            d = None if total_us is None else self.counters.delta(name, total_us)
-            if d is None or not ok or d[0] <= 0:
+            d = self._increase(series, name)
+            if d is None or not ok or d <= 0:
                 continue
-            seconds = float(d[0]) / 1e6
+            seconds = d / 1e6
             n = int(round(ok))
             counts = self.layout.counts_of([seconds / n]) * np.uint64(n)
             frame.add_hist(stage, wl, counts, seconds)

@@ -240,6 +240,20 @@ def test_triton_restart(pages: PageServer) -> None:
     assert after.hists[("e2e", "chat")].sum == pytest.approx(151.0)
 
 
+def test_a_model_unloaded_adds_nothing_and_the_others_count_on(pages: PageServer) -> None:
+    def page(models: dict[str, tuple[int, int]]) -> str:
+        return "".join(f'nv_inference_request_success{{model="{m}",version="1"}} {n}\n'
+                       f'nv_inference_request_duration_us{{model="{m}",version="1"}} {us}\n'
+                       for m, (n, us) in models.items())
+
+    src = _server(pages, "triton")  # every model of the server is the workload's
+    _, after = _two_pages(pages, src, page({"a": (1_000_000, 50_000_000_000), "b": (500_000, 9_000_000_000)}),
+                          page({"a": (1_000_100, 50_005_000_000)}))  # b unloaded, a served 100 more
+    assert after.counters[("requests_total", "chat")] == 100  # not a "restart" re-adding a's million
+    assert after.hists[("e2e", "chat")].count == 100 and after.hists[("e2e", "chat")].sum == pytest.approx(5.0)
+    assert src.counters.resets == 0
+
+
 def test_unreachable_server_backs_off(pages: PageServer) -> None:
     pages.pages["/vllm"] = "overloaded\n"
     pages.status["/vllm"] = 503
