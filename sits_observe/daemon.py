@@ -20,7 +20,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from . import __version__
 from .config import Config
-from .errors import SitsError
+from .errors import SitsError, StillDown
 from .frame import BucketLayout, Frame, Sample
 from .store import SeriesStore
 from .topology import Topology
@@ -120,6 +120,10 @@ class Daemon:
         h = self.health.setdefault(name, _Health())
         try:
             call()
+        except StillDown as exc:  # not asked this tick: down since its last error, counted then
+            if frame is not None:
+                frame.errors[name] = h.last_error or str(exc)
+            return
         except Exception as exc:  # a source or consumer failing must never stop the loop
             msg = f"{type(exc).__name__}: {exc}"
             h.errors += 1

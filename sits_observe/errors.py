@@ -12,6 +12,7 @@ __all__ = [
     "ConfigError",
     "ProbeError",
     "CollectorError",
+    "StillDown",
     "StoreError",
     "SloError",
     "AlertingError",
@@ -39,6 +40,10 @@ class ProbeError(SitsError):
 
 class CollectorError(SitsError):
     """A GPU or inference-server source failed to produce its part of a Frame."""
+
+
+class StillDown(CollectorError):
+    """A source that failed is not asked again yet (back-off, between samples): still down, not a new error."""
 
 
 class StoreError(SitsError):

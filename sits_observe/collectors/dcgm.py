@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import CollectorError
+from ..errors import CollectorError, StillDown
 from ..frame import GPU_FIELD_INDEX, Frame, GpuFrame, GpuInfo, Sample
 from .gpu_samples import gpu_sample
 from .promtext import PageParser, Series, fetch_page, redact
@@ -124,6 +124,8 @@ class DcgmSource:
             self._next_at = now + self.sample_interval
             self._page = None  # a failed read leaves no GPU data rather than an old page
             self._page = self.read(fetch_page(self.url, self.timeout))
+        elif self._page is None:  # the last read failed; asked again at the next sample
+            raise StillDown(f"dcgm: next read in {self._next_at - now:.0f} s")
         if self._page is not None:
             page = self._page
             frame.gpu = GpuFrame(page.gpu.info, page.gpu.values.copy(), page.gpu.healthy.copy())

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from ..errors import CollectorError
+from ..errors import CollectorError, StillDown
 from ..frame import BucketLayout, Frame
 from .config import ServerConfig
 from .promtext import PageParser, Series, fetch_page, redact
@@ -152,7 +152,7 @@ class ServerSource:
         if self.replicas is not None:
             self.replicas.publish(self._key, None)  # until this tick's page says otherwise
         if now < self._retry_at:
-            return
+            raise StillDown(f"{self.name}: not asked again for {self._retry_at - now:.0f} s (back-off)")
         try:
             text = fetch_page(self.config.url, self.config.timeout)
         except CollectorError:

@@ -33,7 +33,12 @@ def build_sources(config: Config, layout: BucketLayout, *, resolve_workload: Cal
     gpu = config.gpu
     sources: list[Any] = [] if gpu.backend == "sim" else [HostSource()]
     replicas = ReplicaBoard()
-    sources += [ServerSource(s, layout, clock=clock, replicas=replicas) for s in config.servers]
+    servers = [ServerSource(s, layout, clock=clock, replicas=replicas) for s in config.servers]
+    names = [s.name for s in servers]
+    for k, src in enumerate(servers):  # replicas of one workload: each its own health and error count
+        if names.count(src.name) > 1:
+            src.name = f"{src.name}#{k}"
+    sources += servers
     if gpu.backend == "nvml":
         try:
             sources.append(NvmlSource(nvml, sample_interval=gpu.sample_interval, clock=clock,

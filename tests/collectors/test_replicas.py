@@ -112,7 +112,8 @@ def test_nvml_source_reports_utilization_of_gpus_whose_replica_has_work(server: 
         {"kind": "vllm", "url": "http://127.0.0.1:1/metrics", "workload": "chat"}]}, env={})
     clock = Clock()
     sources = build_sources(cfg, BucketLayout(cfg.store.snapped()), nvml=fake, clock=clock)
-    assert [s.name for s in sources] == ["host", "vllm:chat", "vllm:chat", "nvml"]  # servers first
+    # servers first; two replicas of one workload: each its own health and error count
+    assert [s.name for s in sources] == ["host", "vllm:chat#0", "vllm:chat#1", "nvml"]
     replica, other, nvml = sources[1], sources[2], sources[3]
     assert isinstance(replica, ServerSource) and isinstance(nvml, NvmlSource)
     fake.gpus[0].processes = [(server.worker, 10 << 30)]

@@ -15,7 +15,7 @@ from sits_observe.collectors.dcgm import DcgmSource
 from sits_observe.collectors.promtext import PageParser, redact
 from sits_observe.collectors.servers import Cumulative, ServerSource, rebucket
 from sits_observe.config import parse
-from sits_observe.errors import CollectorError, ConfigError
+from sits_observe.errors import CollectorError, ConfigError, StillDown
 from sits_observe.frame import GPU_FIELD_INDEX, BucketLayout, Frame
 
 MIB = 1024.0**2
@@ -110,7 +110,8 @@ def test_dcgm_good_page_after_a_bad_one(pages: PageServer) -> None:
         src.collect(Frame(0.0, 1.0))
     clock.t = 1.0
     idle = Frame(1.0, 1.0)
-    src.collect(idle)  # waits for the next sample: no stale data, no new request
+    with pytest.raises(StillDown):  # waits for the next sample: no stale data, no new request, still down
+        src.collect(idle)
     assert idle.gpu is None and pages.hits["/metrics"] == 1
     pages.pages["/metrics"] = _page("dcgm_exporter_page.txt")
     clock.t = 5.0
@@ -262,13 +263,15 @@ def test_unreachable_server_backs_off(pages: PageServer) -> None:
     with pytest.raises(CollectorError, match="HTTP 503"):
         src.collect(Frame(0.0, 1.0))
     clock.t = 0.5
-    src.collect(Frame(0.5, 1.0))  # within the back-off: not asked
+    with pytest.raises(StillDown):  # within the back-off: not asked, and still down (not up, not a new error)
+        src.collect(Frame(0.5, 1.0))
     assert pages.hits["/vllm"] == 1
     clock.t = 1.0
     with pytest.raises(CollectorError):
         src.collect(Frame(1.0, 1.0))
     clock.t = 2.5  # back-off doubled to 2 s
-    src.collect(Frame(2.5, 1.0))
+    with pytest.raises(StillDown):
+        src.collect(Frame(2.5, 1.0))
     assert pages.hits["/vllm"] == 2
     pages.status["/vllm"] = 200
     pages.pages["/vllm"] = _page("vllm_page1.txt")

@@ -6,6 +6,7 @@ import numpy as np
 
 from sits_observe.config import parse
 from sits_observe.daemon import Daemon, WallClock
+from sits_observe.errors import CollectorError, StillDown
 from sits_observe.export.http import create_app
 
 
@@ -44,6 +45,40 @@ def test_failing_source_is_counted_and_others_keep_working(tmp_path, caplog):
     assert "sits_host_cpu_utilization_ratio 0.25" in body
     status = client.get("/api/v1/status").get_json()
     assert {s["name"]: s["healthy"] for s in status["sources"]} == {"bad": False, "good": True}
+
+
+class BacksOff:
+    """Fails, is not asked for the next two ticks (back-off), then works."""
+
+    name = "backs-off"
+
+    def __init__(self):
+        self.ticks = 0
+
+    def collect(self, frame):
+        self.ticks += 1
+        if self.ticks == 1:
+            raise CollectorError("http://127.0.0.1:1/metrics: connection refused")
+        if self.ticks <= 3:
+            raise StillDown("not asked again yet")
+
+
+def test_a_source_in_back_off_stays_down_without_new_errors(tmp_path, caplog):
+    cfg = parse({"state_dir": str(tmp_path)}, env={})
+    daemon = Daemon(config=cfg, clock=WallClock(1.0))
+    daemon.sources.append(BacksOff())
+    client = create_app(daemon, ui=False).test_client()
+    with caplog.at_level(logging.INFO, logger="sits_observe.daemon"):
+        for _ in range(3):
+            frame = daemon.tick()
+            assert "connection refused" in frame.errors["backs-off"]
+        body = client.get("/metrics").data.decode()
+        assert 'sits_source_up{source="backs-off"} 0.0' in body  # down all along, not up between attempts
+        assert 'sits_source_errors_total{source="backs-off"} 1.0' in body  # one failed attempt
+        assert "recovered" not in caplog.text
+        daemon.tick()
+    assert 'sits_source_up{source="backs-off"} 1.0' in client.get("/metrics").data.decode()
+    assert caplog.text.count("backs-off recovered") == 1
 
 
 def test_api_rejects_bad_windows_with_a_reason(tmp_path):
