@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Any, Literal, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 import yaml
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
@@ -124,6 +125,14 @@ class Config(Section):
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     otlp: OtlpConfig = Field(default_factory=OtlpConfig)
 
+    @field_validator("api_token")
+    @classmethod
+    def _token(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None and not v.get_secret_value().strip():
+            raise ValueError("must not be empty (a blank bearer token would let anyone in); leave it unset to "
+                             "turn mutating API calls off")
+        return v
+
     @field_validator("listen")
     @classmethod
     def _listen(cls, v: str) -> str:
@@ -164,14 +173,25 @@ def _loc(loc: tuple[Any, ...]) -> str:
     return out or "(top level)"
 
 
+def _redact_url(url: str) -> str:
+    """``url`` without a ``user:password@`` or a query string (either may carry a credential)."""
+    parts = urlsplit(url)
+    netloc = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=netloc, query="<hidden>" if parts.query else ""))
+
+
 def format_errors(exc: ValidationError, source: str) -> list[str]:
     """One line per problem: ``FILE: path: message, got value`` (secrets are never echoed)."""
     lines = []
     for err in exc.errors(include_url=False):
         path = _loc(tuple(err["loc"]))
         msg = err["msg"].removeprefix("Value error, ")
-        hidden = "token" in path or "secret" in path or (path.startswith("alerting.") and path.endswith(".url"))
-        got = "" if err["type"] in ("missing", "model_type") or hidden else f", got {err.get('input')!r}"
+        value = err.get("input")
+        hidden = ("token" in path or "secret" in path or (path.startswith("alerting.") and path.endswith(".url"))
+                  or isinstance(value, (dict, list)))  # a whole section or the whole file holds the secrets too
+        if path.endswith("url") and isinstance(value, str):
+            value = _redact_url(value)
+        got = "" if err["type"] in ("missing", "model_type") or hidden else f", got {value!r}"
         if err["type"] == "extra_forbidden":
             msg, got = "unknown field (check the spelling against docs/config.md)", ""
         lines.append(f"{source}: {path}: {msg}{got}")

@@ -9,11 +9,13 @@ takes about 120 ms per 64-GPU dcgm-exporter page on a 2-core VM; this reads it i
 
 from __future__ import annotations
 
+import base64
+import http.client
 import re
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -39,15 +41,24 @@ def redact(url: str) -> str:
 
 
 def fetch_page(url: str, timeout: float) -> str:
-    """GET ``url``; CollectorError naming the (redacted) URL and the reason."""
-    req = urllib.request.Request(url, headers={"Accept": "text/plain;version=0.0.4"})
+    """GET ``url``; CollectorError naming the (redacted) URL and the reason.  ``user:password@`` in the URL
+    goes as HTTP basic auth (urllib would read it as part of the host)."""
+    headers = {"Accept": "text/plain;version=0.0.4"}
+    parts = urlsplit(url)
+    if parts.username is not None:
+        token = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+        headers["Authorization"] = f"Basic {base64.b64encode(token).decode()}"
+        url = redact(url)
+    req = urllib.request.Request(url, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.read().decode("utf-8", errors="replace")
     except urllib.error.HTTPError as exc:
         raise CollectorError(f"{redact(url)}: HTTP {exc.code} {exc.reason}") from exc
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
+        # the reason, never a ValueError's text: http.client quotes the URL in it
+        reason = exc.reason if isinstance(exc, urllib.error.URLError) else (
+            exc if isinstance(exc, OSError) else type(exc).__name__)
         raise CollectorError(f"{redact(url)}: cannot fetch the metrics page: {reason}") from exc
 
 

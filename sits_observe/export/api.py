@@ -31,9 +31,10 @@ def window_ticks(daemon: Daemon, param: str = "window", default: float = 300.0) 
         try:
             seconds = float(raw)
         except ValueError:
-            raise ApiError(400, f"{param}: must be a number of seconds, got {raw!r}") from None
+            raise ApiError(400, f"{param}: must be a number of seconds, got {raw[:40]!r}") from None
         if not math.isfinite(seconds) or seconds <= 0 or seconds > limit:
-            raise ApiError(400, f"{param}: must be between 0 and {limit:g} seconds (the history kept), got {raw!r}")
+            raise ApiError(400, f"{param}: must be between 0 and {limit:g} seconds (the history kept), "
+                                f"got {raw[:40]!r}")
     return max(1, int(round(seconds / daemon.clock.interval)))
 
 

@@ -50,10 +50,10 @@ def parse_range(raw: str | None, default: float, limit: float) -> float:
         raise BadRequest(f"range: expected a duration such as 90s, 15m or 1h, got {raw[:40]!r}")
     seconds = float(m.group(1)) * _UNITS[m.group(2) or "s"]
     if not math.isfinite(seconds) or seconds <= 0:
-        raise BadRequest(f"range: must be more than 0 seconds, got {raw!r}")
+        raise BadRequest(f"range: must be more than 0 seconds, got {raw[:40]!r}")
     if seconds > limit:
         raise BadRequest(f"range: this daemon keeps {fmt_range(limit)} of history "
-                         f"(store.history x tick_interval), got {raw!r}; ask for at most {fmt_range(limit)}")
+                         f"(store.history x tick_interval), got {raw[:40]!r}; ask for at most {fmt_range(limit)}")
     return seconds
 
 

@@ -31,11 +31,13 @@ class PageServer:
         self.pages: dict[str, str] = {}
         self.status: dict[str, int] = {}
         self.hits: dict[str, int] = {}
+        self.auth: dict[str, str | None] = {}  # path -> the Authorization header of its last request
         server = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 (http.server naming)
                 server.hits[self.path] = server.hits.get(self.path, 0) + 1
+                server.auth[self.path] = self.headers.get("Authorization")
                 body = server.pages.get(self.path, "not found\n").encode()
                 self.send_response(server.status.get(self.path, 200 if self.path in server.pages else 404))
                 self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")

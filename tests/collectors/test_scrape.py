@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import bisect
 import socket
 
@@ -253,6 +254,21 @@ def test_a_model_unloaded_adds_nothing_and_the_others_count_on(pages: PageServer
     assert after.counters[("requests_total", "chat")] == 100  # not a "restart" re-adding a's million
     assert after.hists[("e2e", "chat")].count == 100 and after.hists[("e2e", "chat")].sum == pytest.approx(5.0)
     assert src.counters.resets == 0
+
+
+def test_credentials_in_a_server_url_go_as_basic_auth_and_never_into_errors(pages: PageServer) -> None:
+    pages.pages["/vllm"] = _page("vllm_page1.txt")
+    url = pages.url("/vllm").replace("http://", "http://scraper:s3cret%40pw@")
+    src = ServerSource(ServerConfig(kind="vllm", url=url, workload="chat"), LAYOUT, clock=Clock())
+    frame = Frame(0.0, 1.0)
+    src.collect(frame)
+    assert frame.workload_gauges[("running_requests", "chat")] == 12
+    assert pages.auth["/vllm"] == "Basic " + base64.b64encode(b"scraper:s3cret@pw").decode()
+    bad = ServerSource(ServerConfig(kind="vllm", url="http://u:s3cretpw@127.0.0.1:1/metrics", workload="chat"),
+                       LAYOUT, clock=Clock())
+    with pytest.raises(CollectorError) as err:
+        bad.collect(Frame(0.0, 1.0))
+    assert "s3cretpw" not in str(err.value) and "127.0.0.1:1/metrics" in str(err.value)
 
 
 def test_unreachable_server_backs_off(pages: PageServer) -> None:

@@ -78,6 +78,24 @@ def test_duplicate_names_and_receivers_never_echo_secrets(tmp_path):
     assert "TOKENVALUE" not in text and "hunter2" not in text and ", got 5" not in text
 
 
+def test_config_errors_never_echo_the_token_or_url_credentials(tmp_path):
+    data = {"api_token": "S3CRET-TOKEN", "workloads": [{"name": "a"}, {"name": "a"}],
+            "servers": [{"kind": "vllm", "url": "http://scraper:pw-SECRET@127.0.0.1:99999/metrics?key=Q-SECRET",
+                         "workload": "a"}],
+            "alerting": {"receivers": {"type": "slack", "url": "https://hooks.example/services/HOOK-SECRET"}}}
+    _, lines = _errors(tmp_path, data)
+    text = "\n".join(lines)
+    assert "servers[0].url:" in text and "alerting.receivers: Input should be a valid list" in text
+    assert "http://127.0.0.1:99999/metrics?<hidden>" in text  # the URL shown without what could be a secret
+    del data["servers"], data["alerting"]  # a check on the whole file: it used to print the whole file
+    _, more = _errors(tmp_path, data)
+    assert "workloads: duplicate names ['a']" in more[0]
+    for secret in ("S3CRET-TOKEN", "pw-SECRET", "Q-SECRET", "HOOK-SECRET"):
+        assert secret not in text + "\n".join(more)
+    _, lines = _errors(tmp_path, {"api_token": "  "})
+    assert "api_token: must not be empty" in lines[0]
+
+
 def test_receiver_urls_with_a_bad_port_or_raw_unicode_are_refused_at_load(tmp_path):
     data = {"slos": [{"name": "a", "objective": 0.9, "latency": LATENCY}],
             "alerting": {"receivers": [{"type": "webhook", "url": "http://am:99999/x"},
