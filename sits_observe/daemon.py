@@ -194,13 +194,23 @@ class Daemon:
                    if getattr(new, k) != getattr(self.config, k)]
         if restart:
             log.warning("SIGHUP: %s changed; these take effect after a restart", ", ".join(restart))
+            # what runs keeps its settings until then, so nothing reads a value the daemon does not use
+            new = new.model_copy(update={k: getattr(self.config, k) for k in restart})
         logging.getLogger().setLevel(new.log_level.upper())
         self.config = new
+        failed = []
         for part in [*self.sources, *self.consumers]:
             reload = getattr(part, "reload", None)
             if reload is not None:
-                self._guard(part.name, lambda r=reload: r(new), None)
-        log.info("SIGHUP: config reloaded")
+                try:
+                    reload(new)
+                except Exception as exc:  # one part refusing its section must not stop the others'
+                    failed.append(part.name)
+                    log.error("SIGHUP: %s kept part of its old settings: %s: %s", part.name, type(exc).__name__, exc)
+        if failed:
+            log.warning("SIGHUP: config reloaded except for %s (see above)", ", ".join(failed))
+        else:
+            log.info("SIGHUP: config reloaded")
 
     # ---- reporting -----------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,13 +54,25 @@ def _setup_logging(cfg: Config) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     cfg = load(args.config)
-    return serve(cfg, duration=args.duration, config_path=args.config or os.environ.get("SITS_CONFIG"))
+    path = args.config or os.environ.get("SITS_CONFIG")
+    return serve(cfg, duration=args.duration, reload=(lambda: load(path)) if path else None)
 
 
 DEMO_DEFAULTS = Path(__file__).with_name("demo.yaml")
 
 
 def _demo(args: argparse.Namespace) -> int:
+    cfg = _demo_config(args)
+    if os.geteuid() != 0:
+        log.info("not root: eBPF probes are off in this demo (the simulated host provides every stage)")
+    # SIGHUP: the same merge again (demo defaults, the file, the command line), in the same state_dir
+    again = argparse.Namespace(**{**vars(args), "state_dir": str(cfg.state_dir)})
+    return serve(cfg, duration=args.duration, reload=(lambda: _demo_config(again)) if args.config else None,
+                 demo=True)
+
+
+def _demo_config(args: argparse.Namespace) -> Config:
+    """demo.yaml, then the user's file, then the command line; the simulator as GPU backend."""
     base = load(args.config) if args.config else parse({})
     data = {**yaml.safe_load(DEMO_DEFAULTS.read_text()), **base.model_dump(mode="python", exclude_unset=True)}
     data["gpu"] = {**data.get("gpu", {}), "backend": "sim"}
@@ -70,18 +83,19 @@ def _demo(args: argparse.Namespace) -> int:
             sim[key] = value
     if args.listen:
         data["listen"] = args.listen
-    if "state_dir" not in data and not os.environ.get("SITS_STATE_DIR"):
+    if getattr(args, "state_dir", None):
+        data["state_dir"] = args.state_dir
+    elif "state_dir" not in data and not os.environ.get("SITS_STATE_DIR"):
         data["state_dir"] = tempfile.mkdtemp(prefix="sits-observe-demo-")
     if base.api_token is not None:
         data["api_token"] = base.api_token.get_secret_value()
-    cfg = parse(data, args.config or "<demo>")
-    if os.geteuid() != 0:
-        log.info("not root: eBPF probes are off in this demo (the simulated host provides every stage)")
-    return serve(cfg, duration=args.duration, config_path=args.config, demo=True)
+    return parse(data, args.config or "<demo>")
 
 
-def serve(cfg: Config, *, duration: float | None = None, config_path: str | None = None, demo: bool = False) -> int:
-    """Build the daemon, serve HTTP, tick until SIGTERM/SIGINT or ``duration``; SIGHUP reloads config."""
+def serve(cfg: Config, *, duration: float | None = None, reload: Callable[[], Config] | None = None,
+          demo: bool = False) -> int:
+    """Build the daemon, serve HTTP, tick until SIGTERM/SIGINT or ``duration``; SIGHUP reloads the config
+    with ``reload`` (nothing to reload without one)."""
     from .export.http import Server, create_app
     from .wiring import build_daemon
 
@@ -102,8 +116,8 @@ def serve(cfg: Config, *, duration: float | None = None, config_path: str | None
         daemon.stop_event.set()
 
     def on_hup(_signum: int, _frame: Any) -> None:
-        if config_path:
-            daemon.request_reload(lambda: load(config_path))
+        if reload is not None:
+            daemon.request_reload(reload)
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)

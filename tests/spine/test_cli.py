@@ -113,5 +113,23 @@ def test_a_sighup_that_changes_servers_workloads_or_probes_says_they_need_a_rest
         daemon.request_reload(lambda: new)
         daemon.run(duration=0.05)  # applied between ticks, not inside the signal handler
     assert "SIGHUP: servers, workloads changed; these take effect after a restart" in caplog.text
-    assert daemon.config is new
+    # the running settings stay what the daemon uses until the restart; the rest is the new file's
+    assert daemon.config.servers == [] and daemon.config.workloads == [] and daemon.config.state_dir == cfg.state_dir
     daemon.close()
+
+
+def test_a_demo_reload_merges_demo_defaults_file_and_command_line_again(tmp_path):
+    import argparse
+
+    from sits_observe.runtime import _demo_config
+
+    f = tmp_path / "c.yaml"
+    f.write_text("log_level: debug\n")
+    args = argparse.Namespace(config=str(f), scenario="quiet", speed=None, seed=None, topology=None, listen=None,
+                              state_dir=None)
+    first = _demo_config(args)
+    f.write_text("log_level: warning\n")
+    again = _demo_config(argparse.Namespace(**{**vars(args), "state_dir": str(first.state_dir)}))
+    # not the bare file: the demo's SLOs, simulator and scenario stay, in the same state directory
+    assert again.slos == first.slos and first.slos and again.sim.scenario == "quiet"
+    assert again.gpu.backend == "sim" and again.state_dir == first.state_dir and again.log_level == "warning"
