@@ -48,9 +48,16 @@ class WallClock:
     def __init__(self, interval: float) -> None:
         self.interval = interval
         self.wall_interval = interval
+        self._last: float | None = None
 
     def next_ts(self) -> float:
         return time.time()
+
+    def elapsed(self, ts: float) -> float:
+        """What the tick at ``ts`` covers: the configured interval, or more after a late tick (a slow
+        source), so per-second rates of its deltas are not inflated; never less."""
+        last, self._last = self._last, ts
+        return self.interval if last is None else max(self.interval, min(ts - last, 60 * self.interval))
 
 
 class SimClock:
@@ -106,7 +113,9 @@ class Daemon:
 
     def tick(self) -> Frame:
         t0 = time.perf_counter()
-        frame = Frame(ts=self.clock.next_ts(), interval=self.clock.interval)
+        ts = self.clock.next_ts()
+        elapsed = getattr(self.clock, "elapsed", None)
+        frame = Frame(ts=ts, interval=self.clock.interval if elapsed is None else elapsed(ts))
         for src in self.sources:
             self._guard(src.name, lambda s=src: s.collect(frame), frame)
         self.store.ingest(frame)
