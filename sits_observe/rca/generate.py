@@ -100,11 +100,10 @@ def draw_variation(seed: int, topology: str) -> tuple[HostVariation, float, floa
     spec = spec_for(preset(topology).gpus[0].model)
     inlet = float(rng.uniform(-6.0, 8.0))
     full = float(rng.uniform(60.0, 85.0))
-    limit = round(float(rng.uniform(0.6, 0.95)), 3) if rng.random() < 0.5 else 1.0
     var = HostVariation(
         inlet_offset=round(inlet, 2),
-        resistance_scale=round(max(0.3, (full - spec.inlet - inlet) / (spec.resistance * spec.tdp * limit)), 3),
-        power_limit=limit,
+        resistance_scale=round(max(0.3, (full - spec.inlet - inlet) / (spec.resistance * spec.tdp)), 3),
+        power_limit=round(float(rng.uniform(0.6, 0.95)), 3) if rng.random() < 0.5 else 1.0,
         background_cpu=round(float(rng.uniform(0.0, 0.15)), 3),
     )
     prompt, output = np.exp(rng.uniform(np.log(1 / 3), np.log(3.0), 2))
