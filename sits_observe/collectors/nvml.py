@@ -112,10 +112,10 @@ class NvmlSource:
             h = nv.nvmlDeviceGetHandleByIndex(index)
             info = GpuInfo(index, nv.nvmlDeviceGetUUID(h), nv.nvmlDeviceGetName(h), nv.nvmlDeviceGetPciInfo(h).busId)
             links = tuple(link for link in range(nv.NVML_NVLINK_MAX_LINKS) if self._has_link(h, link))
-        except nv.NVMLError as exc:
+        except nv.NVMLError as exc:  # lost, unpowered, IRQ trouble...: that GPU, not the whole source
             if exc.value != nv.NVML_ERROR_GPU_IS_LOST:
-                raise
-            return _Gpu(GpuInfo(index, "", "", ""), None)  # lost before start: reported every sample
+                log.warning("nvml: GPU %d cannot be opened (%s); reported unhealthy until a restart", index, exc)
+            return _Gpu(GpuInfo(index, "", "", ""), None)  # reported every sample
         ids = [(fid, link) for link in links
                for fid in (nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX)]
         return _Gpu(info, h, links, tuple(gpu_labels(info, ("link", str(k))) for k in links), ids)
@@ -126,7 +126,7 @@ class NvmlSource:
             nv.nvmlDeviceGetNvLinkState(handle, link)
         except nv.NVMLError as exc:
             if not is_unsupported(nv, exc):
-                raise
+                log.warning("nvml: NVLink %d state unreadable (%s); its throughput is not read", link, exc)
             return False
         return True
 

@@ -377,6 +377,16 @@ def test_gpu_lost_before_start_is_reported_and_others_run(fake: FakeNvml) -> Non
     assert _value(frame, 7, "utilization_ratio") == pytest.approx(0.73)
 
 
+@pytest.mark.parametrize("code", [pynvml.NVML_ERROR_INSUFFICIENT_POWER, pynvml.NVML_ERROR_IRQ_ISSUE,
+                                  pynvml.NVML_ERROR_NO_PERMISSION])
+def test_a_gpu_that_cannot_be_opened_at_start_leaves_the_others_running(fake: FakeNvml, code: int) -> None:
+    fake.gpus[5].fail["nvmlDeviceGetUUID"] = code
+    fake.gpus[2].fail["nvmlDeviceGetNvLinkState"] = pynvml.NVML_ERROR_UNKNOWN
+    frame = _frame(NvmlSource(fake, clock=Clock()))  # the whole source used to be dropped
+    assert not frame.gpu.healthy[5] and frame.gpu.healthy[:5].all() and frame.gpu.healthy[6:].all()
+    assert _value(frame, 2, "utilization_ratio") == pytest.approx(0.73)
+
+
 @pytest.mark.parametrize("code", [pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, pynvml.NVML_ERROR_DRIVER_NOT_LOADED])
 def test_no_driver_means_source_off_with_one_line(code: int) -> None:
     fake = FakeNvml(fixture("nvswitch-8"), init_error=code)
