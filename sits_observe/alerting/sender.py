@@ -10,7 +10,6 @@ Logs and errors name receivers, never their URL or secret.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import http.client
 import logging
@@ -23,8 +22,9 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
+from ..collectors.config import basic_auth
 from ..errors import AlertingError
 from ..frame import Sample
 from .config import AlertingConfig, BackoffConfig, ReceiverConfig
@@ -63,7 +63,7 @@ class Sender(threading.Thread):
         parts = urlsplit(cfg.url)
         self._https = parts.scheme == "https"
         # user:password@ in the URL (a proxy in front of Alertmanager): sent as HTTP basic auth, never logged
-        self._auth = _basic_auth(parts.username, parts.password) if parts.username is not None else None
+        self._auth = basic_auth(cfg.url)
         self._host, self._port = parts.hostname or "", parts.port
         path = parts.path or "/"
         if cfg.type == "alertmanager" and not path.endswith(_AM_PATH):
@@ -194,11 +194,6 @@ class Sender(threading.Thread):
 
 class _Final(Exception):
     """The receiver refused the message for good (a non-2xx answer other than 5xx, 408, 429)."""
-
-
-def _basic_auth(user: str, password: str | None) -> str:
-    token = f"{unquote(user)}:{unquote(password or '')}".encode()
-    return f"Basic {base64.b64encode(token).decode()}"
 
 
 def _describe(exc: BaseException) -> str:

@@ -1,15 +1,17 @@
-"""Config section ``servers:`` (inference servers to scrape) and the URL check shared with ``gpu.dcgm_url``."""
+"""Config section ``servers:`` (inference servers to scrape) and the URL helpers shared with ``gpu.dcgm_url`` and
+the alert receivers: the URL check and basic auth from a URL's ``user:password@``."""
 
 from __future__ import annotations
 
+import base64
 from typing import Literal
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from pydantic import Field, field_validator
 
 from ..section import Section
 
-__all__ = ["ServerConfig", "check_url"]
+__all__ = ["ServerConfig", "basic_auth", "check_url"]
 
 
 def check_url(url: str) -> str:
@@ -26,6 +28,15 @@ def check_url(url: str) -> str:
     if not url.isascii():
         raise ValueError("has characters outside ASCII; percent-encode them (e.g. %C3%A9 for é)")
     return url
+
+
+def basic_auth(url: str) -> str | None:
+    """The ``Authorization`` header value for a ``user:password@`` in ``url``; None without one."""
+    parts = urlsplit(url)
+    if parts.username is None:
+        return None
+    token = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+    return f"Basic {base64.b64encode(token).decode()}"
 
 
 class ServerConfig(Section):

@@ -9,17 +9,17 @@ takes about 120 ms per 64-GPU dcgm-exporter page on a 2-core VM; this reads it i
 
 from __future__ import annotations
 
-import base64
 import http.client
 import re
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from ..errors import CollectorError
+from .config import basic_auth
 
 __all__ = ["Series", "PageParser", "fetch_page", "redact"]
 
@@ -44,10 +44,9 @@ def fetch_page(url: str, timeout: float) -> str:
     """GET ``url``; CollectorError naming the (redacted) URL and the reason.  ``user:password@`` in the URL
     goes as HTTP basic auth (urllib would read it as part of the host)."""
     headers = {"Accept": "text/plain;version=0.0.4"}
-    parts = urlsplit(url)
-    if parts.username is not None:
-        token = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
-        headers["Authorization"] = f"Basic {base64.b64encode(token).decode()}"
+    auth = basic_auth(url)
+    if auth is not None:
+        headers["Authorization"] = auth
         url = redact(url)
     req = urllib.request.Request(url, headers=headers)
     try:
