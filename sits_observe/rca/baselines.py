@@ -66,9 +66,9 @@ class ThresholdBaseline:
                 cand = cand[np.isfinite(cand)]
                 if not cand.size:
                     continue
-                tpr = (xc[:, f, None] > cand).mean(0)
-                fpr = (healthy[:, f, None] > cand).mean(0)
-                for sign, j in ((1.0, tpr - fpr), (-1.0, fpr - tpr)):
+                above = (xc[:, f, None] > cand).mean(0) - (healthy[:, f, None] > cand).mean(0)
+                below = (xc[:, f, None] < cand).mean(0) - (healthy[:, f, None] < cand).mean(0)
+                for sign, j in ((1.0, above), (-1.0, below)):  # as predict fires: strictly, never on NaN
                     k = int(np.argmax(j))
                     if j[k] > best[0]:
                         best = (float(j[k]), f, float(cand[k]), sign)

@@ -22,6 +22,7 @@ import torch
 
 from . import dataset
 from .baselines import ThresholdBaseline, TreeBaseline, summaries
+from .evaluate import fit_windows
 from .explain import explain
 from .generate import SHIPPED_TRAIN, generate
 from .model import RcaModel
@@ -87,9 +88,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     faulty = min(1, len(model.classes) - 1)  # classes[0] is healthy; explain the first fault class
     explain_ms = _timed(lambda rb: explain(model, rb[0][0], rb[1][0], faulty, None, 5), items[:50])
 
-    cols = np.arange(len(ds.features))
-    fit_win = ds.windows(model.window, stride=1, margin=opts.margin, baseline=model.baseline)
-    fit_win = fit_win.subset(np.linspace(0, len(fit_win) - 1, min(len(fit_win), 30000)).astype(np.int64))
+    fit_win, cols = fit_windows(ds, model, opts.margin, 30000)  # what `rca eval` fits them on
     t0 = time.perf_counter()
     fit_sum = summaries(fit_win, cols)
     gbt = TreeBaseline(threads=args.threads).fit(fit_sum, fit_win.y)

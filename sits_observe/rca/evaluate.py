@@ -20,9 +20,10 @@ from .baselines import ThresholdBaseline, TreeBaseline, summaries
 from .dataset import Dataset, Windows
 from .metrics import expected_calibration_error, scores
 from .model import RcaModel
+from .train import idle
 from .verdict import HEALTHY, UNKNOWN
 
-__all__ = ["evaluate", "load_train", "model_proba", "render"]
+__all__ = ["evaluate", "fit_windows", "load_train", "model_proba", "render"]
 
 
 def model_proba(model: RcaModel, win: Windows, cols: np.ndarray, chunk: int = 2048) -> np.ndarray:
@@ -32,9 +33,15 @@ def model_proba(model: RcaModel, win: Windows, cols: np.ndarray, chunk: int = 20
     return np.concatenate(parts) if parts else np.zeros((0, len(model.classes)))
 
 
-def _fit_windows(train: Dataset, model: RcaModel, margin: int, cap: int) -> tuple[Windows, np.ndarray]:
+def fit_windows(train: Dataset, model: RcaModel, margin: int, cap: int) -> tuple[Windows, np.ndarray]:
+    """The baselines' training windows: every window of ``train`` (at most ``cap``, evenly spread) but those
+    the model's training left out, the idle windows of request-path causes (``request_causes``), so both
+    learn from the same curated data; and the model's columns."""
     cols = model.columns(train.features, source=f"{train.path or 'training dataset'}")
     win = train.windows(model.window, stride=1, margin=margin, baseline=model.baseline)
+    causes = list(model.training.get("options", {}).get("request_causes") or ())
+    if causes:
+        win = win.subset(~(idle(win, train.features) & np.isin(win.y, causes)))
     if len(win) > cap:
         win = win.subset(np.linspace(0, len(win) - 1, cap).astype(np.int64))
     return win, cols
@@ -75,7 +82,7 @@ def evaluate(model: RcaModel, test: Dataset, train: Dataset, min_confidence: flo
     lstm["ece"] = expected_calibration_error(proba[known], yidx[known])
     lstm["argmax_macro_f1"] = scores(win.y, model.decide(proba, 0.0), classes)["macro_f1"]
 
-    fit_win, fit_cols = _fit_windows(train, model, margin, fit_cap)
+    fit_win, fit_cols = fit_windows(train, model, margin, fit_cap)
     t0 = time.perf_counter()
     fit_sum = summaries(fit_win, fit_cols)
     test_sum = summaries(win, cols)
