@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import ConfigError
-from .verdict import HEALTHY
+from .verdict import HEALTHY, UNKNOWN
 
 __all__ = [
     "DEFAULT_BASELINE",
@@ -42,6 +42,7 @@ __all__ = [
 ]
 
 METRICS = "metrics.csv"
+FLOAT32_MAX = float(np.finfo(np.float32).max)  # values are kept as float32
 LABELS = "labels.csv"
 
 
@@ -209,11 +210,14 @@ def _numeric(df: pd.DataFrame, cols: Sequence[str], path: Path) -> np.ndarray:
     out = np.empty((len(df), len(cols)), dtype=np.float64)
     for j, col in enumerate(cols):
         conv = pd.to_numeric(df[col], errors="coerce")
-        bad = conv.isna() & df[col].notna() & (df[col].astype(str).str.strip() != "")
+        values = conv.to_numpy(dtype=np.float64, na_value=np.nan)
+        bad = (conv.isna() & df[col].notna() & (df[col].astype(str).str.strip() != "")).to_numpy().copy()
+        bad |= np.isinf(values) | (np.abs(np.nan_to_num(values)) > FLOAT32_MAX)  # inf, or beyond float32
         if bad.any():
-            i = int(np.flatnonzero(bad.to_numpy())[0])
-            raise ConfigError(f"{path}: line {i + 2}: column {col!r}: not a number, got {df[col].iloc[i]!r}")
-        out[:, j] = conv.to_numpy(dtype=np.float64, na_value=np.nan)
+            i = int(np.flatnonzero(bad)[0])
+            raise ConfigError(f"{path}: line {i + 2}: column {col!r}: not a finite number, got "
+                              f"{str(df[col].iloc[i])[:40]!r}; leave the cell empty where there is no value")
+        out[:, j] = values
     return out
 
 
@@ -239,6 +243,9 @@ def _labels(path: Path) -> list[Label]:
             raise ConfigError(f"{path}: line {i + 2}: start must be before end, got {start!r}..{end!r}")
         if not isinstance(cause, str) or not cause.strip():
             raise ConfigError(f"{path}: line {i + 2}: cause is empty")
+        if cause.strip() == UNKNOWN:
+            raise ConfigError(f"{path}: line {i + 2}: cause {UNKNOWN!r} is reserved for the model's abstention; "
+                              "name the cause, or leave the time unlabeled (healthy) or out of the dataset")
         out.append(Label(str(ent), float(start), float(end), cause.strip()))
     return out
 
@@ -268,6 +275,11 @@ def read(directory: str | Path) -> Dataset:
         t = ts[sel]
         t0 = float(t.min())
         idx = np.rint((t - t0) / step).astype(np.int64)
+        if int(idx.max()) + 1 > 10 * len(t) + 1000:  # a grid mostly of gaps: a stray timestamp, not data
+            far = int(np.flatnonzero(sel)[int(np.argmax(t))])
+            raise ConfigError(f"{path}: line {far + 2}: entity {name!r}: timestamp {float(ts[far])!r} is "
+                              f"{int(idx.max())} steps of {step:g} s after its first for {len(t)} rows; "
+                              "a timestamp in another unit (ms?) or of another entity")
         grid = np.full((int(idx.max()) + 1, len(features)), np.nan, dtype=np.float32)
         grid[idx] = vals[sel]  # duplicate steps: the later row wins
         entities.append(Entity(str(name), t0, grid))

@@ -211,6 +211,8 @@ class RcaModel:
             raise ModelError(f"{p}: not a readable model file: truncated, corrupt or not made by "
                              f"`sits-observe rca train` (torch said {type(exc).__name__}); {hint}") from exc
         try:
+            if not isinstance(blob, dict) or not isinstance(blob.get("meta"), dict):
+                raise TypeError("not a model file's mapping")
             meta = blob["meta"]
             if meta.get("format") != FORMAT:
                 raise ModelError(f"{p}: model format {meta.get('format')!r} is not {FORMAT!r}; {hint}")
@@ -218,13 +220,16 @@ class RcaModel:
                             meta["dropout"], Normalizer.from_dict(meta["norm"]),
                             Baseline(int(meta["baseline"]["horizon"]), int(meta["baseline"]["every"])),
                             int(meta.get("summary", 0)))  # files from before the summary branch have none
+            n = len(model.features)
+            if int(meta["window"]) < 2 or any(len(getattr(model.norm, k)) != n for k in ("scale", "mean", "std")):
+                raise ValueError(f"window {meta['window']} or normalisation sizes do not fit {n} features")
             model.net.load_state_dict(blob["state"])
             model.temperature = float(meta["temperature"])
             model.metrics = dict(meta.get("metrics", {}))
             model.training = dict(meta.get("training", {}))
         except ModelError:
             raise
-        except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as exc:
+        except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError) as exc:
             raise ModelError(f"{p}: model file is incomplete or inconsistent ({exc!r}); {hint}") from exc
         model.net.eval()
         return model

@@ -79,11 +79,17 @@ def test_margin_leaves_out_transitions_and_mostly_missing_windows(synth: Callabl
 
 
 @pytest.mark.parametrize("metrics,labels,needle", [
-    ("timestamp,entity,a\n1,x,1\n2,x,oops\n", "entity,start,end,cause\n", "line 3: column 'a': not a number, got 'oops'"),
+    ("timestamp,entity,a\n1,x,1\n2,x,oops\n", "entity,start,end,cause\n", "line 3: column 'a': not a finite number, got 'oops'"),
     ("time,entity,a\n1,x,1\n", "entity,start,end,cause\n", "header must be timestamp,entity"),
     ("timestamp,entity,a\n1,x,1\n2,x,2\n", "entity,start,end,cause\nx,5,3,hot\n", "line 2: start must be before end"),
     ("timestamp,entity,a\n1,x,1\n2,x,2\n", "entity,start,cause\n", "missing column(s) end"),
     ("timestamp,entity,a\n1,x,1\n", "entity,start,end,cause\n", "at least two distinct timestamps"),
+    ("timestamp,entity,a\n1,x,1\n2,x,inf\n", "entity,start,end,cause\n", "line 3: column 'a': not a finite number"),
+    ("timestamp,entity,a\n1,x,1\n2,x,1e39\n", "entity,start,end,cause\n", "line 3: column 'a': not a finite number"),
+    ("timestamp,entity,a\n1,x,1\ninf,x,2\n", "entity,start,end,cause\n", "line 3: column 'timestamp': not a finite"),
+    ("timestamp,entity,a\n1,x,1\n2,x,2\n3,x,3\n50000000000,x,4\n", "entity,start,end,cause\n",
+     "line 5: entity 'x': timestamp 50000000000.0 is"),
+    ("timestamp,entity,a\n1,x,1\n2,x,2\n", "entity,start,end,cause\nx,1,2,unknown\n", "cause 'unknown' is reserved"),
 ])
 def test_bad_files_name_file_line_and_value(tmp_path: Path, metrics: str, labels: str, needle: str) -> None:
     (tmp_path / "metrics.csv").write_text(metrics)

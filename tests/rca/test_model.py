@@ -97,6 +97,22 @@ def test_a_foreign_torch_file_is_refused(tmp_path: Path) -> None:
         RcaModel.load(path)
     with pytest.raises(ModelError, match="no such model file"):
         RcaModel.load(tmp_path / "missing.pt")
+    torch.save(torch.zeros(3), path)  # a torch file, but not a mapping at all
+    with pytest.raises(ModelError, match="incomplete or inconsistent"):
+        RcaModel.load(path)
+
+
+def test_a_model_whose_normalisation_does_not_fit_its_features_is_refused(tmp_path: Path,
+                                                                          tiny_model: RcaModel) -> None:
+    import torch
+
+    path = tmp_path / "m.pt"
+    tiny_model.save(path)
+    blob = torch.load(path, weights_only=True)
+    blob["meta"]["norm"]["scale"] = blob["meta"]["norm"]["scale"][:-1]  # one feature short
+    torch.save(blob, path)
+    with pytest.raises(ModelError, match="normalisation sizes do not fit"):  # not at the first inference
+        RcaModel.load(path)
 
 
 def test_a_file_from_before_the_summary_branch_loads_as_lstm_only(tmp_path: Path,
