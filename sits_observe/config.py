@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from .alerting.config import AlertingConfig
-from .collectors.config import ServerConfig, check_url
+from .collectors.config import ServerConfig, check_url, redact
 from .errors import ConfigError
 from .histogram import snap_edges
 from .probes.config import ProbesConfig
@@ -175,9 +175,8 @@ def _loc(loc: tuple[Any, ...]) -> str:
 
 def _redact_url(url: str) -> str:
     """``url`` without a ``user:password@`` or a query string (either may carry a credential)."""
-    parts = urlsplit(url)
-    netloc = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=netloc, query="<hidden>" if parts.query else ""))
+    parts = urlsplit(redact(url))
+    return urlunsplit(parts._replace(query="<hidden>" if parts.query else ""))
 
 
 def format_errors(exc: ValidationError, source: str) -> list[str]:

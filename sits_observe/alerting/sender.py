@@ -129,9 +129,8 @@ class Sender(threading.Thread):
     def _delay(self, attempts: int, after: float | None) -> float:
         b = self.backoff
         steps = attempts - 1  # multiplier**steps overflows a float after ~1,000 attempts at the default 2
-        capped = b.multiplier == 1 or steps < math.log(b.max / b.initial, b.multiplier)
-        delay = b.initial * b.multiplier ** steps if capped else b.max
-        delay = min(b.max, delay)
+        at_max = b.multiplier > 1 and steps >= math.log(b.max / b.initial, b.multiplier)
+        delay = b.max if at_max else min(b.max, b.initial * b.multiplier ** steps)
         delay *= 1.0 + self.rng.uniform(-b.jitter, b.jitter)
         return min(b.max, max(delay, after or 0.0))
 

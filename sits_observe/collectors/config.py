@@ -1,17 +1,17 @@
 """Config section ``servers:`` (inference servers to scrape) and the URL helpers shared with ``gpu.dcgm_url`` and
-the alert receivers: the URL check and basic auth from a URL's ``user:password@``."""
+the alert receivers: the URL check, basic auth from a URL's ``user:password@`` and the URL without it."""
 
 from __future__ import annotations
 
 import base64
 from typing import Literal
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from pydantic import Field, field_validator
 
 from ..section import Section
 
-__all__ = ["ServerConfig", "basic_auth", "check_url"]
+__all__ = ["ServerConfig", "basic_auth", "check_url", "redact"]
 
 
 def check_url(url: str) -> str:
@@ -28,6 +28,14 @@ def check_url(url: str) -> str:
     if not url.isascii():
         raise ValueError("has characters outside ASCII; percent-encode them (e.g. %C3%A9 for é)")
     return url
+
+
+def redact(url: str) -> str:
+    """The URL without ``user:password@``, for messages (also one whose port does not parse)."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
 
 def basic_auth(url: str) -> str | None:

@@ -14,12 +14,11 @@ import re
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from urllib.parse import urlsplit, urlunsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from ..errors import CollectorError
-from .config import basic_auth
+from .config import basic_auth, redact
 
 __all__ = ["Series", "PageParser", "fetch_page", "redact"]
 
@@ -29,15 +28,6 @@ _CACHE_MAX = 8192
 # optional timestamp).
 _LINE = re.compile(r"^(?:[ \t]*(?:#.*)?|[ \t]*([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?[ \t]+(\S+)(?:[ \t]+-?\d+)?)[ \t\r]*$",
                    re.M)
-
-
-def redact(url: str) -> str:
-    """The URL without user:password, for messages."""
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.hostname or ""
-    return urlunsplit(parts._replace(netloc=f"{host}:{parts.port}" if parts.port else host))
 
 
 def fetch_page(url: str, timeout: float) -> str:

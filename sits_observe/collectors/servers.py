@@ -226,7 +226,8 @@ class ServerSource:
                 buckets[le] = buckets.get(le, 0.0) + value
         sums: dict[str, float] = {}
         for labels, value in self._entries(series, f"{name}_sum"):
-            sums[_label_key(labels)] = sums.get(_label_key(labels), 0.0) + value
+            key = _label_key(labels)
+            sums[key] = sums.get(key, 0.0) + value
         counts, seconds, keys = np.zeros(self.layout.n, dtype=np.uint64), 0.0, set()
         for key, buckets in groups.items():
             if key not in sums or np.inf not in buckets:

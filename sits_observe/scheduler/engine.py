@@ -132,10 +132,10 @@ class Scheduler:
             # a tick without a GPU sample counts nothing into the GPU windows; a source silent for longer
             # than GPU_STALE_S re-arms them (NaN) rather than letting its last sample sustain a trigger
             util = mem = None
-            if sampled or not self._gpu_fresh():
-                fresh = self._gpu_fresh()
-                util = np.where(self._healthy & fresh, self._util, np.nan)
-                mem = np.where(fresh, self._mem / self._total, np.nan)
+            if sampled:
+                util, mem = np.where(self._healthy, self._util, np.nan), self._mem / self._total
+            elif not self._gpu_fresh():
+                util = mem = np.full(self.topo.n, np.nan)
             fired += self.triggers.on_frame(ts, util, mem, self._host_cpu)
             for t in fired:
                 self._decide(t)

@@ -199,14 +199,12 @@ class SloEngine:
             self.last = ev = self._evaluate(frame.ts if self.ring.ts is None else self.ring.ts)
             prune = [(lvl, idx - self.levels.slots + 1) for lvl, idx, _ in written]
             self.state.save(written, prune)
-            same_until = (ev.held_until == self.held_until) | (np.isnan(ev.held_until) & np.isnan(self.held_until))
-            for i in np.flatnonzero((~same_until).any(axis=1)):
+            for i in np.flatnonzero((~_same(ev.held_until, self.held_until)).any(axis=1)):
                 self.state.set_held(self.specs[i].name, {t: float(u) for t, u in zip(TIER_NAMES, ev.held_until[i])
                                                          if not np.isnan(u)})
             self.held_until, self.last_true, self.resume = ev.held_until, ev.last_true, np.zeros_like(self.resume)
             saved = np.where(ev.active, np.inf, ev.last_true)
-            same = (saved == self.saved) | (np.isnan(saved) & np.isnan(self.saved))
-            for i in np.flatnonzero(((ev.firing != self.firing_tiers) | ~same).any(axis=1)):
+            for i in np.flatnonzero(((ev.firing != self.firing_tiers) | ~_same(saved, self.saved)).any(axis=1)):
                 self._transition(int(i), ev, saved[i])
             if self.dispatcher is not None and self.alerts:
                 self.dispatcher.refresh(list(self.alerts.values()))
@@ -318,3 +316,8 @@ class SloEngine:
         if self.dispatcher is not None:
             self.dispatcher.close()
         self.state.close()
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Element-wise equality in which NaN (nothing stored) equals NaN."""
+    return (a == b) | (np.isnan(a) & np.isnan(b))
