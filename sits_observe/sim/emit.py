@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..frame import BucketLayout, Frame, numa_cpu_sample
+from ..topology import LinkKind, Topology
 from .device import StageSampler, add_shard_stages
 from .engine import TickStats
 from .gpu import GpuInputs, GpuModel
@@ -37,8 +38,7 @@ class _Workload:
     tokens: int = 0
     waiting: int = 0
     running: int = 0
-    kv_used: float = 0.0
-    kv_capacity: float = 0.0
+    kv_ratio: float = 0.0  # the fullest replica's KV cache, as the vLLM collector keeps it
 
     def set_egress(self, egress: np.ndarray) -> None:
         """Response delivery times of the requests finished this tick, in ``done_at`` order."""
@@ -49,8 +49,9 @@ class _Workload:
 class TickOutput:
     """Accumulates one tick over all shards, then fills the Frame."""
 
-    def __init__(self, n_gpus: int, numa_nodes: int) -> None:
-        self.gpu = GpuInputs(n_gpus)
+    def __init__(self, topology: Topology, numa_nodes: int) -> None:
+        self.topology = topology
+        self.gpu = GpuInputs(topology.n)
         self.work: dict[str, _Workload] = {}
         self.cores_busy = np.zeros(numa_nodes)
 
@@ -68,8 +69,7 @@ class TickOutput:
         w.tokens += st.tokens
         w.waiting += len(s.engine.waiting)
         w.running += len(s.engine.running)
-        w.kv_used += s.engine.kv_used
-        w.kv_capacity += s.engine.kv_capacity
+        w.kv_ratio = max(w.kv_ratio, min(1.0, s.engine.kv_used / max(s.engine.kv_capacity, 1.0)))
         add_shard_stages(sampler, p.workload, p.tp, s.perf.spec.layers, st, tm, alloc_calls)
         prefill, decode = st.prefill_gpu_s, st.decode_gpu_s
         gpu_s = max(prefill + decode + st.busy_shift, 0.0)  # the GPU time that fell inside this tick
@@ -89,22 +89,33 @@ class TickOutput:
             static_bytes_per_gpu(p.model, p.tp) + s.engine.kv_used * kv_bytes_per_gpu_token(p.model, p.tp),
             iters * H2D_PER_ITER * H2D_BYTES / dt,
             iters * D2H_BYTES / dt,
-            coll,
-            coll,
+            0.0,
+            0.0,
         ]))
+        self._ring(s.gpus, coll)
         self.cores_busy[numa] += (p.tp + 1) * max(busy, 0.2)  # one busy-polling worker per GPU plus the server
 
-    def add_loading(self, m: Migration, now: float, dt: float, s: _Shard, sampler: StageSampler) -> None:
-        """Weights streaming onto the GPUs a shard is moving to."""
-        new = [g for g in m.target if g not in m.source]
+    def _ring(self, gpus: tuple[int, ...], rate: float) -> None:
+        """All-reduce traffic (bytes/s each way) of a ring over ``gpus``: each GPU sends to the next and receives
+        from the one before, on NVLink where that pair has it, else over its PCIe link."""
+        if len(gpus) < 2:
+            return
+        for k, g in enumerate(gpus):
+            for peer, direction in ((gpus[(k + 1) % len(gpus)], "tx"), (gpus[k - 1], "rx")):
+                fast = self.topology.kinds[g][peer] in (LinkKind.NVLINK, LinkKind.NVSWITCH)
+                self.gpu.row(f"{'nvlink' if fast else 'pcie'}_{direction}")[g] += rate
+
+    def add_loading(self, m: Migration, moved: float, seconds: float, dt: float, s: _Shard,
+                    sampler: StageSampler) -> None:
+        """Weights streaming onto the GPUs a shard is moving to: ``moved`` bytes per GPU in ``seconds`` of
+        this tick (:meth:`.migration.Migration.advance`)."""
+        new = m.new
         self.gpu.serving[new] = True
-        weights = s.perf.spec.weight_bytes / s.placement.tp
-        moved = (m.loaded(now) - m.loaded(now - dt)) * weights
-        self.gpu.row("memory_used")[new] += m.loaded(now) * weights
+        self.gpu.row("memory_used")[new] += m.loaded() * m.bytes_per_gpu
         self.gpu.row("pcie_rx")[new] += moved / dt
-        self.gpu.row("busy")[new] += 0.02 if m.loaded(now) > 0 else 0.0
-        if moved > 0:
-            sampler.add("h2d", s.placement.workload, moved * len(new) / LOAD_CHUNK, LOAD_CHUNK * dt / moved, 0.2)
+        self.gpu.row("busy")[new] += 0.02 if m.loaded() > 0 else 0.0
+        if moved > 0:  # one cuMemcpy per chunk, each taking a chunk's share of the loading time
+            sampler.add("h2d", s.placement.workload, moved * len(new) / LOAD_CHUNK, LOAD_CHUNK * seconds / moved, 0.2)
 
     def fill(self, frame: Frame, layout: BucketLayout, gpus: GpuModel, sampler: StageSampler, eff: Effects,
              rho: np.ndarray, cores: np.ndarray, shards: int, dt: float) -> None:
@@ -117,7 +128,7 @@ class TickOutput:
             frame.add_counter("tokens_generated_total", name, w.tokens)
             frame.workload_gauges[("queue_depth", name)] = float(w.waiting)
             frame.workload_gauges[("running_requests", name)] = float(w.running)
-            frame.workload_gauges[("kv_cache_usage_ratio", name)] = min(1.0, w.kv_used / max(w.kv_capacity, 1.0))
+            frame.workload_gauges[("kv_cache_usage_ratio", name)] = w.kv_ratio
         sampler.emit(frame)
         g = self.gpu
         g.row("memory_used")[:] += eff.mem_foreign

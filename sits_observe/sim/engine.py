@@ -1,5 +1,7 @@
 """Continuous batching on one shard (vLLM-style), advanced event by event within a tick.
 
+Requests sent to the shard cross the network first (*inbound*, ordered by when they reach the server);
+only those that have reached it wait in its queue, count towards its queue limit and show as waiting.
 The engine runs iterations back to back: a *prefill* iteration admits waiting requests (FIFO, while the
 KV cache has room for their prompts) and produces their first token; otherwise a *decode* iteration
 adds one token to every running request.  Between events (an arrival, a request finishing, the tick's
@@ -11,6 +13,7 @@ come out of this; nothing is drawn at random here.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -73,15 +76,16 @@ def _next_freeze(t: float, stall: tuple[float, float, float]) -> float:
 
 
 class ShardEngine:
-    """Waiting queue, running batch and KV cache of one shard; ``step`` advances to a time."""
+    """Inbound requests, waiting queue, running batch and KV cache of one shard; ``step`` advances to a time."""
 
     def __init__(self, perf: PerfModel, start: float, *, timeout: float = 60.0, max_waiting: int = 2048) -> None:
         self.perf = perf
         self.t = start
         self.timeout = timeout
         self.max_waiting = max_waiting
-        # waiting entries: [enqueued at, client arrival, context tokens, tokens left, first-token time]
-        self.waiting: deque[list[float]] = deque()
+        # entries: [reached the server at, client arrival, context tokens, tokens left, first-token time]
+        self.inbound: list[list[float]] = []  # a heap: still crossing the network
+        self.waiting: deque[list[float]] = deque()  # at the server, not yet admitted
         self.running = np.zeros((0, 5))
         self.kv_used = 0.0
         self.kv_capacity = 0.0
@@ -91,17 +95,28 @@ class ShardEngine:
 
     @property
     def outstanding(self) -> int:
+        """Requests sent to this shard and not finished: what a load balancer counts."""
+        return len(self.inbound) + len(self.waiting) + len(self.running)
+
+    @property
+    def backlog(self) -> int:
+        """Requests at the server, waiting or running: what the server's own metrics count."""
         return len(self.waiting) + len(self.running)
 
-    def enqueue(self, t_enq: np.ndarray, arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray) -> int:
-        """Add requests reaching the server at ``t_enq``; returns how many were refused (queue full)."""
-        refused = 0
-        for i in np.argsort(t_enq, kind="stable"):
+    def enqueue(self, t_enq: np.ndarray, arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray) -> None:
+        """Send requests that will reach the server at ``t_enq`` (a full queue refuses them then)."""
+        for i in range(len(t_enq)):
+            heapq.heappush(self.inbound, [float(t_enq[i]), float(arrival[i]), float(prompt[i]), float(output[i]),
+                                          math.nan])
+
+    def _receive(self, t: float, s: TickStats) -> None:
+        """Move the requests that have reached the server by ``t`` into its queue; refuse them when it is full."""
+        while self.inbound and self.inbound[0][0] <= t:
+            entry = heapq.heappop(self.inbound)
             if len(self.waiting) >= self.max_waiting:
-                refused += 1
-                continue
-            self.waiting.append([float(t_enq[i]), float(arrival[i]), float(prompt[i]), float(output[i]), math.nan])
-        return refused
+                s.errors += 1
+            else:
+                self.waiting.append(entry)
 
     def step(self, t_end: float, c: Conditions) -> TickStats:
         """Run iterations until ``t_end`` (the last one may end a little after it)."""
@@ -112,6 +127,7 @@ class ShardEngine:
             if c.stall is not None and (resume := _frozen_until(t, c.stall)) > t:
                 t = min(resume, t_end)
                 continue
+            self._receive(t, s)
             self._expire(t, s)
             n, tokens = self._admit(t, c.kv_capacity, s)
             if n:
@@ -119,16 +135,17 @@ class ShardEngine:
                 continue
             b = len(self.running)
             if b == 0:
-                if self.waiting and self.waiting[0][0] <= t:  # too large for the cache even alone
+                if self.waiting:  # too large for the cache even alone
                     self.waiting.popleft()
                     s.errors += 1
                     continue
-                t = min(self.waiting[0][0], t_end) if self.waiting else t_end
+                t = min(self.inbound[0][0], t_end) if self.inbound else t_end
                 continue
             if c.kv_capacity - self.kv_used < b:
                 self._preempt(t, c.kv_capacity, s)
                 continue
             t = self._decode(t, t_end, b, c, s)
+        self._receive(t_end, s)
         carry = max(t - t_end, 0.0) * self._gpu_share
         s.busy_shift = self._carry - carry
         self._carry = carry
@@ -141,14 +158,14 @@ class ShardEngine:
             s.errors += 1
 
     def _admit(self, t: float, cap: float, s: TickStats) -> tuple[int, float]:
-        if not self.waiting or self.waiting[0][0] > t:
+        if not self.waiting:
             return 0, 0.0
         rows: list[list[float]] = []
         tokens = 0.0
         room = MAX_BATCH - len(self.running)
         while self.waiting and len(rows) < room:
             enq, arrival, ctx, left, first = self.waiting[0]
-            if enq > t or self.kv_used + tokens + ctx > cap * KV_WATERMARK:
+            if self.kv_used + tokens + ctx > cap * KV_WATERMARK:
                 break
             if rows and tokens + ctx > MAX_PREFILL_TOKENS:
                 break
@@ -187,8 +204,8 @@ class ShardEngine:
         self._gpu_share = gpu / it
         first_done = int(self.running[:, REM].min())
         k = min(first_done, int((c.kv_capacity - self.kv_used) // b), math.ceil((t_end - t) / it))
-        if self.waiting and self.waiting[0][0] > t:
-            k = min(k, math.ceil((self.waiting[0][0] - t) / it))
+        if self.inbound:  # stop at the next arrival so it can be admitted
+            k = min(k, math.ceil((self.inbound[0][0] - t) / it))
         if c.stall is not None:
             k = min(k, math.ceil((_next_freeze(t, c.stall) - t) / it))
         k = max(k, 1)

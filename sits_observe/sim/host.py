@@ -25,7 +25,7 @@ from .engine import ShardEngine
 from .faults import FaultRecord, FaultSpec, Scenario
 from .gpu import GpuModel
 from .mechanics import Effects, comm_intensity, network_delay, numa_load, pair_link, shard_timing
-from .migration import Migration, check_migration, load_seconds
+from .migration import Migration, check_migration, load_rate
 from .perf import PerfModel, hardware_for
 from .shards import (GPU_MEMORY_UTILIZATION, KV_MIN, Placement, ShardInfo, default_placement,
                      kv_bytes_per_gpu_token, static_bytes_per_gpu)
@@ -90,6 +90,8 @@ class SimulatedHost:
         self._origin: float | None = None
         self._now = 0.0
         self._tau = dict.fromkeys(self.workloads, 0.0)
+        # requests crossing the network: when each reaches the server, and how long its ingress took
+        self._inbound = {w: (np.zeros(0), np.zeros(0)) for w in self.workloads}
         self._active: list[FaultRecord] = []
         self._log: list[FaultRecord] = []
         self._migrations: dict[str, Migration] = {}
@@ -114,11 +116,10 @@ class SimulatedHost:
         target = check_migration(shard_id, shard.gpus, gpus, shard.placement.tp, self._occupied(shard_id),
                                  self._free_bytes(), static_bytes_per_gpu(shard.placement.model, shard.placement.tp)
                                  + KV_MIN, self.topology.n, self._migrations)
-        eff = self._effects()
-        seconds = load_seconds(shard.perf.spec.weight_bytes / shard.placement.tp,
-                               [g for g in target if g not in shard.gpus], eff.link_load)
-        self._migrations[shard_id] = Migration(shard_id, shard.gpus, target, self._now, self._now + seconds)
-        log.info("sim: migrating %s from GPUs %s to %s, ready in %.0f s", shard_id, shard.gpus, target, seconds)
+        weights = shard.perf.spec.weight_bytes / shard.placement.tp
+        self._migrations[shard_id] = m = Migration(shard_id, shard.gpus, target, self._now, weights)
+        log.info("sim: migrating %s from GPUs %s to %s: %.0f GB onto each of GPUs %s", shard_id, shard.gpus,
+                 target, weights / 1e9, m.new)
 
     def pending_migrations(self) -> dict[str, Migration]:
         """Migrations in flight by shard id (iterating gives the shard ids)."""
@@ -151,11 +152,11 @@ class SimulatedHost:
         t0, t1 = self._now, frame.ts
         if t1 <= t0:
             raise SimError(f"frame ts {t1} is not after the simulator's clock {t0}; ticks must move forward")
+        self._finish_migrations(t0)  # first: a shard fault starting now hits the shard where it now runs
         self._update_faults(t0)
-        self._finish_migrations(t0)
         eff = self._effects()
         dt = t1 - t0
-        out = TickOutput(self.topology.n, len(self._numa_cores))
+        out = TickOutput(self.topology, len(self._numa_cores))
         rho = numa_load(self._cores_busy / self._numa_cores + self.variation.background_cpu, eff.numa_hog)
         self._arrivals(t0, t1, eff, frame)
         for s in self._shards.values():
@@ -167,13 +168,15 @@ class SimulatedHost:
                                         float(rho[self._numa[idx]].max()),
                                         max(kv, 0.0) / kv_bytes_per_gpu_token(p.model, p.tp))
             stats = s.engine.step(t1, cond)
-            out.gpu.backlog[idx] |= s.engine.outstanding > 0  # what the replica's next /metrics page shows
+            out.gpu.backlog[idx] |= s.engine.backlog > 0  # what the replica's next /metrics page shows
             alloc = int(self._net_rng.poisson(timing.alloc_rate * p.tp * dt))
             out.add_shard(s, stats, timing, alloc, dt, int(self._numa[idx[0]]), self._sampler)
         for name, w in out.work.items():
             w.set_egress(network_delay(self._net_rng, len(w.done_at), self._nic(eff, name)))
+        rates = load_rate(list(self._migrations.values()), eff.link_load)
         for m in self._migrations.values():
-            out.add_loading(m, t1, dt, self._shards[m.shard], self._sampler)
+            moved, seconds = m.advance(t0, t1, rates.get(m.shard, 0.0))
+            out.add_loading(m, moved, seconds, dt, self._shards[m.shard], self._sampler)
         self._cores_busy = out.cores_busy
         out.fill(frame, self.layout, self._gpu, self._sampler, eff, rho, self._numa_cores, len(self._shards), dt)
         self._now = t1
@@ -254,7 +257,8 @@ class SimulatedHost:
             taus, prompt, output = self.trace.window(tau0, tau1)
             arrival = t0 + (taus - tau0) / rate
             ingress = network_delay(self._net_rng, len(taus), self._nic(eff, workload))
-            frame.add_values("ingress", workload, ingress, self.layout)
+            self._inbound[workload] = (np.concatenate([self._inbound[workload][0], arrival + ingress]),
+                                       np.concatenate([self._inbound[workload][1], ingress]))
             shards = [s for s in self._shards.values() if s.placement.workload == workload]
             load = [s.engine.outstanding for s in shards]
             choice = np.empty(len(taus), dtype=np.int64)
@@ -262,9 +266,10 @@ class SimulatedHost:
                 j = min(range(len(load)), key=load.__getitem__)
                 choice[i] = j
                 load[j] += 1
-            refused = 0
             for j, s in enumerate(shards):
                 sel = choice == j
-                refused += s.engine.enqueue(arrival[sel] + ingress[sel], arrival[sel], prompt[sel], output[sel])
-            frame.add_counter("request_errors_total", workload, refused)
-            frame.add_counter("requests_total", workload, refused)
+                s.engine.enqueue(arrival[sel] + ingress[sel], arrival[sel], prompt[sel], output[sel])
+            reached, took = self._inbound[workload]  # ingress is measured where a request reaches the server
+            now = reached < t1
+            frame.add_values("ingress", workload, took[now], self.layout)
+            self._inbound[workload] = (reached[~now], took[~now])

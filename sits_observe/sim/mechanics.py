@@ -80,7 +80,7 @@ class Effects:
             if f.kind == "gpu_compute_saturation":
                 e.steal[g] = np.maximum(e.steal[g], STEAL_MAX * s)
             elif f.kind == "gpu_memory_pressure":
-                e.mem_foreign[g] += np.asarray(f.foreign_bytes)
+                e.mem_foreign[g] = np.maximum(e.mem_foreign[g], np.asarray(f.foreign_bytes))
                 e.mem_pressure[g] = np.maximum(e.mem_pressure[g], s)
             elif f.kind == "interconnect_contention":
                 e.link_load[g] = np.maximum(e.link_load[g], LINK_LOAD_MAX * s)
@@ -92,8 +92,10 @@ class Effects:
             elif f.kind == "network_ingress":
                 e.nic[f.workload] = max(e.nic.get(f.workload, 0.0), s)
             elif f.kind == "scheduler_stall":
+                frozen = STALL_FROZEN[0] + STALL_FROZEN[1] * s
                 for shard in f.shards:
-                    e.stall[shard] = (f.start, STALL_PERIOD, STALL_FROZEN[0] + STALL_FROZEN[1] * s)
+                    if frozen > e.stall.get(shard, (0.0, 0.0, 0.0))[2]:
+                        e.stall[shard] = (f.start, STALL_PERIOD, frozen)
             else:
                 e.surge[f.workload] = max(e.surge.get(f.workload, 1.0), 1.0 + SURGE_SPAN * s)
         return e

@@ -1,13 +1,16 @@
 """Shard migrations: validation, and how long loading the weights onto the new GPUs takes.
 
-A migration copies the shard's weights from local storage to each new GPU (in parallel, sharing the
-storage bandwidth; each copy also limited by that GPU's PCIe link and any foreign traffic on it), then
-starts the engine (KV-cache allocation, CUDA-graph capture, warm-up).  Until then the old placement
-keeps serving; the switch is atomic at ``ready_at``.
+A migration copies the shard's weights from local storage to each new GPU, then starts the engine
+(KV-cache allocation, CUDA-graph capture, warm-up).  Every GPU loading at the same time, of this
+migration or another, gets an equal share of the storage bandwidth, each copy also limited by that
+GPU's PCIe link and any foreign traffic on it (:func:`load_rate`, re-evaluated every tick); the
+progress is advanced tick by tick (:meth:`Migration.advance`).  Until the engine has started the old
+placement keeps serving; the switch is atomic at ``ready_at``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -17,27 +20,60 @@ from ..errors import SimError
 from .mechanics import H2D_BANDWIDTH
 from .shards import GIB
 
-__all__ = ["STORAGE_BANDWIDTH", "ENGINE_INIT", "LOAD_CHUNK", "Migration", "check_migration", "load_seconds"]
+__all__ = ["STORAGE_BANDWIDTH", "ENGINE_INIT", "LOAD_CHUNK", "Migration", "check_migration", "load_rate"]
 
 STORAGE_BANDWIDTH = 7e9  # bytes/s, one NVMe array shared by every GPU loading at once
 ENGINE_INIT = 15.0  # s, engine start after the weights are in place
 LOAD_CHUNK = 256 * 2**20  # bytes per weight-loading cuMemcpy
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Migration:
-    """Shard ``shard`` moving ``source`` -> ``target``; times on the source clock."""
+    """Shard ``shard`` moving ``source`` -> ``target``; times on the source clock.
+
+    ``ready_at`` is infinite while weights are loading, then the time the last byte landed plus
+    :data:`ENGINE_INIT`.
+    """
 
     shard: str
     source: tuple[int, ...]
     target: tuple[int, ...]
     started: float
-    ready_at: float
+    bytes_per_gpu: float
+    loaded_bytes: float = 0.0
+    ready_at: float = math.inf
 
-    def loaded(self, now: float) -> float:
+    @property
+    def new(self) -> list[int]:
+        """The target GPUs that do not hold the weights yet."""
+        return [g for g in self.target if g not in self.source]
+
+    @property
+    def loading(self) -> bool:
+        return math.isinf(self.ready_at)
+
+    def loaded(self) -> float:
         """Share of the weights already on the new GPUs."""
-        span = max(self.ready_at - self.started - ENGINE_INIT, 1e-9)
-        return float(np.clip((now - self.started) / span, 0.0, 1.0))
+        return min(1.0, self.loaded_bytes / self.bytes_per_gpu) if self.bytes_per_gpu > 0 else 1.0
+
+    def advance(self, t0: float, t1: float, rate: float) -> tuple[float, float]:
+        """Load at ``rate`` bytes/s per new GPU during ``[t0, t1)``; returns (bytes per GPU moved, seconds
+        spent loading), which is less than the tick where the last byte lands in it."""
+        if not self.loading:
+            return 0.0, 0.0
+        start = max(t0, self.started)
+        if not self.new:  # nothing to copy: the engine starts right away
+            self.loaded_bytes = self.bytes_per_gpu
+            self.ready_at = start + ENGINE_INIT
+            return 0.0, 0.0
+        left = self.bytes_per_gpu - self.loaded_bytes
+        seconds = max(min(t1 - start, left / rate), 0.0) if rate > 0 else 0.0
+        moved = min(seconds * rate, left)
+        self.loaded_bytes += moved
+        if self.loaded_bytes >= self.bytes_per_gpu * (1 - 1e-12):
+            self.loaded_bytes = self.bytes_per_gpu
+            self.ready_at = start + seconds + ENGINE_INIT
+        return moved, seconds
 
 
 def check_migration(shard: str, current: tuple[int, ...], gpus: Sequence[int], tp: int,
@@ -67,10 +103,10 @@ def check_migration(shard: str, current: tuple[int, ...], gpus: Sequence[int], t
     return target
 
 
-def load_seconds(bytes_per_gpu: float, new_gpus: Sequence[int], link_load: np.ndarray) -> float:
-    """Seconds until a migration onto ``new_gpus`` (the GPUs without the weights yet) can serve."""
-    if not new_gpus:
-        return ENGINE_INIT
-    load = float(link_load[list(new_gpus)].max())
-    rate = min(STORAGE_BANDWIDTH / len(new_gpus), H2D_BANDWIDTH * (1 - load))
-    return bytes_per_gpu / rate + ENGINE_INIT
+def load_rate(migrations: Sequence[Migration], link_load: np.ndarray) -> dict[str, float]:
+    """Bytes/s per new GPU of each migration still loading: an equal share of the storage bandwidth for
+    every GPU loading now, at most what that migration's busiest PCIe link leaves."""
+    loading = [m for m in migrations if m.loading]
+    gpus = sum(len(m.new) for m in loading)
+    return {m.shard: min(STORAGE_BANDWIDTH / gpus, H2D_BANDWIDTH * (1 - float(link_load[m.new].max())))
+            for m in loading if m.new}

@@ -100,13 +100,15 @@ def test_migration_applies_after_the_weights_load(layout):
     sim.migrate("chat-0", [6, 7])
     m = sim.pending_migrations()["chat-0"]
     assert set(sim.pending_migrations()) == {"chat-0"}
-    assert (m.source, m.target) == ((0, 1), (6, 7))
+    assert (m.source, m.target, m.new) == ((0, 1), (6, 7), [6, 7])
+    while m.loading:
+        run_until(sim, store, sim.elapsed + 1)
     assert 20 <= m.ready_at - m.started <= 60  # 69 GB per GPU over shared NVMe, then engine start
-    run_until(sim, store, 60 + (m.ready_at - m.started) - 2)
+    run_until(sim, store, m.ready_at - T0 - 2)
     assert {s.id: s.gpus for s in sim.shards()}["chat-0"] == (0, 1)  # still serving where it was
     mem = store.gpu_window("memory_used_bytes", 5)[-1]
     assert mem[6] > 60e9  # weights already on the new GPUs
-    run_until(sim, store, 60 + (m.ready_at - m.started) + 120)
+    run_until(sim, store, m.ready_at - T0 + 120)
     assert {s.id: s.gpus for s in sim.shards()}["chat-0"] == (6, 7) and not sim.pending_migrations()
     util = store.gpu_window("utilization_ratio", 60).mean(axis=0)
     assert util[0] == 0 and util[1] == 0 and util[6] > 0.5 and util[7] > 0.5
