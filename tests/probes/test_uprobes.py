@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 
-import numpy as np
 import pytest
 
 from probe_helpers import DEFAULT_LAYOUT, OFF, Workload, drain, fallback, make_source
@@ -54,9 +53,11 @@ def test_cuda_counts_every_call_in_its_bucket_and_nccl_reports_missing_library(
     for stage, calls in PLAN.items():
         hist = frame.hists[(stage, "gpu")]
         us = calls[0][1]
-        want = np.zeros_like(hist.counts)
-        want[_only_bucket(source, us)] = N
-        assert hist.counts.tolist() == want.tolist(), stage
+        k = _only_bucket(source, us)
+        # every call counted, none faster than its sleep; a hypervisor stall can stretch one sleep (seen once
+        # on this 2-core VM: a 2.6 ms sleep took over 5 ms), never shorten it, so one call may land higher
+        assert hist.counts.sum() == N and hist.counts[:k].sum() == 0, (stage, hist.counts.tolist())
+        assert hist.counts[k] >= N - 1, (stage, hist.counts.tolist())
         assert hist.sum >= N * us / 1e6
     assert {s for s, _ in frame.hists} == set(PLAN)
 
