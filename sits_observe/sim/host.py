@@ -1,6 +1,6 @@
 """The simulated GPU host: a Source that fills Frames the way the real collectors and probes do.
 
-Per tick: start and end scheduled faults, finish migrations whose weights have loaded, replay the
+Per tick: finish migrations whose engines are ready, start and end scheduled faults, replay the
 trace's arrivals for the tick, route each to the least-loaded shard of its workload, run every shard's
 continuous-batching engine under the conditions its GPUs, links and CPUs allow, and write request
 stages (per-request values), device stages (mechanism-derived histograms), GPU, host and workload
@@ -122,7 +122,8 @@ class SimulatedHost:
                  target, weights / 1e9, m.new)
 
     def pending_migrations(self) -> dict[str, Migration]:
-        """Migrations in flight by shard id (iterating gives the shard ids)."""
+        """Migrations in flight by shard id (iterating gives the shard ids); the objects are the simulator's
+        own, updated every tick: read them, do not change them."""
         return dict(self._migrations)
 
     def active_faults(self) -> list[FaultRecord]:
@@ -270,6 +271,6 @@ class SimulatedHost:
                 sel = choice == j
                 s.engine.enqueue(arrival[sel] + ingress[sel], arrival[sel], prompt[sel], output[sel])
             reached, took = self._inbound[workload]  # ingress is measured where a request reaches the server
-            now = reached < t1
+            now = reached <= t1  # the engine receives up to the tick's end, inclusive
             frame.add_values("ingress", workload, took[now], self.layout)
             self._inbound[workload] = (reached[~now], took[~now])

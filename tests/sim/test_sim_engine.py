@@ -85,8 +85,9 @@ def test_slower_compute_and_host_bound_iterations():
 
 def test_requests_on_the_network_are_not_waiting_at_the_server():
     e = ShardEngine(PERF, 0.0)
-    # sent first, the first request is still crossing the network when the second has arrived
-    e.enqueue(np.array([5.0, 0.5]), np.array([0.0, 0.1]), np.array([128, 128]), np.array([4_000, 4_000]))
+    # sent first (an earlier tick), the first request is still crossing the network when the second has arrived
+    e.enqueue(np.array([5.0]), np.array([0.0]), np.array([128]), np.array([4_000]))
+    e.enqueue(np.array([0.5]), np.array([0.1]), np.array([128]), np.array([4_000]))
     st = e.step(2.0, Conditions(kv_capacity=50_000))
     assert st.queue == [pytest.approx(0.0)]  # admitted on arrival: no head-of-line wait behind the slow one
     assert (len(e.inbound), len(e.waiting), len(e.running)) == (1, 0, 1)
