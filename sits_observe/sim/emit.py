@@ -29,8 +29,8 @@ OS_CPU_SHARE = 0.02
 
 @dataclass
 class _Workload:
-    stages: dict[str, list[float]] = field(default_factory=lambda: {s: [] for s in ("queue", "prefill", "decode",
-                                                                                    "egress", "e2e")})
+    stages: dict[str, list[float]] = field(default_factory=lambda: {s: [] for s in ("ingress", "queue", "prefill",
+                                                                                    "decode", "egress", "e2e")})
     done_at: list[float] = field(default_factory=list)
     arrival: list[float] = field(default_factory=list)
     errors: int = 0
@@ -59,6 +59,7 @@ class TickOutput:
                   sampler: StageSampler) -> None:
         p = s.placement
         w = self.work.setdefault(p.workload, _Workload())
+        w.stages["ingress"] += st.ingress
         w.stages["queue"] += st.queue
         w.stages["prefill"] += st.prefill
         w.stages["decode"] += st.decode

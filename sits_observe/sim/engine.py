@@ -47,6 +47,7 @@ class Conditions:
 class TickStats:
     """What one shard did during one tick."""
 
+    ingress: list[float] = field(default_factory=list)  # network time of the requests that reached the server
     queue: list[float] = field(default_factory=list)
     prefill: list[float] = field(default_factory=list)
     decode: list[float] = field(default_factory=list)
@@ -83,7 +84,8 @@ class ShardEngine:
         self.t = start
         self.timeout = timeout
         self.max_waiting = max_waiting
-        # entries: [reached the server at, client arrival, context tokens, tokens left, first-token time]
+        # entries: [reached the server at, client arrival, context tokens, tokens left, first-token time];
+        # inbound ones also carry their network time
         self.inbound: list[list[float]] = []  # a heap: still crossing the network
         self.waiting: deque[list[float]] = deque()  # at the server, not yet admitted
         self.running = np.zeros((0, 5))
@@ -103,16 +105,20 @@ class ShardEngine:
         """Requests at the server, waiting or running: what the server's own metrics count."""
         return len(self.waiting) + len(self.running)
 
-    def enqueue(self, t_enq: np.ndarray, arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray) -> None:
-        """Send requests that will reach the server at ``t_enq`` (a full queue refuses them then)."""
-        for i in range(len(t_enq)):
-            heapq.heappush(self.inbound, [float(t_enq[i]), float(arrival[i]), float(prompt[i]), float(output[i]),
-                                          math.nan])
+    def enqueue(self, arrival: np.ndarray, ingress: np.ndarray, prompt: np.ndarray, output: np.ndarray) -> None:
+        """Send requests at ``arrival`` that reach the server ``ingress`` seconds later (a full queue refuses
+        them then)."""
+        reach = arrival + ingress
+        for i in range(len(arrival)):
+            heapq.heappush(self.inbound, [float(reach[i]), float(arrival[i]), float(prompt[i]), float(output[i]),
+                                          math.nan, float(ingress[i])])
 
     def _receive(self, t: float, s: TickStats) -> None:
-        """Move the requests that have reached the server by ``t`` into its queue; refuse them when it is full."""
+        """Move the requests that have reached the server by ``t`` into its queue (their network time is
+        measured there); refuse them when it is full."""
         while self.inbound and self.inbound[0][0] <= t:
-            entry = heapq.heappop(self.inbound)
+            *entry, network = heapq.heappop(self.inbound)
+            s.ingress.append(network)
             if len(self.waiting) >= self.max_waiting:
                 s.errors += 1
             else:

@@ -90,8 +90,6 @@ class SimulatedHost:
         self._origin: float | None = None
         self._now = 0.0
         self._tau = dict.fromkeys(self.workloads, 0.0)
-        # requests crossing the network: when each reaches the server, and how long its ingress took
-        self._inbound = {w: (np.zeros(0), np.zeros(0)) for w in self.workloads}
         self._active: list[FaultRecord] = []
         self._log: list[FaultRecord] = []
         self._migrations: dict[str, Migration] = {}
@@ -258,8 +256,6 @@ class SimulatedHost:
             taus, prompt, output = self.trace.window(tau0, tau1)
             arrival = t0 + (taus - tau0) / rate
             ingress = network_delay(self._net_rng, len(taus), self._nic(eff, workload))
-            self._inbound[workload] = (np.concatenate([self._inbound[workload][0], arrival + ingress]),
-                                       np.concatenate([self._inbound[workload][1], ingress]))
             shards = [s for s in self._shards.values() if s.placement.workload == workload]
             load = [s.engine.outstanding for s in shards]
             choice = np.empty(len(taus), dtype=np.int64)
@@ -269,8 +265,4 @@ class SimulatedHost:
                 load[j] += 1
             for j, s in enumerate(shards):
                 sel = choice == j
-                s.engine.enqueue(arrival[sel] + ingress[sel], arrival[sel], prompt[sel], output[sel])
-            reached, took = self._inbound[workload]  # ingress is measured where a request reaches the server
-            now = reached <= t1  # the engine receives up to the tick's end, inclusive
-            frame.add_values("ingress", workload, took[now], self.layout)
-            self._inbound[workload] = (reached[~now], took[~now])
+                s.engine.enqueue(arrival[sel], ingress[sel], prompt[sel], output[sel])

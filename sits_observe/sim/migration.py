@@ -32,7 +32,7 @@ class Migration:
     """Shard ``shard`` moving ``source`` -> ``target``; times on the source clock.
 
     ``ready_at`` is infinite while weights are loading, then the time the last byte landed plus
-    :data:`ENGINE_INIT`.
+    :data:`ENGINE_INIT`.  :func:`check_migration` guarantees at least one new GPU.
     """
 
     shard: str
@@ -54,7 +54,7 @@ class Migration:
 
     def loaded(self) -> float:
         """Share of the weights already on the new GPUs."""
-        return min(1.0, self.loaded_bytes / self.bytes_per_gpu) if self.bytes_per_gpu > 0 else 1.0
+        return self.loaded_bytes / self.bytes_per_gpu
 
     def advance(self, t0: float, t1: float, rate: float) -> tuple[float, float]:
         """Load at ``rate`` bytes/s per new GPU during ``[t0, t1)``; returns (bytes per GPU moved, seconds
@@ -62,18 +62,13 @@ class Migration:
         if not self.loading:
             return 0.0, 0.0
         start = max(t0, self.started)
-        if not self.new:  # nothing to copy: the engine starts right away
-            self.loaded_bytes = self.bytes_per_gpu
-            self.ready_at = start + ENGINE_INIT
-            return 0.0, 0.0
         left = self.bytes_per_gpu - self.loaded_bytes
-        seconds = max(min(t1 - start, left / rate), 0.0) if rate > 0 else 0.0
-        moved = min(seconds * rate, left)
-        self.loaded_bytes += moved
-        if self.loaded_bytes >= self.bytes_per_gpu * (1 - 1e-12):
-            self.loaded_bytes = self.bytes_per_gpu
-            self.ready_at = start + seconds + ENGINE_INIT
-        return moved, seconds
+        if left > rate * (t1 - start):
+            self.loaded_bytes += rate * (t1 - start)
+            return rate * (t1 - start), t1 - start
+        self.loaded_bytes = self.bytes_per_gpu
+        self.ready_at = start + left / rate + ENGINE_INIT
+        return left, left / rate
 
 
 def check_migration(shard: str, current: tuple[int, ...], gpus: Sequence[int], tp: int,
@@ -109,4 +104,4 @@ def load_rate(migrations: Sequence[Migration], link_load: np.ndarray) -> dict[st
     loading = [m for m in migrations if m.loading]
     gpus = sum(len(m.new) for m in loading)
     return {m.shard: min(STORAGE_BANDWIDTH / gpus, H2D_BANDWIDTH * (1 - float(link_load[m.new].max())))
-            for m in loading if m.new}
+            for m in loading}

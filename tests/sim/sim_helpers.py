@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from sits_observe.frame import Frame
+from sits_observe.sim.faults import FaultSpec, FaultTarget, Scenario
 from sits_observe.sim.host import SimulatedHost
 from sits_observe.store.series import SeriesStore
 
@@ -19,3 +20,9 @@ def run_until(sim: SimulatedHost, store: SeriesStore | None, elapsed: float) -> 
             store.ingest(frame)
     assert frame is not None
     return frame
+
+
+def one_fault(kind: str, onset: float, severity: float, **target) -> Scenario:
+    """A scenario of one hour-long fault starting ``onset`` seconds in."""
+    return Scenario(name=kind, faults=[FaultSpec(kind=kind, onset=onset, duration=3600, severity=severity,
+                                                 target=FaultTarget(**target))])

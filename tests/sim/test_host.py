@@ -10,18 +10,13 @@ import pytest
 from sits_observe.config import SimConfig
 from sits_observe.errors import SimError
 from sits_observe.frame import GPU_FIELD_INDEX, GPU_FIELDS, HOST_FIELDS, REQUEST_STAGES, Frame
-from sits_observe.sim.faults import FaultSpec, FaultTarget, Scenario
+from sits_observe.sim.faults import Scenario
 from sits_observe.sim.host import SimulatedHost
 from sits_observe.store.series import SeriesStore
 
-from sim_helpers import T0, run_until
+from sim_helpers import T0, one_fault, run_until
 
 DEVICE_AND_HOST = ("launch", "h2d", "d2h", "sync", "collective", "runq")
-
-
-def _one_fault(kind: str, onset: float, severity: float, **target) -> Scenario:
-    return Scenario(name=kind, faults=[FaultSpec(kind=kind, onset=onset, duration=3600, severity=severity,
-                                                 target=FaultTarget(**target))])
 
 
 @pytest.mark.parametrize("topology", ["nvswitch-8", "pcie-8"])
@@ -131,7 +126,7 @@ def test_migration_applies_after_the_weights_load(layout):
     ],
 )
 def test_impossible_migrations_are_refused(layout, shard, gpus, message):
-    sim = SimulatedHost(SimConfig(), layout, scenario=_one_fault("gpu_memory_pressure", 0, 0.9, gpus=[7]))
+    sim = SimulatedHost(SimConfig(), layout, scenario=one_fault("gpu_memory_pressure", 0, 0.9, gpus=[7]))
     run_until(sim, None, 5)
     with pytest.raises(SimError, match=re.escape(message)):
         sim.migrate(shard, gpus)
@@ -149,7 +144,7 @@ def test_second_migration_of_a_moving_shard_is_refused(layout):
 
 
 def test_gpu_faults_stay_with_the_gpus_so_migrating_away_fixes_them(layout):
-    scenario = _one_fault("gpu_compute_saturation", 100, 0.9, shard="chat-0")
+    scenario = one_fault("gpu_compute_saturation", 100, 0.9, shard="chat-0")
     stores = {}
     for move in (False, True):
         sim = SimulatedHost(SimConfig(), layout, scenario=scenario)
@@ -181,7 +176,7 @@ def test_gpu_faults_stay_with_the_gpus_so_migrating_away_fixes_them(layout):
     ],
 )
 def test_what_a_move_fixes(layout, kind, target, mover, fixed):
-    sim = SimulatedHost(SimConfig(), layout, scenario=_one_fault(kind, 60, 0.9, **target))
+    sim = SimulatedHost(SimConfig(), layout, scenario=one_fault(kind, 60, 0.9, **target))
     store = SeriesStore(layout, history=900)
     run_until(sim, store, 90)
     sim.migrate(mover, [6, 7])

@@ -17,14 +17,13 @@ from sits_observe.sim.migration import ENGINE_INIT, STORAGE_BANDWIDTH, Migration
 from sits_observe.store.series import SeriesStore
 from sits_observe.topology import preset
 
-from sim_helpers import T0, run_until
-from test_host import _one_fault
+from sim_helpers import T0, one_fault, run_until
 
 
 def test_a_slow_network_does_not_fill_the_server_queue(layout):
     depth = {}
     for name, severity in (("quiet", 0.0), ("ingress", 1.0)):
-        sim = SimulatedHost(SimConfig(), layout, scenario=_one_fault("network_ingress", 0, severity))
+        sim = SimulatedHost(SimConfig(), layout, scenario=one_fault("network_ingress", 0, severity))
         store = SeriesStore(layout, history=600)
         run_until(sim, store, 600)
         depth[name] = float(store.workload_gauge_window("queue_depth", "chat", last=540).mean())
@@ -35,7 +34,7 @@ def test_a_slow_network_does_not_fill_the_server_queue(layout):
 
 
 def test_kv_cache_usage_is_the_fullest_replica(layout):
-    sim = SimulatedHost(SimConfig(), layout, scenario=_one_fault("gpu_memory_pressure", 0, 0.9, shard="chat-0"))
+    sim = SimulatedHost(SimConfig(), layout, scenario=one_fault("gpu_memory_pressure", 0, 0.9, shard="chat-0"))
     frame = run_until(sim, None, 240)
     ratios = [s.engine.kv_used / s.engine.kv_capacity for s in sim._shards.values()]
     engines = [s.engine for s in sim._shards.values()]
@@ -111,7 +110,7 @@ def test_a_shard_fault_on_the_switch_tick_hits_the_new_gpus(layout):
     run_until(sim, None, 30 + 60)
     assert not m.loading
     switch = math.ceil(m.ready_at - T0)  # the first tick that starts at or after ready_at
-    sim = SimulatedHost(SimConfig(), layout, scenario=_one_fault("thermal_throttling", switch, 0.9, shard="chat-0"))
+    sim = SimulatedHost(SimConfig(), layout, scenario=one_fault("thermal_throttling", switch, 0.9, shard="chat-0"))
     run_until(sim, None, 30)
     sim.migrate("chat-0", [6, 7])
     run_until(sim, None, switch + 1)

@@ -14,7 +14,7 @@ PERF = PerfModel("llama2-70b", "h100-80gb", 2)
 def _engine(*requests: tuple[float, int, int]) -> ShardEngine:
     e = ShardEngine(PERF, 0.0)
     arr = np.array([r[0] for r in requests])
-    e.enqueue(arr, arr, np.array([r[1] for r in requests]), np.array([r[2] for r in requests]))
+    e.enqueue(arr, np.zeros(len(arr)), np.array([r[1] for r in requests]), np.array([r[2] for r in requests]))
     return e
 
 
@@ -86,8 +86,8 @@ def test_slower_compute_and_host_bound_iterations():
 def test_requests_on_the_network_are_not_waiting_at_the_server():
     e = ShardEngine(PERF, 0.0)
     # sent first (an earlier tick), the first request is still crossing the network when the second has arrived
-    e.enqueue(np.array([5.0]), np.array([0.0]), np.array([128]), np.array([4_000]))
-    e.enqueue(np.array([0.5]), np.array([0.1]), np.array([128]), np.array([4_000]))
+    e.enqueue(np.array([0.0]), np.array([5.0]), np.array([128]), np.array([4_000]))
+    e.enqueue(np.array([0.1]), np.array([0.4]), np.array([128]), np.array([4_000]))
     st = e.step(2.0, Conditions(kv_capacity=50_000))
     assert st.queue == [pytest.approx(0.0)]  # admitted on arrival: no head-of-line wait behind the slow one
     assert (len(e.inbound), len(e.waiting), len(e.running)) == (1, 0, 1)
@@ -99,7 +99,7 @@ def test_requests_on_the_network_are_not_waiting_at_the_server():
 def test_queue_limit_counts_only_requests_that_reached_the_server():
     e = ShardEngine(PERF, 0.0, max_waiting=2)
     at = np.array([1.5, 1.6, 1.7, 9.0])  # the last one is still on the network when the queue fills
-    e.enqueue(at, at - 0.1, np.full(4, 128), np.full(4, 100))
+    e.enqueue(at - 0.1, np.full(4, 0.1), np.full(4, 128), np.full(4, 100))
     frozen = Conditions(kv_capacity=50_000, stall=(0.0, 100.0, 50.0))  # nothing is admitted
     st = e.step(2.0, frozen)
     assert st.errors == 1 and len(e.waiting) == 2 and len(e.inbound) == 1
