@@ -60,17 +60,23 @@ _WANTED = frozenset(_BY_METRIC) | frozenset(DCGM_SAMPLES)
 
 
 def frame_part(series: Series) -> tuple[GpuFrame, list[Sample]]:
-    """The GPU fields and detail samples of one parsed dcgm-exporter page (GPUs ordered by index)."""
+    """The GPU fields and detail samples of one parsed dcgm-exporter page (GPUs ordered by index).
+
+    Only a GPU's first series of each metric counts: with Kubernetes GPU sharing (time-slicing, MPS)
+    dcgm-exporter repeats it once per pod using the GPU, differing only in ``pod``, ``namespace``,
+    ``container`` (and vGPU) labels."""
     infos: dict[str, GpuInfo] = {}
     cells: dict[tuple[str, int], float] = {}  # (gpu label, field column) -> value
     samples = []
     for metric, entries in series.items():
         targets = _BY_METRIC.get(metric, ())
         detail = DCGM_SAMPLES.get(metric)
+        seen: set[str] = set()
         for labels, value in entries:
             gpu = labels.get("gpu")
-            if gpu is None or labels.get("GPU_I_ID") or not gpu.isdigit():
+            if gpu is None or labels.get("GPU_I_ID") or not gpu.isdigit() or gpu in seen:
                 continue
+            seen.add(gpu)
             info = infos.get(gpu)
             if info is None:
                 info = infos[gpu] = GpuInfo(int(gpu), labels.get("UUID", ""), labels.get("modelName", ""),

@@ -22,6 +22,7 @@ from ..frame import GPU_FIELD_INDEX, Frame, GpuFrame, GpuInfo, Sample
 from .gpu_processes import OTHER_WORKLOAD, Attribution, attribute, process_samples
 from .gpu_samples import detail, gpu_labels, gpu_sample
 from .nvml_driver import is_unsupported, load_nvml, nvml_status
+from .nvml_links import LinkCounters
 from .replicas import ReplicaBoard
 
 __all__ = ["NvmlSource", "nvml_status", "OTHER_WORKLOAD"]  # nvml_status: `doctor` calls it from here
@@ -58,7 +59,7 @@ class _Gpu:
     link_labels: tuple[tuple[tuple[str, str], ...], ...] = ()
     field_ids: list[tuple[int, int]] = field(default_factory=list)  # (RX, link), (TX, link) per link
     xid: bool = False  # registered for XID events
-    nvlink_prev: tuple[float, float, float] | None = None  # (time, rx, tx) at the previous sample
+    nvlink: LinkCounters = field(default_factory=lambda: LinkCounters(0))
 
 
 @dataclass
@@ -118,7 +119,8 @@ class NvmlSource:
             return _Gpu(GpuInfo(index, "", "", ""), None)  # reported every sample
         ids = [(fid, link) for link in links
                for fid in (nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX)]
-        return _Gpu(info, h, links, tuple(gpu_labels(info, ("link", str(k))) for k in links), ids)
+        return _Gpu(info, h, links, tuple(gpu_labels(info, ("link", str(k))) for k in links), ids,
+                    nvlink=LinkCounters(len(links)))
 
     def _has_link(self, handle: Any, link: int) -> bool:
         nv = self.nvml
@@ -276,20 +278,14 @@ class NvmlSource:
             if state is not None:
                 samples.append(detail("sits_gpu_nvlink_link_up", labels, state == self._enabled))
         values = self._get(i, "nvlink_counters", snap, nv.nvmlDeviceGetFieldValues, g.handle, g.field_ids)
-        if values is None:
-            return
-        totals = [0.0, 0.0]
-        for k, v in enumerate(values):  # RX, TX, RX, TX ... link by link
+        read = np.full((len(g.links), 2), np.nan)
+        for k, v in enumerate(values or ()):  # RX, TX, RX, TX ... link by link
             if v.nvmlReturn == self._success:
-                nbytes = float(v.value.ullVal) * 1024.0  # KiB
-                totals[k & 1] += nbytes
+                nbytes = read[k >> 1, k & 1] = float(v.value.ullVal) * 1024.0  # KiB
                 samples.append(detail(_LINK_BYTES[k & 1], g.link_labels[k >> 1], nbytes))
-        row[_F["nvlink_rx_bytes_total"]], row[_F["nvlink_tx_bytes_total"]] = totals
-        prev, now = g.nvlink_prev, snap.at
-        if prev is not None and now > prev[0] and totals[0] >= prev[1] and totals[1] >= prev[2]:
-            row[_F["nvlink_rx_bytes_per_second"]] = (totals[0] - prev[1]) / (now - prev[0])
-            row[_F["nvlink_tx_bytes_per_second"]] = (totals[1] - prev[2]) / (now - prev[0])
-        g.nvlink_prev = (now, totals[0], totals[1])
+        totals, rates = g.nvlink.update(snap.at, read)
+        row[[_F["nvlink_rx_bytes_total"], _F["nvlink_tx_bytes_total"]]] = totals
+        row[[_F["nvlink_rx_bytes_per_second"], _F["nvlink_tx_bytes_per_second"]]] = rates
 
     def _read_processes(self, i: int, g: _Gpu, row: np.ndarray, samples: list[Sample], snap: _Snapshot) -> None:
         procs = self._get(i, "processes", snap, self.nvml.nvmlDeviceGetComputeRunningProcesses, g.handle)

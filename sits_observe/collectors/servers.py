@@ -1,12 +1,13 @@
 """Inference-server sources: read vLLM and Triton /metrics pages into request-stage deltas per workload.
 
 Each configured server is one Source (``name = "<kind>:<workload>"``) read every tick.  Cumulative series
-become per-tick deltas; the first page only sets the baseline.  A value lower than on the previous page
-means the server restarted: the delta is then the new value (what accumulated since the restart), never
-negative.  vLLM histograms are re-bucketed onto the exported layout conservatively (each source bucket
-goes to the first exported bucket whose edge is at or above the source bucket's upper edge, so no
-observation lands in a bucket below its true one).  Triton publishes only cumulative durations and
-counts: each tick's requests are put in the bucket of that tick's mean latency, with the exact sum.
+become per-tick deltas; the first page only sets the baseline.  A series lower than on the previous page
+restarted (the server, or its model reloaded): its delta is then the new value (what accumulated since
+the restart), never negative.  vLLM histograms are re-bucketed onto the exported layout conservatively
+(each source bucket goes to the first exported bucket whose edge is at or above the source bucket's
+upper edge, so no observation lands in a bucket below its true one).  Triton publishes only cumulative
+durations and counts: each tick's requests are put in the bucket of that tick's mean latency, with the
+exact sum.
 After a failed read the source waits 1, 2, 4 ... 60 s before the next try.  Several servers may report
 one workload (its replicas): counters and histograms add up, count gauges too, ratio gauges take the
 highest replica's.  Each read also tells the :class:`~.replicas.ReplicaBoard` the server's backlog
@@ -71,7 +72,8 @@ def rebucket(src_edges: np.ndarray, src_counts: np.ndarray, layout: BucketLayout
 
 
 class Cumulative:
-    """Turns cumulative values (scalars or vectors) into deltas; a decrease is a restart."""
+    """Turns cumulative values (scalars or vectors) into deltas; a series' decrease is its restart;
+    ``resets`` counts them."""
 
     def __init__(self) -> None:
         self._prev: dict[str, np.ndarray] = {}
@@ -81,22 +83,22 @@ class Cumulative:
     def summed(self, name: str, parts: dict[str, float]) -> float | None:
         """The summed increase of one counter exported as several series (``parts``: label set -> value),
         each series on its own, as Prometheus' ``rate`` takes them: a series that appears counts from its
-        next value, one that vanishes (a model unloaded) adds nothing.  If any series went down the
-        server restarted: every series counts its whole value.  None when no series had a previous value."""
-        pairs = []
+        next value, one that vanishes (a model unloaded) adds nothing, and one that went down (its model
+        reloaded, or the server restarted) counts its new value.  None when no series had a previous value."""
+        total, known = 0.0, False
         for labels, value in parts.items():
             key = f"{name}{{{labels}}}"
             prev = self._prev.get(key)
             self._prev[key] = np.atleast_1d(np.float64(value))
             if prev is not None and prev.shape == (1,):
-                pairs.append((float(prev[0]), float(value)))
+                known = True
+                if value < prev[0]:
+                    self.resets += 1
+                    total += value
+                else:
+                    total += value - float(prev[0])
         self.keep_only(name, parts.keys())
-        if not pairs:
-            return None
-        if any(cur < prev for prev, cur in pairs):
-            self.resets += 1
-            return sum(cur for _, cur in pairs)
-        return sum(cur - prev for prev, cur in pairs)
+        return total if known else None
 
     def keep_only(self, name: str, labels: Iterable[str]) -> None:
         """Forget the series of ``name`` whose label sets are not in ``labels`` (bounded memory)."""

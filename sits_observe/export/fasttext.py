@@ -84,8 +84,8 @@ class GpuText:
         if latest is None:
             return ""
         labels = self._gpu_labels(latest.info)
-        out = ["# HELP sits_gpu_healthy 1 when the GPU answered its last sample, 0 when lost.\n"
-               "# TYPE sits_gpu_healthy gauge\n"]
+        out = ["# HELP sits_gpu_healthy 1 when the GPU answered its last sample, 0 when lost; "
+               "absent while the GPU source is down.\n# TYPE sits_gpu_healthy gauge\n"]
         out.extend(f"sits_gpu_healthy{{{lab}}} {1.0 if ok else 0.0}\n" for lab, ok in zip(labels, latest.healthy))
         for j, spec in enumerate(GPU_FIELDS):
             col = latest.values[:, j]

@@ -107,21 +107,44 @@ class LibraryAttacher:
     """Attaches ``enter_<stage>``/``call_return`` to each configured symbol of each library file.
 
     Files are keyed by inode, so a library mapped by many processes (or via several paths) is attached
-    once; an address named by two symbols is attached once, for the first stage that lists it.
+    once; an address named by two symbols is attached once, for the first stage that lists it.  A file
+    counts as done once its symbols were read and at least one probe attached.  Otherwise (the process it
+    was opened through exited, an attach failed, none of the symbols is there) it is tried again when
+    offered again, through whichever process maps it then, after skipping 0, 1, 3, 7 ... offers (at most
+    :data:`MAX_SKIP`), so a file without the symbols is not read at every scan.
     """
+
+    MAX_SKIP = 127
 
     def __init__(self, bpf: Any, stages: dict[str, tuple[str, ...]]) -> None:
         self._bpf = bpf
         self._stages = stages
-        self.files: dict[tuple[int, int], str] = {}
+        self.files: dict[tuple[int, int], str] = {}  # attached: inode -> path as the process maps it
         self.missing: dict[str, list[str]] = {}
+        self.failed: dict[tuple[int, int], str] = {}  # not attached: inode -> its last problem
+        self._retry: dict[tuple[int, int], tuple[int, int]] = {}  # inode -> (failures, offers left to skip)
         self.probes = 0
 
     def attach(self, inode: tuple[int, int], path: str, shown: str) -> str | None:
         """Attach to one file (opened at ``path``, named ``shown`` in reports); returns what to report."""
         if inode in self.files:
             return None
-        self.files[inode] = shown
+        failures, skip = self._retry.get(inode, (0, 0))
+        if skip:
+            self._retry[inode] = (failures, skip - 1)
+            return None
+        before = self.probes
+        problem = self._attach(path, shown)
+        if self.probes > before:
+            self.files[inode] = shown
+            self.failed.pop(inode, None)
+            self._retry.pop(inode, None)
+        else:
+            self.failed[inode] = problem or f"{shown}: no probe attached"
+            self._retry[inode] = (failures + 1, min(2**failures - 1, self.MAX_SKIP))
+        return problem
+
+    def _attach(self, path: str, shown: str) -> str | None:
         wanted = {sym for syms in self._stages.values() for sym in syms}
         try:
             addr_of = find_symbols(path, wanted)

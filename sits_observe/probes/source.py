@@ -150,9 +150,9 @@ class ProbeSource:
         if state.attacher.probes:
             state.problem = None
         else:
-            state.problem = (f"not attached: no workload process maps {state.library} (yet)"
-                             if not state.attacher.files
-                             else f"not attached: none of the configured symbols is in {state.library}")
+            failed = sorted(set(state.attacher.failed.values()))
+            state.problem = (f"not attached: {'; '.join(failed)} (tried again as processes map it)" if failed
+                             else f"not attached: no workload process maps {state.library} (yet)")
             self._report(state, state.problem, error=False)
 
     def collect(self, frame: Frame) -> None:

@@ -49,7 +49,7 @@ class SeriesStore:
         self._host = np.full((self.history, len(HOST_FIELDS)), np.nan)
         self._gpu_info: tuple[GpuInfo, ...] = ()
         self._gpu = np.full((self.history, 0, len(GPU_FIELDS)), np.nan)
-        self._gpu_healthy = np.zeros(0, dtype=bool)
+        self._gpu_healthy: np.ndarray | None = None  # of the latest tick; None when it had no GPU data
         self._samples: list[Sample] = []
 
     # ---- writing -------------------------------------------------------------------------------
@@ -116,8 +116,9 @@ class SeriesStore:
                 self._ctotal[row] += delta
 
     def _ingest_gpu(self, t: int, gpu: GpuFrame | None) -> None:
-        if gpu is None:
+        if gpu is None:  # the GPU source is down: nothing is known, healthy or not
             self._gpu[t] = np.nan
+            self._gpu_healthy = None
             return
         if gpu.info != self._gpu_info:
             if len(gpu.info) != len(self._gpu_info):
@@ -215,8 +216,9 @@ class SeriesStore:
             return self._gpu[self._rows(last), :, j].copy()
 
     def gpu_latest(self) -> GpuFrame | None:
+        """The latest tick's GPU data; None when that tick had none (no source, or it failed)."""
         with self._lock:
-            if not self._gpu_info or not self._n:
+            if not self._gpu_info or self._gpu_healthy is None:
                 return None
             t = (self._n - 1) % self.history
             return GpuFrame(self._gpu_info, self._gpu[t].copy(), self._gpu_healthy.copy())

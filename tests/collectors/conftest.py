@@ -25,11 +25,13 @@ def fake() -> FakeNvml:
 
 
 class PageServer:
-    """Serves ``pages[path]`` (text) on 127.0.0.1 at a free port; ``status[path]`` overrides 200."""
+    """Serves ``pages[path]`` (text) on 127.0.0.1 at a free port; ``status[path]`` overrides 200;
+    ``redirect[path]`` answers 302 to that URL."""
 
     def __init__(self) -> None:
         self.pages: dict[str, str] = {}
         self.status: dict[str, int] = {}
+        self.redirect: dict[str, str] = {}
         self.hits: dict[str, int] = {}
         self.auth: dict[str, str | None] = {}  # path -> the Authorization header of its last request
         server = self
@@ -38,6 +40,12 @@ class PageServer:
             def do_GET(self) -> None:  # noqa: N802 (http.server naming)
                 server.hits[self.path] = server.hits.get(self.path, 0) + 1
                 server.auth[self.path] = self.headers.get("Authorization")
+                if self.path in server.redirect:
+                    self.send_response(302)
+                    self.send_header("Location", server.redirect[self.path])
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 body = server.pages.get(self.path, "not found\n").encode()
                 self.send_response(server.status.get(self.path, 200 if self.path in server.pages else 404))
                 self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")

@@ -108,10 +108,37 @@ def test_nvlink_links_counters_and_rates(fake: FakeNvml) -> None:
     assert _value(frame, 0, "nvlink_tx_bytes_total") == 18 * 500 * 1024.0
     assert _value(frame, 0, "nvlink_rx_bytes_per_second") == pytest.approx(total_rx / 5.0)
     assert _value(frame, 1, "nvlink_rx_bytes_per_second") == 0.0
-    # a counter that goes back (driver reload) gives no rate rather than a negative one
-    g0.links[0].rx_kib = 0
+    # a link whose counter went back (driver reload) counts its new value, as rate() does: never negative
+    g0.links[0].rx_kib = 100
     clock.t += 5.0
-    assert np.isnan(_value(_frame(src), 0, "nvlink_rx_bytes_per_second"))
+    assert _value(_frame(src), 0, "nvlink_rx_bytes_per_second") == pytest.approx(100 * 1024.0 / 5.0)
+
+
+def test_a_link_whose_counters_fail_keeps_its_last_value(fake: FakeNvml) -> None:
+    clock = Clock()
+    src = NvmlSource(fake, clock=clock, sample_interval=5.0)
+    g0, gib = fake.gpus[0], 1024.0**3
+    for link in fake.gpus[1].links:  # GPU 1: no link ever read
+        link.counter_error = pynvml.NVML_ERROR_UNKNOWN
+    totals, rates = [], []
+    for failing in ((), (), (0,), (), tuple(range(18))):
+        for k, link in enumerate(g0.links):  # 1 GiB per link per sample, from a large base
+            link.rx_kib = 10**9 + len(totals) * 1024**2
+            link.counter_error = pynvml.NVML_ERROR_UNKNOWN if k in failing else None
+        frame = _frame(src)
+        totals.append(_value(frame, 0, "nvlink_rx_bytes_total"))
+        rates.append(_value(frame, 0, "nvlink_rx_bytes_per_second"))
+        clock.t += 5.0
+    assert totals == sorted(totals)  # never down: no counter reset for Prometheus
+    base = 18 * 10**9 * 1024.0
+    assert totals[2] == base + 17 * 2 * gib + 1 * gib  # link 0 at its last good value
+    assert totals[3] == totals[4] == base + 18 * 3 * gib
+    assert np.isnan(rates[0]) and rates[1] == pytest.approx(18 * gib / 5)
+    assert rates[2] == pytest.approx(17 * gib / 5)  # the links read in both samples
+    assert rates[3] == pytest.approx(17 * gib / 5 + 2 * gib / 10)  # link 0: 2 GiB since its read 10 s ago
+    assert np.isnan(rates[4])  # no link read: unknown, not 0
+    assert np.isnan(_value(frame, 1, "nvlink_rx_bytes_total"))
+    assert np.isnan(_value(frame, 1, "nvlink_rx_bytes_per_second"))
 
 
 def test_no_nvlink_on_pcie_boards_leaves_fields_empty() -> None:

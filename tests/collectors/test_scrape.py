@@ -121,6 +121,18 @@ def test_dcgm_good_page_after_a_bad_one(pages: PageServer) -> None:
     assert frame.gpu.values[0, GPU_FIELD_INDEX["utilization_ratio"]] == pytest.approx(0.73)
 
 
+def test_dcgm_series_repeated_per_pod_count_once() -> None:
+    """Kubernetes GPU sharing: dcgm-exporter repeats each GPU's series once per pod using it."""
+    plain = _page("dcgm_exporter_page.txt")
+    shared = "".join(line.replace("} ", f',container="srv",namespace="ml",pod="{pod}"}} ', 1) + "\n"
+                     for line in plain.splitlines() for pod in (("a", "b") if "{" in line else ("",)))
+    assert shared.count('pod="b"') > 40
+    want, got = DcgmSource("http://h:9400/metrics").read(plain), DcgmSource("http://h:9400/metrics").read(shared)
+    assert got.gpu.info == want.gpu.info
+    assert np.array_equal(got.gpu.values, want.gpu.values, equal_nan=True)  # memory_total_bytes not doubled
+    assert got.samples == want.samples  # one sits_gpu_last_xid / remapped_rows series per GPU, not per pod
+
+
 # ---- vLLM ---------------------------------------------------------------------------------------
 
 VLLM_EDGES = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
@@ -237,7 +249,9 @@ def test_triton_all_models_are_summed(pages: PageServer) -> None:
 def test_triton_restart(pages: PageServer) -> None:
     src = _server(pages, "triton", model="llama")
     _, after = _two_pages(pages, src, _page("triton_page2.txt"), _page("triton_page1.txt"))
-    assert after.counters[("requests_total", "chat")] == 1002
+    # each series on its own, as rate() takes it: the 1000 successes and the BACKEND failure went down and
+    # count whole; the REJECTED failure, 1 on both pages, counts no increase
+    assert after.counters[("requests_total", "chat")] == 1001
     assert after.hists[("e2e", "chat")].count == 1000
     assert after.hists[("e2e", "chat")].sum == pytest.approx(151.0)
 
@@ -254,6 +268,17 @@ def test_a_model_unloaded_adds_nothing_and_the_others_count_on(pages: PageServer
     assert after.counters[("requests_total", "chat")] == 100  # not a "restart" re-adding a's million
     assert after.hists[("e2e", "chat")].count == 100 and after.hists[("e2e", "chat")].sum == pytest.approx(5.0)
     assert src.counters.resets == 0
+
+
+def test_one_model_reloaded_restarts_only_its_own_series(pages: PageServer) -> None:
+    def page(big: int, small: int) -> str:
+        return (f'nv_inference_request_success{{model="big",version="1"}} {big}\n'
+                f'nv_inference_request_success{{model="small",version="1"}} {small}\n')
+
+    src = _server(pages, "triton")
+    _, after = _two_pages(pages, src, page(1_000_010, 60), page(1_000_020, 3))  # small reloaded, then served 3
+    assert after.counters[("requests_total", "chat")] == 10 + 3  # not big's million again
+    assert src.counters.resets == 1
 
 
 def test_credentials_in_a_server_url_go_as_basic_auth_and_never_into_errors(pages: PageServer) -> None:

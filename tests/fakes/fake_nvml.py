@@ -35,6 +35,7 @@ class FakeLink:
     up: bool = True
     rx_kib: int = 0  # cumulative data counters, KiB
     tx_kib: int = 0
+    counter_error: int | None = None  # NVML code the link's counter fields answer instead
 
 
 @dataclass
@@ -227,6 +228,8 @@ class FakeNvml:
             ret, value = _real.NVML_SUCCESS, 0
             if not 0 <= link < len(g.links):
                 ret = _real.NVML_ERROR_INVALID_ARGUMENT
+            elif g.links[link].counter_error is not None:
+                ret = g.links[link].counter_error
             elif fid == _real.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX:
                 value = g.links[link].rx_kib
             elif fid == _real.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX:

@@ -1,0 +1,39 @@
+"""NVLink data counters of one GPU, link by link: a total that goes down only when a counter does, and
+a rate that a link failing to read for a while does not inflate.
+
+NVML gives each link's cumulative RX and TX data counter (KiB) as field values, and each field can fail
+on its own.  A link whose read failed keeps its last good value in the GPU's total, so one failing link
+does not make the total drop (which Prometheus would take for a counter reset) nor its return add the
+link's lifetime bytes to one rate.  The rate adds, over the links read now and at some earlier sample,
+each link's increase since its last good read divided by the time since then; a link whose counter went
+down (a driver reload) counts its new value, as Prometheus' ``rate()`` does.  No link ever read: NaN.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["LinkCounters"]
+
+
+class LinkCounters:
+    """The last good value of each link's (RX, TX) counter, in bytes, and when it was read."""
+
+    def __init__(self, links: int) -> None:
+        self._last = np.full((links, 2), np.nan)
+        self._at = np.full((links, 2), np.nan)
+
+    def update(self, now: float, read: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Take one sample's ``read`` bytes (``(links, 2)``: RX, TX; NaN where the field failed);
+        returns the (RX, TX) totals and rates in bytes per second."""
+        ok = ~np.isnan(read)
+        again = ok & (now > self._at)  # False where never read before (NaN)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            increase = np.where(read >= self._last, read - self._last, read)
+            rates = np.where(again, increase / (now - self._at), 0.0).sum(axis=0)
+        rates[~again.any(axis=0)] = np.nan
+        self._last = np.where(ok, read, self._last)
+        self._at = np.where(ok, now, self._at)
+        seen = ~np.isnan(self._last)
+        totals = np.where(seen.any(axis=0), np.where(seen, self._last, 0.0).sum(axis=0), np.nan)
+        return totals, rates
