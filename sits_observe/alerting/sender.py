@@ -2,7 +2,9 @@
 
 A receiver's queue is strictly ordered: the head is retried (exponential back-off with jitter) on a
 5xx, 408, 429, timeout or connection error, and later alerts wait behind it.  Any other non-2xx answer
-is final: the message moves to the outbox's ``failed`` table with the reason.  Webhook and Slack
+is final, and so is a URL that http.client refuses (the config check already does): the message
+moves to the outbox's ``failed`` table with the reason.  A kept-alive connection the receiver closed
+while idle is replaced at once, not counted as a failed attempt.  Webhook and Slack
 receivers get one alert per request; Alertmanager up to ``max_batch`` (its API takes a list), and
 firing alerts are re-sent to it every ``resend_interval`` wall seconds, as Prometheus does.
 Logs and errors name receivers, never their URL or secret.
@@ -82,9 +84,15 @@ class Sender(threading.Thread):
         self._halt.set()
         self._wake.set()
         conn = self._conn
-        if conn is not None and conn.sock is not None:
+        sock = None if conn is None else conn.sock  # read once: the thread may close it meanwhile
+        if sock is not None:
             with contextlib.suppress(OSError):
-                conn.sock.shutdown(socket.SHUT_RDWR)
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def join_stopped(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for the thread to end after :meth:`stop` (if it was started)."""
+        if self.is_alive():
+            self.join(timeout)
 
     def run(self) -> None:
         attempts = 0
@@ -158,16 +166,15 @@ class Sender(threading.Thread):
 
     def _post(self, batch: Sequence[Message]) -> None:
         body = render(self.cfg.type, [m.alert for m in batch], self.cfg.label, time.time())
+        headers = self._headers(body, batch)
         try:
-            conn = self._connection()
-            conn.request("POST", self._path, body=body, headers=self._headers(body, batch))
-            resp = conn.getresponse()
-            text = resp.read()
-            if resp.will_close:
-                self._close_conn()
+            resp, text = self._exchange(body, headers)
         except TimeoutError:
             self._close_conn()
             raise _Retry(f"no answer within {self.cfg.timeout:g} s") from None
+        except http.client.InvalidURL:  # refused before sending: it would be at every attempt
+            self._close_conn()
+            raise _Final("InvalidURL: http.client refuses this receiver's url; fix it in the config") from None
         except (OSError, http.client.HTTPException) as exc:
             self._close_conn()
             raise _Retry(_describe(exc)) from None
@@ -178,6 +185,27 @@ class Sender(threading.Thread):
         if status >= 500 or status in _RETRY_STATUS:
             raise _Retry(reason, _retry_after(resp.getheader("Retry-After")))
         raise _Final(reason)
+
+    def _exchange(self, body: bytes, headers: dict[str, str]) -> tuple[http.client.HTTPResponse, bytes]:
+        """POST ``body`` and read the answer.  A kept-alive connection that the receiver closed while it
+        was idle fails at its next use: that is no failed attempt, so it is replaced and tried again once."""
+        reused = self._conn is not None and self._conn.sock is not None
+        try:
+            return self._request(body, headers)
+        except (BrokenPipeError, ConnectionResetError):  # also http.client.RemoteDisconnected
+            if not reused or self._halt.is_set():
+                raise
+            self._close_conn()
+            return self._request(body, headers)
+
+    def _request(self, body: bytes, headers: dict[str, str]) -> tuple[http.client.HTTPResponse, bytes]:
+        conn = self._connection()
+        conn.request("POST", self._path, body=body, headers=headers)
+        resp = conn.getresponse()
+        text = resp.read()
+        if resp.will_close:
+            self._close_conn()
+        return resp, text
 
     def _connection(self) -> http.client.HTTPConnection:
         if self._conn is None:
@@ -225,8 +253,19 @@ class Dispatcher:
         self._last_refresh = clock()
 
     def start(self) -> None:
+        """Start the senders; say once if the outbox holds messages for receivers no longer configured."""
+        unconfigured = self.unconfigured()
+        if unconfigured:
+            # names only: a receiver's URL may be its secret
+            log.warning("alert outbox holds messages for receivers no longer configured (%s): they are kept, "
+                        "not sent; they go out if a receiver of that name is configured again",
+                        ", ".join(f"{n}: {k}" for n, k in sorted(unconfigured.items())))
         for s in self.senders.values():
             s.start()
+
+    def unconfigured(self) -> dict[str, int]:
+        """Messages queued for receiver names this configuration does not have (renamed or removed)."""
+        return {n: k for n, k in self.outbox.depth().items() if n not in self.senders}
 
     def notify(self, alert: Alert) -> None:
         """Queue a state change (or new annotations) of ``alert`` for every receiver."""
@@ -253,7 +292,9 @@ class Dispatcher:
                 yield Sample("sits_webhook_deliveries_total", "counter",
                              "Alert deliveries by receiver and outcome (retried: an attempt that will be retried).",
                              (("receiver", name), ("outcome", outcome)), float(self.counts[(name, outcome)]))
-            yield Sample("sits_webhook_queue_depth", "gauge", "Alert messages waiting in the outbox.",
+        for name in sorted(self.senders.keys() | depth.keys()):
+            yield Sample("sits_webhook_queue_depth", "gauge",
+                         "Alert messages waiting in the outbox (also for a receiver no longer configured).",
                          (("receiver", name),), float(depth.get(name, 0)))
 
     def state(self) -> dict[str, Any]:
@@ -262,12 +303,15 @@ class Dispatcher:
         receivers = [{"name": n, "type": s.cfg.type, "queue_depth": depth.get(n, 0),
                       **{o: self.counts[(n, o)] for o in OUTCOMES}, "last_error": errors.get(n)}
                      for n, s in self.senders.items()]
-        return {"receivers": receivers, "failed": self.outbox.recent_failures()}
+        unconfigured = [{"name": n, "queue_depth": k} for n, k in sorted(self.unconfigured().items())]
+        return {"receivers": receivers, "unconfigured_receivers": unconfigured,
+                "failed": self.outbox.recent_failures()}
 
     def close(self, timeout: float = 5.0) -> None:
-        for s in self.senders.values():
-            s.stop()
-        for s in self.senders.values():
-            if s.is_alive():
-                s.join(timeout)
-        self.outbox.close()
+        """Stop every sender, wait for them, close the outbox: each step runs even if an earlier one raised."""
+        with contextlib.ExitStack() as steps:  # run last-in first-out
+            steps.callback(self.outbox.close)
+            for s in self.senders.values():
+                steps.callback(s.join_stopped, timeout)
+            for s in self.senders.values():
+                steps.callback(s.stop)

@@ -4,6 +4,7 @@ the alert receivers: the URL check, basic auth from a URL's ``user:password@`` a
 from __future__ import annotations
 
 import base64
+import re
 from typing import Literal
 from urllib.parse import unquote, urlsplit, urlunsplit
 
@@ -12,6 +13,8 @@ from pydantic import Field, field_validator
 from ..section import Section
 
 __all__ = ["ServerConfig", "basic_auth", "check_url", "redact"]
+
+_SPACE_OR_CONTROL = re.compile(r"[\x00-\x20\x7f]")
 
 
 def check_url(url: str) -> str:
@@ -27,6 +30,8 @@ def check_url(url: str) -> str:
         raise ValueError("has a port that is not a number in 1-65535; fix the part after the host's ':'")
     if not url.isascii():
         raise ValueError("has characters outside ASCII; percent-encode them (e.g. %C3%A9 for é)")
+    if _SPACE_OR_CONTROL.search(url):  # http.client refuses such a URL at every request
+        raise ValueError("has a space or control character; percent-encode it (e.g. %20 for a space)")
     return url
 
 

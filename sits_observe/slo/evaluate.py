@@ -10,8 +10,14 @@ fastest kept tier fires: slower ones are held (a firing one resolves at once) wh
 kept, and after that while their own windows may still lag it (their short window plus their
 ``keep_firing_for``), so an incident is one alert, not one per tier; a slower tier whose condition
 still holds past that fires: the burn goes on below the faster rate (:func:`.burn.fire`).
-State changes go to the alert outbox (:mod:`sits_observe.alerting`) before they are recorded in
-``state_dir/slo.db``, so a crash in between re-announces the change and the outbox drops the duplicate.
+State changes are kept in ``state_dir/slo.db`` (:mod:`.state`) and sent through the alert outbox
+(:mod:`sits_observe.alerting`).  A firing alert is recorded as announced before it is queued and a
+resolution is queued before it is recorded, so a crash in between resolves the alert after the restart
+(resolving one a receiver never got is harmless) or queues the resolution again (the outbox drops the
+duplicate); the engine's memory changes only once both are stored, so a failed write is tried again at
+the next tick.  After a restart every firing alert is announced again: the outbox drops it for a receiver
+that has it, and a receiver added since gets it.  :meth:`SloEngine.close` stores the event counts since
+the last slot edge, so a clean restart loses no events.
 
 Hooks for other parts:
 
@@ -24,6 +30,7 @@ Hooks for other parts:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections import deque
@@ -137,6 +144,9 @@ class SloEngine:
             stored = self.state.edges(lvl)
             if stored is not None:
                 self.ring.restore(lvl, *stored)
+        now = self.state.now()
+        if now is not None:
+            self.ring.resume(*now)
         self.notes = self.state.notes()
         shape = (len(self.specs), len(TIER_NAMES))
         self.alerts: dict[tuple[int, str], Alert] = {}
@@ -157,12 +167,12 @@ class SloEngine:
                         self.firing_tiers[i, j] = True
                         self.alerts[(i, tier)] = self._alert(i, self.tiers[i][tier], since)
         self.resume = np.isinf(self.saved)  # held up to the restart: counted as held at the first evaluation
-        # alerts the receivers hold as firing that this configuration no longer has, and firing ones it has
-        # that they never got (labels changed; or announced by a version that did not record them)
-        announced = {a.fingerprint: a for a in self.state.announced()}
+        # alerts the receivers may hold as firing that do not fire now (the configuration changed their labels
+        # or dropped them; or killed after announcing one, before recording it), and every firing alert: the
+        # outbox drops it for a receiver that has it already, a receiver added (or renamed) since gets it
         firing = {a.fingerprint for a in self.alerts.values()}
-        self._reconcile = ([a for fp, a in announced.items() if fp not in firing],
-                           [a for a in self.alerts.values() if a.fingerprint not in announced])
+        self._reconcile = ([a for a in self.state.announced() if a.fingerprint not in firing],
+                           list(self.alerts.values()))
         self.last_true = np.where(self.resume, np.nan, self.saved)
 
     @property
@@ -225,15 +235,23 @@ class SloEngine:
                      {**spec.alert_annotations(tier), **self.notes.get(spec.name, {})}, "firing", since)
 
     def _transition(self, i: int, ev: Evaluation, saved: np.ndarray) -> None:
-        """Announce the SLO's alerts that started or resolved (outbox first), then record its kept tiers
-        (``saved``: NaN not kept, inf condition holds, else when it last held)."""
+        """Announce the SLO's alerts that started or resolved and record its kept tiers (``saved``: NaN not
+        kept, inf condition holds, else when it last held), in the order the module docstring gives.  Any
+        write may raise (disk full, locked): memory changes only after the last one, so the next tick
+        finds the same transition and tries it again."""
         name = self.specs[i].name
         started = [t for j, t in enumerate(TIER_NAMES) if ev.firing[i, j] and not self.firing_tiers[i, j]]
         ended = [t for j, t in enumerate(TIER_NAMES) if self.firing_tiers[i, j] and not ev.firing[i, j]]
         new = {t: self._alert(i, self.tiers[i][t], ev.ts) for t in started}
         resolved = [replace(self.alerts[(i, t)], status="resolved", ends_at=ev.ts) for t in ended]
-        for alert in (*new.values(), *resolved):  # may raise (disk): nothing below changed, the next tick tries again
+        since = {t: (new[t] if t in new else self.alerts[(i, t)]).starts_at
+                 for t, f in zip(TIER_NAMES, ev.firing[i]) if f}
+        if new:
+            self.state.set_announced(list(new.values()))
+        for alert in (*new.values(), *resolved):
             self._notify(alert)
+        self.state.set_tiers(name, {t: (since.get(t), None if np.isinf(v) else float(v))
+                                    for t, v in zip(TIER_NAMES, saved) if not np.isnan(v)}, resolved)
         self.recent.extend(resolved)
         for t in ended:
             del self.alerts[(i, t)]
@@ -241,25 +259,21 @@ class SloEngine:
         for t, alert in new.items():
             self.alerts[(i, t)] = alert
             log.info("SLO %s: %s firing", name, t)
-        if not ev.firing[i].any():
+        if not since:
             self.notes.pop(name, None)
-        self.state.set_tiers(name, {t: (self.alerts[(i, t)].starts_at if f else None,
-                                        None if np.isinf(v) else float(v))
-                                    for t, f, v in zip(TIER_NAMES, ev.firing[i], saved) if not np.isnan(v)},
-                             list(new.values()), resolved)
         self.firing_tiers[i], self.saved[i] = ev.firing[i], saved
 
     def _announce_restored(self, ts: float) -> None:
-        """After a restart: resolve announced alerts the configuration no longer has, announce firing ones
-        the receivers never got (outbox first; an alert they already have is dropped there as a duplicate)."""
-        gone, unannounced = self._reconcile
+        """After a restart: resolve announced alerts that do not fire now, announce every firing one again
+        (outbox first; a receiver that has it already drops it there as a duplicate)."""
+        gone, firing = self._reconcile
         resolved = [replace(a, status="resolved", ends_at=ts) for a in gone]
-        for alert in (*resolved, *unannounced):  # may raise (disk): tried again at the next tick
+        for alert in (*resolved, *firing):  # may raise (disk): tried again at the next tick
             self._notify(alert)
-        self.state.set_announced(unannounced, gone)
+        self.state.set_announced(firing, gone)
         for a in gone:
-            log.info("SLO alert %s (%s) is no longer configured: resolved", a.labels.get("slo"),
-                     a.labels.get("burn_tier"))
+            log.info("SLO alert %s (%s) announced before the restart does not fire now: resolved",
+                     a.labels.get("slo"), a.labels.get("burn_tier"))
         self.recent.extend(resolved)
         self._reconcile = ([], [])
 
@@ -313,9 +327,15 @@ class SloEngine:
             log.warning("SIGHUP: slos or alerting changed; these take effect after a restart")
 
     def close(self) -> None:
-        if self.dispatcher is not None:
-            self.dispatcher.close()
-        self.state.close()
+        """Store the event counts since the last slot edge, stop delivering, close ``slo.db``; each step
+        runs even if an earlier one raised."""
+        with contextlib.ExitStack() as steps:  # run last-in first-out
+            steps.callback(self.state.close)
+            if self.dispatcher is not None:
+                steps.callback(self.dispatcher.close)
+            with self._lock:
+                if self.ring.ts is not None:
+                    self.state.save_now(self.ring.ts, self.ring.cum)
 
 
 def _same(a: np.ndarray, b: np.ndarray) -> np.ndarray:

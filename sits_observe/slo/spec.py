@@ -10,7 +10,8 @@ Burn-rate alerts use four multi-window tiers (Google SRE Workbook); the burn fac
 fraction of the error budget it allows to be spent in its long window, scaled to the SLO window
 (``budget * window / long``), so a 30d SLO gets 14.4/6/3/1 and a 28d one 13.44/5.6/2.8/0.93.  A
 tier's condition is kept through dips of up to ``keep_firing_for`` (per tier, else per SLO, else the
-tier's short window; ``0s`` turns the flap guard off).
+tier's short window; ``0s`` turns the flap guard off).  A tier whose threshold ``factor * (1 - objective)``
+is 1 or more could never fire (an error ratio is at most 1) and is refused, as is a window over a year.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import re
 from dataclasses import dataclass, replace
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, TypeAdapter, ValidationInfo, WrapValidator, field_validator
+from pydantic import (BeforeValidator, Field, TypeAdapter, ValidationInfo, WrapValidator, field_validator,
+                      model_validator)
 
 from ..alerting.config import check_label_names, check_unique
 from ..section import Section
@@ -49,6 +51,7 @@ COUNTER_PATTERN = r"^[a-zA-Z_][a-zA-Z0-9_]{0,127}$"
 _DURATION_RE = re.compile(r"^(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
 _UNITS = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
 _DURATION_HELP = "must be a duration like 30s, 5m, 1h or 28d (units w, d, h, m, s)"
+MAX_WINDOW = 366 * 86400  # a year: longer is a typo, not an SLO
 
 
 def parse_duration(value: Any) -> int:
@@ -234,6 +237,9 @@ class SloSpec(Section):
     @field_validator("window")
     @classmethod
     def _window(cls, v: int, info: ValidationInfo) -> int:
+        if v > MAX_WINDOW:
+            raise ValueError(f"must be at most a year ({format_duration(MAX_WINDOW)}); "
+                             "SLO windows are usually 7d to 90d")
         if "tiers" not in info.data:
             return v
         longest = max(_apply(info.data["tiers"], enabled_only=True), key=lambda t: t.long)
@@ -244,6 +250,23 @@ class SloSpec(Section):
                 f"the tier with `tiers: {{{longest.name}: false}}`"
             )
         return v
+
+    @model_validator(mode="after")
+    def _tiers_can_fire(self) -> SloSpec:
+        """An error ratio is at most 1: a tier whose threshold is not below 1 would never fire."""
+        budget = error_budget(self.objective)
+        for tier in self.enabled_tiers():
+            threshold = tier.threshold(self.window, self.objective)
+            if threshold >= 1:
+                factor = tier.factor(self.window)
+                raise ValueError(
+                    f"SLO {self.name!r}: tier {tier.name} can never fire: it needs an error ratio over "
+                    f"{factor:.4g} x (1 - {self.objective:g}) = {threshold:.4g}, and an error ratio is at most 1; "
+                    f"give the tier a budget share under {tier.long / (self.window * budget):.4g} "
+                    f"(`tiers: {{{tier.name}: {{budget: ...}}}}`), a long window of at least "
+                    f"{format_duration(math.floor(tier.budget * self.window * budget) + 1)}, or disable it with "
+                    f"`tiers: {{{tier.name}: false}}`")
+        return self
 
     @field_validator("ratio")
     @classmethod

@@ -3,6 +3,8 @@
 * ``edges``: the window rings' cumulative counts per SLO, level and edge (so a restart remembers the
   budget already burned); dropped for an SLO whose SLI changed, and for a level whose slot size changed
   (the shortest alert window of all SLOs sets the finest slot);
+* ``now``: per SLO, the cumulative counts at the last evaluation, stored at a clean shutdown, so a restart
+  keeps the events since the last edge too; dropped with the SLO's last edges (a new timeline);
 * ``tiers``: per SLO, the tiers whose condition is kept by ``keep_firing_for``: the start of the
   tier's alert if it fires, and when its condition last held (NULL: at the last evaluation), so a
   restart neither re-pages nor forgets to resolve nor resets the flap guard; replaces the ``alerts``
@@ -10,9 +12,10 @@
 * ``held``: per SLO, the tiers held quiet because a faster tier took over the incident, and until when
   their windows may lag it (a list of tier names from earlier versions: held until their condition lapses);
 * ``notes``: annotations added through ``annotate()`` (likely cause) for the current incident;
-* ``announced``: every alert announced as firing and not yet resolved, by fingerprint, so that one the
-  configuration no longer has (an SLO removed, a tier turned off, labels changed) is resolved at the
-  receivers after a restart instead of firing there for ever.
+* ``announced``: every alert announced as firing and not yet resolved, by fingerprint, recorded before it
+  is queued, so that one that does not fire after a restart (an SLO removed, a tier turned off, labels
+  changed; or the daemon killed before ``tiers`` recorded it) is resolved at the receivers instead of
+  firing there for ever.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ CREATE TABLE IF NOT EXISTS tiers (
 CREATE TABLE IF NOT EXISTS notes (slo TEXT PRIMARY KEY, annotations TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS held (slo TEXT PRIMARY KEY, tiers TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS announced (fingerprint TEXT PRIMARY KEY, alert TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS now (slo TEXT PRIMARY KEY, ts REAL NOT NULL, good REAL NOT NULL, total REAL NOT NULL);
 """
 
 
@@ -88,6 +92,7 @@ class SloState:
         gone = [(n,) for n in old if n not in self.names]
         for table in ("slis", "edges", "tiers", "notes", "held"):
             db.executemany(f"DELETE FROM {table} WHERE slo=?", gone)
+        db.execute("DELETE FROM now WHERE slo NOT IN (SELECT slo FROM edges)")  # counts of a timeline now gone
 
     def edges(self, level: int) -> tuple[np.ndarray, np.ndarray] | None:
         """Stored edges of one level: ascending indices and ``(len, 2, n)`` values, NaN where an SLO has none."""
@@ -116,6 +121,27 @@ class SloState:
     def clear_edges(self) -> None:
         with self._tx() as db:
             db.execute("DELETE FROM edges")
+            db.execute("DELETE FROM now")
+
+    def now(self) -> tuple[float, np.ndarray] | None:
+        """The source time and ``(2, n)`` cumulative counts stored by :meth:`save_now` (NaN where an SLO has none)."""
+        with self._lock:
+            rows = self.db.execute("SELECT slo, ts, good, total FROM now").fetchall()
+        if not rows:
+            return None
+        pos = {n: i for i, n in enumerate(self.names)}
+        cum = np.full((2, len(self.names)), np.nan)
+        for slo, _, good, total in rows:
+            cum[:, pos[slo]] = (good, total)
+        return max(r[1] for r in rows), cum
+
+    def save_now(self, ts: float, cum: np.ndarray) -> None:
+        """Store the window rings' cumulative counts ``(2, n)`` at source time ``ts`` (at shutdown: the events
+        since the last slot edge); older than the edges by a later run, they are outdone by them."""
+        with self._tx() as db:
+            db.execute("DELETE FROM now")
+            db.executemany("INSERT INTO now VALUES (?, ?, ?, ?)",
+                           [(name, float(ts), float(cum[0, i]), float(cum[1, i])) for i, name in enumerate(self.names)])
 
     def tiers(self) -> dict[str, dict[str, tuple[float | None, float | None]]]:
         """Kept tiers: ``{slo: {tier: (since, last_true)}}``; ``since`` None unless the tier's alert fires,
@@ -128,11 +154,12 @@ class SloState:
         return out
 
     def set_tiers(self, slo: str, tiers: dict[str, tuple[float | None, float | None]],
-                  started: Sequence[Alert] = (), ended: Sequence[Alert] = ()) -> None:
-        """Record the SLO's kept tiers (as :meth:`tiers` returns them) and the alerts that ``started`` or
-        ``ended`` firing with them; none firing also drops its notes."""
+                  ended: Sequence[Alert] = ()) -> None:
+        """Record the SLO's kept tiers (as :meth:`tiers` returns them) and the alerts that ``ended`` firing
+        with them; none firing also drops its notes.  Alerts that start are recorded before, by
+        :meth:`set_announced`."""
         with self._tx() as db:
-            self._announce(db, started, ended)
+            self._announce(db, (), ended)
             db.execute("DELETE FROM tiers WHERE slo=?", (slo,))
             db.executemany("INSERT INTO tiers VALUES (?, ?, ?, ?)",
                            [(slo, t, since, last) for t, (since, last) in tiers.items()])

@@ -117,6 +117,12 @@ class WindowRing:
         edge_ts = float(idx[-1]) * self.levels.res[lvl]
         self.ts = edge_ts if self.ts is None else max(self.ts, edge_ts)
 
+    def resume(self, ts: float, cum: np.ndarray) -> None:
+        """Continue from cumulative counts ``cum`` ``(2, n)`` at ``ts`` stored at a clean shutdown (NaN: none
+        stored), which hold the events after the last edge :meth:`restore` loaded; older ones change nothing."""
+        self.cum = np.fmax(self.cum, cum)
+        self.ts = ts if self.ts is None else max(self.ts, ts)
+
     def sums(self, ts: float, rows: np.ndarray, windows: np.ndarray, levels: np.ndarray) -> np.ndarray:
         """Events in ``(ts - window, ts]`` for each ``(row, window)`` pair: ``(2, pairs)`` good and total."""
         out = self.cum[:, rows].copy()

@@ -4,7 +4,8 @@ Each request is recorded when it has been read (before the answer), with its del
 and whether its HMAC signature verified.  ``script`` lists the answers to the first requests in
 order: an int is an HTTP status, ``"hang"`` sleeps ``hang_s`` before answering 200 (past the sender's
 timeout), ``"hold"`` answers only when :attr:`release` is set (and sets :attr:`holding` meanwhile).
-Later requests get 200.
+Later requests get 200.  With ``idle_s`` a kept-alive connection idle that long is closed (as nginx's
+``keepalive_timeout`` does).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def free_port() -> int:
 
 class Receiver:
     def __init__(self, port: int = 0, script: list[object] | None = None, secret: str | None = None,
-                 hang_s: float = 1.0) -> None:
+                 hang_s: float = 1.0, idle_s: float | None = None) -> None:
         self.script = list(script or [])
         self.secret = secret
         self.hang_s = hang_s
@@ -49,6 +50,7 @@ class Receiver:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            timeout = idle_s
 
             def do_POST(self) -> None:  # noqa: N802
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))

@@ -3,13 +3,14 @@
 import base64
 import json
 import logging
+import socket
 import time
 from dataclasses import replace
 
 import pytest
 
 from sits_observe.alerting import sender as sender_module
-from sits_observe.alerting.config import AlertingConfig
+from sits_observe.alerting.config import AlertingConfig, ReceiverConfig
 from sits_observe.alerting.formats import Alert, fingerprint, render
 from sits_observe.alerting.outbox import Outbox
 from sits_observe.alerting.sender import Dispatcher
@@ -219,3 +220,83 @@ def test_a_failed_commit_is_rolled_back_so_later_writes_still_work(tmp_path):
     assert not db.in_transaction
     assert box.enqueue(["r"], _alert("a")) == 1 and box.depth() == {"r": 1}
     box.close()
+
+
+def test_a_url_http_client_refuses_is_a_final_failure_not_retried_forever(tmp_path):
+    # check_url refuses such a URL at load; a sender given one anyway must not retry it for ever
+    bad = ReceiverConfig.model_construct(type="webhook", name="r", url="http://127.0.0.1:1/hook/T0KEN with space",
+                                         secret=None, timeout=0.3)
+    d = Dispatcher(AlertingConfig.model_validate({"receivers": [bad], "backoff": {"initial": 0.02, "max": 0.1}}),
+                   tmp_path)
+    d.start()
+    try:
+        d.notify(_alert("a"))
+        assert _wait(lambda: d.outbox.depth() == {}, timeout=5)
+        assert d.counts[("r", "retried")] == 0 and d.counts[("r", "failed")] == 1
+        reason = d.state()["failed"][0]["reason"]
+        assert reason.startswith("InvalidURL") and "T0KEN" not in reason
+    finally:
+        d.close()
+
+
+def test_a_kept_alive_connection_the_receiver_closed_while_idle_is_replaced_at_once(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="sits_observe.alerting")
+    rx = Receiver(idle_s=0.2)
+    d = _dispatcher(tmp_path, rx.url)
+    d.start()
+    try:
+        for name in "ab":
+            d.notify(_alert(name))
+            assert _wait(lambda: d.outbox.depth() == {})
+            time.sleep(0.5)  # the receiver closes the idle connection
+        assert [x.body["alerts"][0]["labels"]["slo"] for x in rx.deliveries] == ["a", "b"]
+        assert d.counts[("r", "retried")] == 0 and "delivery failed" not in caplog.text
+    finally:
+        d.close()
+        rx.close()
+
+
+def test_close_stops_every_sender_and_closes_the_outbox_even_when_one_fails(tmp_path):
+    cfg = AlertingConfig.model_validate({"receivers": [{"type": "webhook", "name": n, "url": f"http://127.0.0.1:9/{n}"}
+                                                       for n in "abc"]})
+
+    class Closing:  # the sender thread closes the connection between two reads of its socket
+        def __init__(self):
+            self.reads, self.socket = 0, socket.socket()
+
+        @property
+        def sock(self):
+            self.reads += 1
+            return self.socket if self.reads == 1 else None
+
+    d = Dispatcher(cfg, tmp_path)
+    d.senders["a"]._conn = Closing()
+    d.close()
+    assert all(s._halt.is_set() for s in d.senders.values())
+    d.senders["a"]._conn.socket.close()
+
+    (tmp_path / "2").mkdir()
+    d = Dispatcher(cfg, tmp_path / "2")
+    d.senders["b"].stop = lambda: 1 / 0  # a bug in one sender's stop
+    with pytest.raises(ZeroDivisionError):
+        d.close()
+    assert d.senders["a"]._halt.is_set() and d.senders["c"]._halt.is_set()
+    with pytest.raises(AlertingError):
+        d.outbox.depth()  # closed
+
+
+def test_messages_for_a_receiver_no_longer_configured_are_kept_and_shown(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="sits_observe.alerting")
+    box = Outbox(tmp_path / "outbox.db")
+    box.enqueue(["webhook"], _alert("a"))  # queued while the receiver had its default name
+    box.close()
+    d = _dispatcher(tmp_path, "http://127.0.0.1:9/services/URLTOKEN")  # renamed to "r"
+    d.start()
+    try:
+        assert d.state()["unconfigured_receivers"] == [{"name": "webhook", "queue_depth": 1}]
+        depth = {s.labels: s.value for s in d.metrics() if s.name == "sits_webhook_queue_depth"}
+        assert depth[(("receiver", "webhook"),)] == 1.0
+        warnings = [r.getMessage() for r in caplog.records if "no longer configured" in r.getMessage()]
+        assert len(warnings) == 1 and "webhook" in warnings[0] and "URLTOKEN" not in caplog.text
+    finally:
+        d.close()

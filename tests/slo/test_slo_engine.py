@@ -5,88 +5,28 @@ import copy
 import json
 import logging
 import sqlite3
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from sits_observe.config import parse
-from sits_observe.frame import BucketLayout, Frame
 from sits_observe.slo.evaluate import SloEngine
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "alerting"))
-from alert_receiver import Receiver  # noqa: E402
-
-SECRET = "s3cret-hmac-key"
-
-
-def _config(state_dir, url):
-    return parse({
-        "state_dir": str(state_dir),
-        "slos": [{"name": "chat-latency", "objective": 0.99, "window": "1h", "description": "Chat under 250 ms",
-                  "latency": {"stage": "e2e", "workload": "chat", "threshold": 0.25},
-                  # scaled-down tiers so a test burns in seconds of source time
-                  "tiers": {"page_fast": {"long": "60s", "short": "10s"}, "page_slow": False,
-                            "ticket_fast": False, "ticket_slow": {"long": "10m", "short": "1m"}}}],
-        "alerting": {"receivers": [{"type": "webhook", "name": "hook", "url": url, "secret": SECRET, "timeout": 2}],
-                     "backoff": {"initial": 0.05, "max": 0.2}, "external_labels": {"host": "gpu-7"}},
-    }, env={})
-
-
-class Feeder:
-    def __init__(self, cfg):
-        self.layout = BucketLayout(cfg.store.snapped())
-        self.ts = 1_700_000_000.0
-
-    def frame(self, bad_fraction: float, n: int = 100) -> Frame:
-        self.ts += 1.0
-        frame = Frame(ts=self.ts, interval=1.0)
-        bad = int(n * bad_fraction)
-        frame.add_values("e2e", "chat", np.r_[np.full(n - bad, 0.01), np.full(bad, 0.9)], self.layout)
-        frame.add_values("e2e", "other", np.full(50, 2.0), self.layout)  # another workload: not this SLO
-        return frame
-
-
-def _wait(pred, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return pred()
+from slo_helpers import SECRET, Feeder, burning, config_for, wait
 
 
 def _tier(engine, name):
     return next(t for t in engine.slos_state()[0]["tiers"] if t["burn_tier"] == name)
 
 
-def _burning(cfg, clean: int = 100, bad: float = 0.5) -> tuple[Feeder, SloEngine]:
-    """An engine that saw ``clean`` good ticks, then 30 with a ``bad`` error share: page_fast fires."""
-    feed = Feeder(cfg)
-    engine = SloEngine.from_config(cfg)
-    for _ in range(clean):
-        engine.on_tick(feed.frame(0.0))
-    for _ in range(30):
-        engine.on_tick(feed.frame(bad))
-    return feed, engine
-
-
-@pytest.fixture
-def receiver():
-    r = Receiver(secret=SECRET)
-    yield r
-    r.close()
-
-
 def test_restart_remembers_budget_and_firing_alert(tmp_path, receiver):
-    cfg = _config(tmp_path, receiver.url)
-    feed, engine = _burning(cfg, clean=120)
+    cfg = config_for(tmp_path, receiver.url)
+    feed, engine = burning(cfg, clean=120)
     assert engine.firing == ["page_fast"]
     before = engine.slos_state()[0]["error_budget"]["remaining_ratio"]
     assert before < 0  # 15 % of a 1h window's events were bad against a 1 % budget
-    assert _wait(lambda: len(receiver.accepted()) == 1)
+    assert wait(lambda: len(receiver.accepted()) == 1)
     engine.close()
 
     engine = SloEngine.from_config(cfg)  # same state_dir: a restart
@@ -109,7 +49,7 @@ def test_restart_remembers_budget_and_firing_alert(tmp_path, receiver):
         assert engine.firing == ["page_fast"] and _tier(engine, "page_fast")["condition_held_at"] == held_at
     engine.on_tick(feed.frame(0.0))
     assert engine.firing == [None] and feed.ts == held_at + 11
-    assert _wait(lambda: len(receiver.accepted()) == 2)
+    assert wait(lambda: len(receiver.accepted()) == 2)
     engine.close()
 
     got = receiver.accepted()
@@ -123,7 +63,7 @@ def test_restart_remembers_budget_and_firing_alert(tmp_path, receiver):
 
 
 def test_annotations_ride_on_the_alert(tmp_path, receiver):
-    cfg = _config(tmp_path, receiver.url)
+    cfg = config_for(tmp_path, receiver.url)
     feed = Feeder(cfg)
     engine = SloEngine.from_config(cfg)
     for _ in range(100):
@@ -131,17 +71,17 @@ def test_annotations_ride_on_the_alert(tmp_path, receiver):
     engine.annotate("chat-latency", {"likely_cause": "gpu_memory_pressure", "confidence": 0.81})
     for _ in range(30):
         engine.on_tick(feed.frame(0.5))
-    assert _wait(lambda: len(receiver.accepted()) == 1)
+    assert wait(lambda: len(receiver.accepted()) == 1)
     for confidence in (0.93, 0.94, 0.95):  # a verdict every few ticks, same cause: no message of its own
         engine.annotate("chat-latency", {"likely_cause": "gpu_memory_pressure", "confidence": confidence,
                                          "rca_verdict": f"v{confidence}"})
     engine.annotate("chat-latency", {"likely_cause": "thermal_throttling", "confidence": 0.7})  # already
-    assert _wait(lambda: len(receiver.accepted()) == 2)  # delivered: sent again, updated
+    assert wait(lambda: len(receiver.accepted()) == 2)  # delivered: sent again, updated
     with pytest.raises(Exception, match="unknown SLO 'nope'"):
         engine.annotate("nope", {"likely_cause": "x"})
     for _ in range(25):  # 10 s until the short window clears, 10 s of keep_firing_for
         engine.on_tick(feed.frame(0.0))
-    assert _wait(lambda: len(receiver.accepted()) == 3)
+    assert wait(lambda: len(receiver.accepted()) == 3)
     engine.close()
     notes = [d.body["alerts"][0]["annotations"] for d in receiver.accepted()]
     assert notes[0]["likely_cause"] == "gpu_memory_pressure" and notes[0]["confidence"] == "0.81"
@@ -152,8 +92,8 @@ def test_annotations_ride_on_the_alert(tmp_path, receiver):
 
 
 def test_api_state_and_metrics(tmp_path, receiver):
-    cfg = _config(tmp_path, receiver.url)
-    feed, engine = _burning(cfg, clean=90, bad=0.3)
+    cfg = config_for(tmp_path, receiver.url)
+    feed, engine = burning(cfg, clean=90, bad=0.3)
     slos, alerts = engine.slos_state(), engine.alerts_state()
     text = json.dumps([slos, alerts])  # JSON-ready
     assert SECRET not in text and receiver.url not in text
@@ -181,7 +121,7 @@ def test_api_state_and_metrics(tmp_path, receiver):
     assert samples[("sits_slo_burn_rate", (*slo_l, ("window", "10s")))] == pytest.approx(30)
     assert samples[("sits_slo_sli_ratio", (*slo_l, ("window", "1h")))] == pytest.approx(1 - 900 / 12000)
     assert samples[("sits_slo_error_budget_remaining_ratio", slo_l)] == pytest.approx(1 - (900 / 12000) / 0.01)
-    assert _wait(lambda: engine.dispatcher.outbox.depth() == {})
+    assert wait(lambda: engine.dispatcher.outbox.depth() == {})
     samples = {(s.name, s.labels): s.value for s in engine.metrics()}
     # ticket_slow firing, page_fast firing, ticket_slow resolved
     assert samples[("sits_webhook_deliveries_total", (("receiver", "hook"), ("outcome", "delivered")))] == 3.0
@@ -190,8 +130,8 @@ def test_api_state_and_metrics(tmp_path, receiver):
 
 
 def test_a_restart_keeps_how_long_a_tier_is_held_and_reads_the_old_held_list(tmp_path, receiver):
-    cfg = _config(tmp_path, receiver.url)
-    feed, engine = _burning(cfg, clean=90, bad=0.3)
+    cfg = config_for(tmp_path, receiver.url)
+    feed, engine = burning(cfg, clean=90, bad=0.3)
     until = engine.held_until.copy()
     assert until[0, 3] == feed.ts + 120 and np.isnan(until[0, 0])
     engine.close()
@@ -208,9 +148,9 @@ def test_a_restart_keeps_how_long_a_tier_is_held_and_reads_the_old_held_list(tmp
 
 
 def test_an_alert_the_new_configuration_no_longer_has_is_resolved_after_a_restart(tmp_path, receiver):
-    cfg = _config(tmp_path, receiver.url)
-    feed, engine = _burning(cfg)
-    assert engine.firing == ["page_fast"] and _wait(lambda: len(receiver.accepted()) == 1)
+    cfg = config_for(tmp_path, receiver.url)
+    feed, engine = burning(cfg)
+    assert engine.firing == ["page_fast"] and wait(lambda: len(receiver.accepted()) == 1)
     old = receiver.accepted()[0].body["alerts"][0]
     engine.close()
     data = cfg.model_dump(mode="python")
@@ -220,7 +160,7 @@ def test_an_alert_the_new_configuration_no_longer_has_is_resolved_after_a_restar
     engine = SloEngine.from_config(cfg)
     engine.on_tick(feed.frame(0.5))
     assert engine.firing == ["page_fast"]
-    assert _wait(lambda: len(receiver.accepted()) == 3)
+    assert wait(lambda: len(receiver.accepted()) == 3)
     got = [d.body["alerts"][0] for d in receiver.accepted()[1:]]
     # the old alert resolved, then the new one announced (it fired before the restart, under other labels)
     assert [(a["status"], a["fingerprint"] == old["fingerprint"]) for a in got] == [("resolved", True),
@@ -235,8 +175,8 @@ def test_an_alert_the_new_configuration_no_longer_has_is_resolved_after_a_restar
 
 
 def test_clock_going_back_starts_afresh(tmp_path, receiver, caplog):
-    cfg = _config(tmp_path, receiver.url)
-    feed, engine = _burning(cfg)
+    cfg = config_for(tmp_path, receiver.url)
+    feed, engine = burning(cfg)
     assert engine.firing == ["page_fast"]
     feed.ts -= 3600
     with caplog.at_level(logging.WARNING, logger="sits_observe.slo"):
@@ -245,12 +185,12 @@ def test_clock_going_back_starts_afresh(tmp_path, receiver, caplog):
     assert engine.slos_state()[0]["windows"][-1]["total"] == 100
     # the alert does not outlive its windows: resolved at once, not kept until the clock catches up
     assert engine.firing == [None]
-    assert _wait(lambda: [d.body["status"] for d in receiver.accepted()] == ["firing", "resolved"])
+    assert wait(lambda: [d.body["status"] for d in receiver.accepted()] == ["firing", "resolved"])
     engine.close()
 
 
 def test_a_changed_sli_starts_afresh_and_others_keep_their_history(tmp_path, receiver):
-    cfg = _config(tmp_path, receiver.url)
+    cfg = config_for(tmp_path, receiver.url)
     feed = Feeder(cfg)
     engine = SloEngine.from_config(cfg)
     for _ in range(100):
@@ -283,7 +223,7 @@ def test_a_changed_sli_starts_afresh_and_others_keep_their_history(tmp_path, rec
 ])
 def test_firing_alert_of_an_earlier_state_file_is_kept(tmp_path, receiver, script):
     """slo.db of earlier versions kept firing alerts in an `alerts` or `firing` table; migrated on open."""
-    cfg = _config(tmp_path, receiver.url)
+    cfg = config_for(tmp_path, receiver.url)
     SloEngine.from_config(cfg).close()
     db = sqlite3.connect(tmp_path / "slo.db")
     db.executescript("DROP TABLE tiers;" + script)

@@ -31,6 +31,12 @@ def _errors(tmp_path, data):
     ({"objective": 0.999, "window": "2d", "latency": LATENCY},
      "slos[0].window: 2d is shorter than the longest alert window 3d (tier ticket_slow); use a window of at "
      "least 3d or disable the tier with `tiers: {ticket_slow: false}`, got '2d'"),
+    ({"objective": 0.999, "window": "99999999999999999999w", "latency": LATENCY},
+     "slos[0].window: must be at most a year (366d); SLO windows are usually 7d to 90d, got '99999999999999999999w'"),
+    ({"objective": 0.9, "latency": LATENCY},  # page_fast's threshold 13.44 x 0.1: more than every request failing
+     "slos[0]: SLO 's': tier page_fast can never fire: it needs an error ratio over 13.44 x (1 - 0.9) = 1.344, and "
+     "an error ratio is at most 1; give the tier a budget share under 0.01488 (`tiers: {page_fast: {budget: ...}}`), "
+     "a long window of at least 1h20m39s, or disable it with `tiers: {page_fast: false}`"),
     ({"objective": 0.999, "window": "monthly", "latency": LATENCY},
      "slos[0].window: must be a duration like 30s, 5m, 1h or 28d"),
     ({"objective": 0.999},
@@ -65,7 +71,7 @@ def test_threshold_must_be_one_of_the_configured_buckets(tmp_path):
 
 
 def test_duplicate_names_and_receivers_never_echo_secrets(tmp_path):
-    data = {"slos": [{"name": "a", "objective": 0.9, "latency": LATENCY}] * 2,
+    data = {"slos": [{"name": "a", "objective": 0.99, "latency": LATENCY}] * 2,
             "alerting": {"receivers": [
                 {"type": "slack", "url": "hps://hooks.example/services/T0/B0/TOKENVALUE", "secret": "hunter2"},
                 {"type": "webhook", "url": "http://127.0.0.1:1/x", "secret": 5},
@@ -97,15 +103,27 @@ def test_config_errors_never_echo_the_token_or_url_credentials(tmp_path):
 
 
 def test_receiver_urls_with_a_bad_port_or_raw_unicode_are_refused_at_load(tmp_path):
-    data = {"slos": [{"name": "a", "objective": 0.9, "latency": LATENCY}],
+    data = {"slos": [{"name": "a", "objective": 0.99, "latency": LATENCY}],
             "alerting": {"receivers": [{"type": "webhook", "url": "http://am:99999/x"},
                                        {"type": "webhook", "url": "http://am:abc/x"},
-                                       {"type": "slack", "url": "https://hooks.example/services/équipe"}]}}
+                                       {"type": "slack", "url": "https://hooks.example/services/équipe"},
+                                       {"type": "webhook", "url": "http://127.0.0.1:1/hook/T0KEN with space"},
+                                       {"type": "webhook", "url": "http://127.0.0.1:1/hook/T0KEN\tx"}]}}
     f, lines = _errors(tmp_path, data)
+    text = "\n".join(lines)
     for i in (0, 1):
-        assert f"{f}: alerting.receivers[{i}].url: has a port that is not a number in 1-65535" in "\n".join(lines)
-    assert f"{f}: alerting.receivers[2].url: has characters outside ASCII; percent-encode them" in "\n".join(lines)
-    assert "services" not in "\n".join(lines)  # a Slack URL is a secret: never echoed
+        assert f"{f}: alerting.receivers[{i}].url: has a port that is not a number in 1-65535" in text
+    assert f"{f}: alerting.receivers[2].url: has characters outside ASCII; percent-encode them" in text
+    for i in (3, 4):  # http.client would refuse them at every delivery attempt
+        assert f"{f}: alerting.receivers[{i}].url: has a space or control character; percent-encode it" in text
+    assert "services" not in text and "T0KEN" not in text  # a Slack URL is a secret: never echoed
+
+
+@pytest.mark.parametrize("fix", [{"budget": 0.0148}, {"long": "1h20m39s"}, False])
+def test_a_tier_that_could_never_fire_is_accepted_with_each_fix_the_error_names(fix):
+    spec = parse({"slos": [{"name": "s", "objective": 0.9, "latency": LATENCY, "tiers": {"page_fast": fix}}]},
+                 env={}).slos[0]
+    assert all(t.threshold(spec.window, spec.objective) < 1 for t in spec.enabled_tiers())
 
 
 def test_tier_shorthand_defaults_and_round_trip():

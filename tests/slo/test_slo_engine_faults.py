@@ -1,0 +1,147 @@
+"""The SLO engine when things go wrong around it: a failed slo.db write, a kill between queuing an alert
+and recording it, a receiver added while an alert fires, and restarts between slot edges."""
+
+import copy
+
+import pytest
+
+from sits_observe.config import parse
+from sits_observe.errors import SloError
+from sits_observe.slo.evaluate import SloEngine
+
+from alert_receiver import Receiver
+from slo_helpers import SECRET, Feeder, burning, config_for, wait
+
+
+class _Killed(Exception):
+    """The process died here (kill -9, OOM): nothing after this point ran."""
+
+
+def _two_slos(tmp_path, url):
+    data = config_for(tmp_path, url).model_dump(mode="python")
+    data["alerting"]["receivers"][0]["secret"] = SECRET
+    batch = copy.deepcopy(data["slos"][0])
+    batch["name"], batch["latency"]["workload"] = "batch-latency", "batch"
+    data["slos"].append(batch)
+    return parse(data, env={})
+
+
+def test_a_failed_state_write_at_a_resolution_is_retried_and_later_alerts_still_go_out(tmp_path, receiver):
+    cfg = _two_slos(tmp_path, receiver.url)
+    feed = Feeder(cfg)
+    engine = SloEngine.from_config(cfg)
+
+    def tick(bad_chat, bad_batch):
+        frame = feed.frame(bad_chat)
+        feed.add(frame, "batch", bad_batch)
+        engine.on_tick(frame)
+
+    for _ in range(100):
+        tick(0.0, 0.0)
+    for _ in range(30):
+        tick(0.5, 0.0)
+    assert engine.firing == ["page_fast", None]
+    real, failed = engine.state.set_tiers, []
+
+    def locked_once(slo, tiers, *args, **kwargs):  # the write that records the resolution fails once
+        if not failed and slo == "chat-latency" and all(since is None for since, _ in tiers.values()):
+            failed.append(slo)
+            raise SloError("SLO state slo.db: database is locked")
+        return real(slo, tiers, *args, **kwargs)
+
+    engine.state.set_tiers = locked_once
+    for _ in range(40):
+        try:
+            tick(0.0, 0.0)
+        except SloError:
+            pass
+    assert failed and engine.firing == [None, None]
+    for _ in range(30):
+        tick(0.0, 0.5)
+    assert engine.firing == [None, "page_fast"] and engine.slos_state()[1]["firing"]["burn_tier"] == "page_fast"
+    assert wait(lambda: len(receiver.accepted()) == 3)
+    engine.close()
+    got = [(d.body["alerts"][0]["labels"]["slo"], d.body["status"]) for d in receiver.accepted()]
+    assert got == [("chat-latency", "firing"), ("chat-latency", "resolved"), ("batch-latency", "firing")]
+    engine = SloEngine.from_config(cfg)  # slo.db says what the engine said
+    assert engine.firing == [None, "page_fast"]
+    engine.close()
+
+
+def test_a_kill_between_queuing_a_firing_alert_and_recording_it_resolves_it_after_the_restart(tmp_path, receiver):
+    cfg = config_for(tmp_path, receiver.url)
+    feed = Feeder(cfg)
+    engine = SloEngine.from_config(cfg)
+    for _ in range(100):
+        engine.on_tick(feed.frame(0.0))
+    real = engine.dispatcher.notify
+
+    def notify_then_die(alert):
+        real(alert)
+        if alert.status == "firing":
+            raise _Killed
+
+    engine.dispatcher.notify = notify_then_die
+    with pytest.raises(_Killed):
+        for _ in range(30):
+            engine.on_tick(feed.frame(0.5))
+    assert wait(lambda: len(receiver.accepted()) == 1)
+    engine.dispatcher.close()  # the process is gone: nothing else is written
+    engine.state.close()
+
+    feed.ts += 120  # back two minutes later; the burn is over
+    engine = SloEngine.from_config(cfg)
+    for _ in range(30):
+        engine.on_tick(feed.frame(0.0))
+    assert engine.firing == [None]
+    assert wait(lambda: len(receiver.accepted()) == 2, timeout=5)
+    first, second = (d.body["alerts"][0] for d in receiver.accepted())
+    assert (first["status"], second["status"]) == ("firing", "resolved")
+    assert first["fingerprint"] == second["fingerprint"]
+    engine.close()
+
+
+def test_a_receiver_added_while_an_alert_fires_gets_it_after_the_restart(tmp_path, receiver):
+    cfg = config_for(tmp_path, receiver.url)
+    feed, engine = burning(cfg)
+    assert engine.firing == ["page_fast"] and wait(lambda: engine.dispatcher.outbox.depth() == {})
+    engine.close()
+    second = Receiver()
+    try:
+        data = cfg.model_dump(mode="python")
+        data["alerting"]["receivers"][0]["secret"] = SECRET
+        data["alerting"]["receivers"].append({"type": "webhook", "name": "oncall", "url": second.url})
+        engine = SloEngine.from_config(parse(data, env={}))
+        engine.on_tick(feed.frame(0.5))
+        assert wait(lambda: len(second.accepted()) == 1)
+        assert second.accepted()[0].body["alerts"][0]["labels"]["burn_tier"] == "page_fast"
+        assert wait(lambda: engine.dispatcher.outbox.depth() == {})
+        engine.close()
+    finally:
+        second.close()
+    assert len(receiver.deliveries) == 1  # the first receiver had it already: not sent again
+
+
+def test_a_clean_restart_keeps_the_events_since_the_last_slot_edge(tmp_path):
+    def engine(state_dir):
+        state_dir.mkdir(exist_ok=True)
+        cfg = parse({"state_dir": str(state_dir), "slos": [
+            {"name": "chat", "objective": 0.99, "latency": {"stage": "e2e", "workload": "chat", "threshold": 0.25}}]},
+            env={})
+        return cfg, SloEngine.from_config(cfg)  # default tiers: 10 s slots at the finest level
+
+    cfg, through = engine(tmp_path / "a")
+    _, restarted = engine(tmp_path / "b")
+    feed = Feeder(cfg)
+    for k in range(45):
+        frame = feed.frame(0.1 * (k % 3))
+        through.on_tick(frame)
+        restarted.on_tick(frame)
+        if k % 7 == 6:  # SIGTERM and back, mostly between slot edges
+            restarted.close()
+            _, restarted = engine(tmp_path / "b")
+    want = [(w["window"], w["good"], w["total"]) for w in through.slos_state()[0]["windows"]]
+    assert want[0] == ("5m", 4050.0, 4500.0)
+    assert [(w["window"], w["good"], w["total"]) for w in restarted.slos_state()[0]["windows"]] == want
+    through.close()
+    restarted.close()
