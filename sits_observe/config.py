@@ -2,23 +2,28 @@
 
 Precedence: command-line argument > environment (``SITS_LISTEN``, ``SITS_STATE_DIR``,
 ``SITS_LOG_LEVEL``, ``SITS_API_TOKEN``; ``SITS_CONFIG`` names the file) > file > default.
-:func:`load` raises :class:`ConfigError` listing every problem as ``path: message, got value``.
+:func:`load` raises :class:`ConfigError` listing every problem as ``FILE: path: message, got value`` (a bad
+environment value names its variable instead of the file), including what the daemon would trip over at start:
+an unresolvable ``listen`` host, an invalid ``comm`` regex, the simulator's topology, scenario and trace.
 Each subsystem owns its section model; this module only assembles and validates them.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import socket
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-import yaml
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from .alerting.config import AlertingConfig
+from .alerting.config import AlertingConfig, check_unique
 from .collectors.config import ServerConfig, check_url, redact
-from .errors import ConfigError
+from .errors import BucketEdgeError, ConfigError
 from .histogram import snap_edges
 from .probes.config import ProbesConfig
 from .rca.config import RcaConfig
@@ -26,6 +31,7 @@ from .scheduler.config import OtlpConfig, SchedulerConfig
 from .section import Section
 from .slo.spec import SloList
 from .ui.config import UiConfig
+from .yamlfile import parse_yaml
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -61,6 +67,11 @@ class StoreConfig(Section):
     def _ascending(cls, v: list[float]) -> list[float]:
         if len(v) < 2 or any(b <= a for a, b in zip(v, v[1:])):
             raise ValueError("must be at least two ascending edges in seconds")
+        try:
+            snap_edges(v)
+        except BucketEdgeError as exc:  # located at the edge itself: store.buckets[i]
+            raise ValidationError.from_exception_data("buckets", [InitErrorDetails(
+                type=PydanticCustomError("bucket_edge", exc.reason), loc=(exc.index,), input=exc.edge)]) from None
         return v
 
     def snapped(self) -> tuple[float, ...]:
@@ -77,13 +88,24 @@ class WorkloadConfig(Section):
     cgroup: str | None = Field(None, description="cgroup v2 path prefix")
     pids: list[int] = Field(default_factory=list, description="explicit pids (tests)")
 
+    @field_validator("comm")
+    @classmethod
+    def _regex(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as exc:
+                raise ValueError(f"not a valid regular expression ({exc}); escape special characters such as "
+                                 "( [ * with a backslash") from None
+        return v
+
 
 class SimConfig(Section):
     topology: str = "nvswitch-8"
     scenario: str = Field("mixed", description="quiet | mixed | stress, or the path of a scenario YAML file")
     trace: Literal["conv", "code"] = "conv"
     speed: float = Field(20.0, gt=0, le=10000)
-    seed: int = 1
+    seed: int = Field(1, ge=0, description="random seed; same seed, same run")
     trace_path: str | None = Field(None, description="override the packaged Azure trace CSV")
     rate: float = Field(0.75, gt=0, le=100, description="request-rate multiplier: trace seconds per simulated second")
 
@@ -139,19 +161,19 @@ class Config(Section):
         host, _, port = v.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError("must be host:port, e.g. 127.0.0.1:9477")
+        host = host.removeprefix("[").removesuffix("]")
+        try:  # what the HTTP server resolves when it binds
+            socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        except (OSError, UnicodeError) as exc:
+            raise ValueError(f"host {host!r} does not resolve ({getattr(exc, 'strerror', None) or exc}); use an "
+                             "IP address of this host, e.g. 127.0.0.1 or 0.0.0.0") from None
         return v
 
-    @model_validator(mode="after")
-    def _buckets_snap(self) -> Config:
-        try:
-            self.store.snapped()
-        except ConfigError as exc:
-            raise ValueError(str(exc)) from None
-        names = [w.name for w in self.workloads]
-        dup = {n for n in names if names.count(n) > 1}
-        if dup:
-            raise ValueError(f"workloads: duplicate names {sorted(dup)}")
-        return self
+    @field_validator("workloads")
+    @classmethod
+    def _unique_workloads(cls, v: list[WorkloadConfig]) -> list[WorkloadConfig]:
+        check_unique([w.name for w in v], "workload")
+        return v
 
     @property
     def listen_addr(self) -> tuple[str, int]:
@@ -179,21 +201,32 @@ def _redact_url(url: str) -> str:
     return urlunsplit(parts._replace(query="<hidden>" if parts.query else ""))
 
 
-def format_errors(exc: ValidationError, source: str) -> list[str]:
-    """One line per problem: ``FILE: path: message, got value`` (secrets are never echoed)."""
+def _shown(value: Any) -> bool:
+    """Whether a value may be echoed: not a section or a list of them (those may hold secrets)."""
+    return not isinstance(value, dict) and not (isinstance(value, list) and not all(
+        isinstance(v, (int, float)) for v in value))
+
+
+def format_errors(exc: ValidationError, source: str, origins: Mapping[str, str] | None = None) -> list[str]:
+    """One line per problem: ``FILE: path: message, got value`` (secrets are never echoed); a top-level field in
+    ``origins`` (field -> environment variable) names the variable instead of the file."""
     lines = []
     for err in exc.errors(include_url=False):
-        path = _loc(tuple(err["loc"]))
+        loc = tuple(err["loc"])
+        path = _loc(loc)
         msg = err["msg"].removeprefix("Value error, ")
         value = err.get("input")
         hidden = ("token" in path or "secret" in path or (path.startswith("alerting.") and path.endswith(".url"))
-                  or isinstance(value, (dict, list)))  # a whole section or the whole file holds the secrets too
-        if path.endswith("url") and isinstance(value, str):
+                  or not _shown(value))
+        if path.endswith(("url", "endpoint")) and isinstance(value, str):
             value = _redact_url(value)
-        got = "" if err["type"] in ("missing", "model_type") or hidden else f", got {value!r}"
+        got = "" if err["type"] == "missing" or hidden else f", got {value!r}"
+        if err["type"] == "model_type":  # a scalar or a list where a section belongs
+            msg, got = "must be a mapping of settings (key: value)", f", got {type(value).__name__}"
         if err["type"] == "extra_forbidden":
             msg, got = "unknown field (check the spelling against docs/config.md)", ""
-        lines.append(f"{source}: {path}: {msg}{got}")
+        origin = (origins or {}).get(loc[0]) if loc else None
+        lines.append(f"{origin or source}: {path}: {msg}{got}")
     return lines
 
 
@@ -205,10 +238,21 @@ def parse(data: Any, source: str = "<config>", env: dict[str, str] | None = None
         raise ConfigError(f"{source}: top level must be a mapping of sections, got {type(data).__name__}")
     env = os.environ if env is None else env
     data = dict(data)
+    origins = {}
     for var, key in ENV_OVERRIDES.items():
         if env.get(var):
             data[key] = env[var].lower() if key == "log_level" else env[var]
-    return validate(Config, data, source)
+            origins[key] = var
+    cfg = validate(Config, data, source, origins=origins)
+    if cfg.gpu.backend == "sim":  # what the simulator would refuse at start, refused here with the file's name
+        from .sim.host import check_inputs
+
+        try:
+            check_inputs(cfg.sim)
+        except ConfigError as exc:  # a scenario file's own errors already name that file
+            raise ConfigError("\n".join(f"{source}: {line}" if line.startswith("sim.") else line
+                                         for line in str(exc).splitlines())) from None
+    return cfg
 
 
 def load(path: str | Path | None = None, env: dict[str, str] | None = None) -> Config:
@@ -228,19 +272,9 @@ def load(path: str | Path | None = None, env: dict[str, str] | None = None) -> C
     return parse(parse_yaml(text, str(p)), str(p), env)
 
 
-def parse_yaml(text: str, source: str) -> Any:
-    """YAML text -> data; a syntax error becomes one ConfigError line with the position."""
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"{source}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
-
-
-def validate(model: type[M], data: Any, source: str, sep: str = "\n") -> M:
+def validate(model: type[M], data: Any, source: str, sep: str = "\n", origins: Mapping[str, str] | None = None) -> M:
     """``model.model_validate(data)`` with every problem as ``source: path: message, got value``."""
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(sep.join(format_errors(exc, source))) from None
+        raise ConfigError(sep.join(format_errors(exc, source, origins))) from None

@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "SitsError",
     "ConfigError",
+    "BucketEdgeError",
     "ProbeError",
     "CollectorError",
     "StillDown",
@@ -32,6 +33,16 @@ class ConfigError(SitsError):
     """A usage or configuration mistake: the message says what, where, and how to fix it."""
 
     exit_code = 2
+
+
+class BucketEdgeError(ConfigError):
+    """A histogram bucket edge that cannot be used; ``index``, ``reason`` and ``edge`` let a config check place it."""
+
+    def __init__(self, field: str, index: int, reason: str, edge: float) -> None:
+        super().__init__(f"{field}[{index}]: {reason}, got {edge}")
+        self.index = index
+        self.reason = reason
+        self.edge = edge
 
 
 class ProbeError(SitsError):

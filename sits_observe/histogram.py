@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .errors import ConfigError
+from .errors import BucketEdgeError
 
 __all__ = [
     "SUB_BITS",
@@ -73,25 +73,21 @@ _UPPERS = np.array([kernel_upper_ns(b) for b in range(NUM_BUCKETS - 1)])
 def snap_edges(edges_s: Sequence[float], *, field: str = "store.buckets") -> tuple[float, ...]:
     """Snap configured ``le`` edges (seconds) to the nearest kernel bucket edges.
 
-    Raises :class:`ConfigError` naming the field when an edge is out of range or two edges snap to
+    Raises :class:`BucketEdgeError` naming the field when an edge is out of range or two edges snap to
     the same kernel edge.
     """
     out: list[float] = []
     for i, edge in enumerate(edges_s):
         ns = float(edge) * 1e9
         if not (1.0 <= ns <= _UPPERS[-1]):
-            raise ConfigError(
-                f"{field}[{i}]: bucket edge must be between 1e-09 and {_UPPERS[-1] / 1e9:g} s, got {edge}"
-            )
+            raise BucketEdgeError(field, i, f"bucket edge must be between 1e-09 and {_UPPERS[-1] / 1e9:g} s", edge)
         j = int(np.searchsorted(_UPPERS, ns))
         cands = [k for k in (j - 1, j) if 0 <= k < len(_UPPERS)]
         best = min(cands, key=lambda k: abs(_UPPERS[k] - ns))
         snapped = float(_UPPERS[best]) / 1e9
         if out and snapped <= out[-1]:
-            raise ConfigError(
-                f"{field}[{i}]: edge {edge} snaps to {snapped:.9g} s, not above the previous edge "
-                f"{out[-1]:.9g} s; list edges ascending and at least 7% apart"
-            )
+            raise BucketEdgeError(field, i, f"snaps to {snapped:.9g} s, not above the previous edge {out[-1]:.9g} s; "
+                                  "list edges ascending and at least 7% apart", edge)
         out.append(snapped)
     return tuple(out)
 

@@ -6,11 +6,11 @@ import re
 from collections.abc import Sequence
 from typing import Literal
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from ..collectors.config import check_url
-from ..section import Section
+from ..section import Section, SigningKey
 
 __all__ = ["ReceiverConfig", "BackoffConfig", "AlertingConfig", "check_unique", "check_label_names"]
 
@@ -45,7 +45,7 @@ class ReceiverConfig(Section):
     name: str | None = Field(None, pattern=r"^[a-zA-Z_][a-zA-Z0-9_.-]{0,62}$",
                              description="label `receiver` in metrics; default: the type")
     url: str = Field(description="Alertmanager base URL, webhook URL or Slack incoming-webhook URL")
-    secret: SecretStr | None = Field(None, description="HMAC-SHA256 key for the X-Sits-Signature header")
+    secret: SigningKey | None = Field(None, description="HMAC-SHA256 key for the X-Sits-Signature header")
     timeout: float = Field(10.0, gt=0, le=300, description="seconds to wait for the receiver's answer")
 
     @field_validator("url")
@@ -65,6 +65,12 @@ class BackoffConfig(Section):
     max: float = Field(300.0, gt=0, le=86400)
     multiplier: float = Field(2.0, ge=1, le=10)
     jitter: float = Field(0.2, ge=0, le=1, description="each delay is scaled by a random factor in 1 +- jitter")
+
+    @model_validator(mode="after")
+    def _initial_within_max(self) -> BackoffConfig:
+        if self.initial > self.max:
+            raise ValueError(f"initial ({self.initial:g} s) is above max ({self.max:g} s); make initial <= max")
+        return self
 
 
 class AlertingConfig(Section):

@@ -124,8 +124,9 @@ class Server:
         try:
             self._server = create_server(app, host=host, port=port, threads=threads, ident="sits-observe",
                                          clear_untrusted_proxy_headers=True)
-        except OSError as exc:
-            why = "is in use" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc.strerror})"
+        except (OSError, ValueError) as exc:  # waitress raises ValueError for a host that does not resolve
+            why = ("is in use" if getattr(exc, "errno", None) == errno.EADDRINUSE
+                   else f"cannot be bound ({getattr(exc, 'strerror', None) or exc})")
             raise ConfigError(f"listen: {host}:{port} {why}; set listen: or SITS_LISTEN to a free host:port") from None
         self.port = int(self._server.effective_port)  # type: ignore[union-attr]
         self.host = host

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 from typing import Literal
 
-from pydantic import Field, SecretStr, ValidationInfo, field_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from ..section import Section
+from ..collectors.config import check_url
+from ..section import Section, SigningKey
 
 __all__ = ["STRATEGIES", "ScoreWeights", "ShardSpec", "WebhookActuatorConfig", "CommandActuatorConfig",
            "SchedulerConfig", "OtlpConfig"]
@@ -56,20 +60,43 @@ class ShardSpec(Section):
 
 class WebhookActuatorConfig(Section):
     url: str | None = Field(None, description="orchestrator endpoint receiving the signed plan JSON")
-    secret: SecretStr | None = Field(None, description="HMAC-SHA256 key for the X-Sits-Signature header")
+    secret: SigningKey | None = Field(None, description="HMAC-SHA256 key for the X-Sits-Signature header")
     timeout: float = Field(5.0, gt=0, le=60)
     retries: int = Field(3, ge=0, le=10)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        return None if v is None else check_url(v)
 
 
 class CommandActuatorConfig(Section):
     argv: list[str] = Field(default_factory=list, description="program and arguments; plan JSON on stdin")
     timeout: float = Field(60.0, gt=0, le=3600)
 
+    @field_validator("argv")
+    @classmethod
+    def _program(cls, v: list[str]) -> list[str]:
+        """The program must exist and be executable now (a missing one would fail only at the first re-shard)."""
+        if not v:
+            return v
+        found = shutil.which(v[0]) if "/" not in v[0] else v[0]
+        if found is None:
+            why = "not found on PATH; give its absolute path"
+        elif not os.path.exists(found):
+            why = "does not exist; give the path of the program to run"
+        elif os.path.isdir(found) or not os.access(found, os.X_OK):
+            why = "is not executable; chmod +x it or run it through its interpreter (e.g. [python3, script.py])"
+        else:
+            return v
+        raise ValidationError.from_exception_data("argv", [InitErrorDetails(
+            type=PydanticCustomError("program", "program " + why), loc=(0,), input=v[0])])
+
 
 class SchedulerConfig(Section):
     enabled: bool = True
     strategy: Literal["topology-aware", "latency-aware", "pack", "spread"] = "topology-aware"
-    weights: ScoreWeights | None = Field(None, description="override the strategy's weights")
+    weights: ScoreWeights | None = Field(None, description="override the strategy's weights (terms not given keep it)")
     webhook: WebhookActuatorConfig = Field(default_factory=WebhookActuatorConfig)
     command: CommandActuatorConfig = Field(default_factory=CommandActuatorConfig)
     actuator: Literal["log", "webhook", "command", "sim"] = "log"  # after webhook/command: checked against them
@@ -93,11 +120,21 @@ class SchedulerConfig(Section):
     @field_validator("actuator")
     @classmethod
     def _actuator_settings(cls, v: str, info: ValidationInfo) -> str:
-        if v == "webhook" and not getattr(info.data.get("webhook"), "url", None):
+        if v not in info.data:  # log and sim need no section; a refused section has its own error already
+            return v
+        if v == "webhook" and not info.data["webhook"].url:
             raise ValueError("'webhook' needs scheduler.webhook.url (the orchestrator endpoint)")
-        if v == "command" and not getattr(info.data.get("command"), "argv", None):
+        if v == "command" and not info.data["command"].argv:
             raise ValueError("'command' needs scheduler.command.argv (the program to run)")
         return v
+
+    @field_validator("weights", mode="before")
+    @classmethod
+    def _over_preset(cls, v: object, info: ValidationInfo) -> object:
+        if not isinstance(v, dict):
+            return v
+        preset = STRATEGIES.get(info.data.get("strategy", ""), STRATEGIES["topology-aware"])
+        return {**preset.model_dump(), **v}
 
     @field_validator("shards")
     @classmethod
@@ -120,3 +157,8 @@ class OtlpConfig(Section):
     timeout: float = Field(5.0, gt=0, le=60, description="seconds per export request")
     max_queue: int = Field(2048, ge=1, le=1_000_000, description="spans waiting for export; more are dropped")
     schedule_delay: float = Field(1.0, gt=0, le=60, description="seconds between batch exports")
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, v: str | None) -> str | None:
+        return None if v is None else check_url(v)

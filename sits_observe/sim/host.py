@@ -18,7 +18,7 @@ import numpy as np
 from ..config import SimConfig
 from ..errors import ConfigError, SimError
 from ..frame import BucketLayout, Frame
-from ..topology import PRESETS, preset
+from ..topology import PRESETS, Topology, preset
 from .device import StageSampler
 from .emit import TickOutput
 from .engine import ShardEngine
@@ -32,11 +32,34 @@ from .shards import (GPU_MEMORY_UTILIZATION, KV_MIN, Placement, ShardInfo, defau
 from .trace import Trace
 from .variation import NOMINAL, HostVariation
 
-__all__ = ["SimulatedHost"]
+__all__ = ["SimulatedHost", "check_inputs"]
 
 log = logging.getLogger("sits_observe.sim")
 
 REFERENCE_SHARDS = 3  # the trace at rate 1 is spread over this many replicas; more replicas get more load
+
+
+def check_inputs(cfg: SimConfig) -> None:
+    """Raise ConfigError for what ``SimulatedHost(cfg)`` would refuse (topology, scenario file and targets, trace
+    file); config load calls it, so ``check-config`` refuses the same."""
+    _check_scenario(Scenario.load(cfg.scenario), _host_topology(cfg.topology), cfg.scenario)
+    if cfg.trace_path is not None:
+        Trace.load(cfg.trace, cfg.trace_path)
+
+
+def _host_topology(name: str) -> Topology:
+    topology = preset(name)
+    if len({g.node for g in topology.gpus}) > 1:
+        raise ConfigError(f"sim.topology: the simulator models one host and {name} spans several; "
+                          f"choose one of {', '.join(PRESETS)}")
+    return topology
+
+
+def _check_scenario(scenario: Scenario, topology: Topology, source: str) -> None:
+    """Refuse fault targets the default placement on ``topology`` does not have."""
+    placed = default_placement(topology)
+    scenario.check([p.id for p in placed], topology.n, 1 + max(g.numa_node for g in topology.gpus),
+                   sorted({p.workload for p in placed}), source)
 
 
 @dataclass
@@ -63,10 +86,7 @@ class SimulatedHost:
         self.cfg = cfg
         self.variation = variation
         self.layout = layout
-        self.topology = preset(cfg.topology)
-        if len({g.node for g in self.topology.gpus}) > 1:
-            raise ConfigError(f"sim.topology: the simulator models one host and {cfg.topology} spans several; "
-                              f"choose one of {', '.join(PRESETS)}")
+        self.topology = _host_topology(cfg.topology)
         self.scenario = scenario if scenario is not None else Scenario.load(cfg.scenario)
         self.trace = Trace.load(cfg.trace, cfg.trace_path)
         hardware = hardware_for(self.topology.gpus[0].model)
@@ -79,8 +99,8 @@ class SimulatedHost:
         self._numa = np.array([g.numa_node for g in self.topology.gpus])
         cores = {g.numa_node: len(g.cpu_affinity) for g in self.topology.gpus}
         self._numa_cores = np.array([float(cores.get(n, 1)) for n in range(int(self._numa.max()) + 1)])
-        self.scenario.check(list(self._shards), self.topology.n, len(self._numa_cores), self.workloads,
-                            cfg.scenario if scenario is None else (scenario.name or "scenario"))
+        source = cfg.scenario if scenario is None else (scenario.name or "scenario")
+        _check_scenario(self.scenario, self.topology, source)
         self._pending = sorted(self.scenario.faults, key=lambda f: f.onset)
         net_seed, dev_seed = np.random.SeedSequence(cfg.seed).spawn(2)
         self._net_rng = np.random.default_rng(net_seed)

@@ -93,9 +93,9 @@ def test_config_errors_never_echo_the_token_or_url_credentials(tmp_path):
     text = "\n".join(lines)
     assert "servers[0].url:" in text and "alerting.receivers: Input should be a valid list" in text
     assert "http://127.0.0.1:99999/metrics?<hidden>" in text  # the URL shown without what could be a secret
-    del data["servers"], data["alerting"]  # a check on the whole file: it used to print the whole file
+    del data["servers"], data["alerting"]  # a check across list items: it used to print the whole file
     _, more = _errors(tmp_path, data)
-    assert "workloads: duplicate names ['a']" in more[0]
+    assert "workloads[1].name: duplicate workload name (also [0]); names must be unique, got 'a'" in more[0]
     for secret in ("S3CRET-TOKEN", "pw-SECRET", "Q-SECRET", "HOOK-SECRET"):
         assert secret not in text + "\n".join(more)
     _, lines = _errors(tmp_path, {"api_token": "  "})

@@ -133,3 +133,39 @@ def test_a_demo_reload_merges_demo_defaults_file_and_command_line_again(tmp_path
     # not the bare file: the demo's SLOs, simulator and scenario stay, in the same state directory
     assert again.slos == first.slos and first.slos and again.sim.scenario == "quiet"
     assert again.gpu.backend == "sim" and again.state_dir == first.state_dir and again.log_level == "warning"
+
+
+def test_check_config_applies_the_environment_as_run_does(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("tick_interval: 2\n")
+    _one_line_error(_run(["check-config", str(cfg)], env={**os.environ, "SITS_LISTEN": "foo"}),
+                    "SITS_LISTEN: listen: must be host:port")
+    res = _run(["check-config", str(cfg)], env={**os.environ, "SITS_LOG_LEVEL": "debug"})
+    assert res.returncode == 0 and "with SITS_LOG_LEVEL from the environment" in res.stdout, res.stderr
+
+
+def test_a_listen_host_that_does_not_resolve_exits_2_before_starting(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"listen: nosuchhost.invalid:19483\nstate_dir: {tmp_path / 'state'}\n")
+    _one_line_error(_run(["run", "--config", str(cfg), "--duration", "1"]),
+                    f"{cfg}: listen: host 'nosuchhost.invalid' does not resolve")
+    assert not (tmp_path / "state").exists()  # refused at load: nothing was started
+
+
+def test_a_bind_that_cannot_resolve_is_one_config_error():
+    import pytest
+    from flask import Flask
+
+    from sits_observe.errors import ConfigError
+    from sits_observe.export.http import Server
+
+    with pytest.raises(ConfigError, match=r"listen: nosuchhost.invalid:19483 cannot be bound"):
+        Server(Flask(__name__), "nosuchhost.invalid", 19483)
+
+
+def test_an_ipv6_listen_address_is_shown_in_brackets(tmp_path, free_port):
+    port = free_port()
+    res = _run(["demo", "--duration", "1", "--scenario", "quiet", "--listen", f"::1:{port}"],
+               env={**os.environ, "SITS_STATE_DIR": str(tmp_path)})
+    assert res.returncode == 0, res.stderr
+    assert f"serving http://[::1]:{port}/metrics" in res.stderr

@@ -48,8 +48,8 @@ def test_sits_config_names_the_file(tmp_path):
     [
         ("a: [1,\n", "not valid YAML at line"),
         ("- 1\n- 2\n", "top level must be a mapping"),
-        ("workloads:\n  - name: a\n  - name: a\n", "duplicate names"),
-        ("store:\n  buckets: [0.001, 0.00101]\n", "store.buckets[1]"),
+        ("workloads:\n  - name: a\n  - name: a\n", "workloads[1].name: duplicate workload name (also [0])"),
+        ("store:\n  buckets: [0.001, 0.00101]\n", "c.yaml: store.buckets[1]: snaps to"),
     ],
 )
 def test_structural_errors(tmp_path, text, needle):

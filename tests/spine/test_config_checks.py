@@ -1,0 +1,169 @@
+"""Config load refuses what the daemon would refuse later, each as one line naming the file (or the
+environment variable), the field and the value (found by a review of the command line)."""
+
+import sys
+
+import pytest
+
+from sits_observe.config import load
+from sits_observe.errors import ConfigError
+
+
+def _lines(tmp_path, text, env=None):
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load(f, env=env or {})
+    return f, str(err.value).splitlines()
+
+
+def _one(tmp_path, text, start, *needles, env=None):
+    f, lines = _lines(tmp_path, text, env)
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(start.format(f=f)), lines
+    for needle in needles:
+        assert needle in lines[0], lines
+
+
+def test_an_invalid_comm_regex_is_refused_at_load(tmp_path):
+    _one(tmp_path, 'workloads: [{name: a, comm: "("}]\n', "{f}: workloads[0].comm: not a valid regular expression",
+         "got '('")
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "key"),
+    [
+        ("slos:\n  - {name: a, objective: 0.99, latency: {stage: e2e, threshold: 2.5}}\nalerting:\n"
+         "  receivers: []\nslos:\n  - {name: b, objective: 0.999, latency: {stage: queue, threshold: 1.0}}\n",
+         5, "slos"),
+        ("gpu:\n  backend: sim\ngpu:\n  backend: nvml\n", 3, "gpu"),
+        ("gpu: {backend: sim, backend: nvml}\n", 1, "backend"),
+        ("slos:\n  - name: a\n    objective: 0.99\n    latency: {stage: e2e, threshold: 2.5}\n"
+         "    latency: {stage: queue, threshold: 1.0}\n", 5, "latency"),
+    ],
+)
+def test_a_key_given_twice_is_refused_with_its_line(tmp_path, text, line, key):
+    _one(tmp_path, text, "{f}: not valid YAML at line " + str(line), f"key {key!r} given twice (first at line")
+
+
+def test_yaml_merge_keys_may_still_override(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("servers:\n  - &s {kind: vllm, url: 'http://127.0.0.1:8000/metrics', workload: a}\n"
+                 "  - {<<: *s, workload: b}\n")
+    assert [s.workload for s in load(f, env={}).servers] == ["a", "b"]
+
+
+def test_yaml_nested_too_deep_is_one_line(tmp_path):
+    _one(tmp_path, "a: " + "[" * 5000 + "]" * 5000 + "\n", "{f}: not valid YAML at line 1",
+         "nested more than 64 levels deep")
+
+
+@pytest.mark.parametrize(
+    ("var", "value", "start"),
+    [
+        ("SITS_LOG_LEVEL", "verbose", "SITS_LOG_LEVEL: log_level: Input should be"),
+        ("SITS_API_TOKEN", " ", "SITS_API_TOKEN: api_token: must not be empty"),
+        ("SITS_LISTEN", "foo", "SITS_LISTEN: listen: must be host:port"),
+    ],
+)
+def test_a_bad_environment_variable_is_named_not_the_file(tmp_path, var, value, start):
+    f, lines = _lines(tmp_path, "tick_interval: 2\n", env={var: value})
+    assert len(lines) == 1 and lines[0].startswith(start) and str(f) not in lines[0], lines
+
+
+def test_a_negative_sim_seed_is_refused(tmp_path):
+    _one(tmp_path, "sim: {seed: -1}\n", "{f}: sim.seed:", "got -1")
+
+
+@pytest.mark.parametrize(
+    ("sim", "needle"),
+    [
+        ("topology: foo", "sim.topology: unknown topology 'foo'"),
+        ("topology: fabric-2x8", "sim.topology: the simulator models one host"),
+        ("scenario: nope", "sim.scenario: unknown scenario 'nope'"),
+        ("scenario: {tmp}/missing.yaml", "sim.scenario: cannot read scenario file"),
+        ("scenario: {tmp}/", "sim.scenario: cannot read scenario file"),
+        ("trace_path: {tmp}/missing.csv", "sim.trace_path: cannot read trace file"),
+        ("trace_path: {tmp}", "sim.trace_path: cannot read trace file"),
+    ],
+)
+def test_simulator_inputs_are_checked_at_load(tmp_path, sim, needle):
+    _one(tmp_path, "sim: {" + sim.format(tmp=tmp_path) + "}\n", "{f}: " + needle)
+
+
+def test_a_scenario_file_error_names_the_scenario_file(tmp_path):
+    scen = tmp_path / "s.yaml"
+    scen.write_text("faults:\n  - {kind: cpu_contention, onset: 10, duration: 60, severity: 0.5,"
+                    " target: {gpus: [99]}}\n")
+    _one(tmp_path, f"sim: {{scenario: {scen}}}\n", f"{scen}: faults[0].target.gpus:")
+
+
+def test_the_sim_section_is_not_checked_when_the_simulator_is_off(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("gpu: {backend: none}\nsim: {topology: foo}\n")
+    assert load(f, env={}).sim.topology == "foo"
+
+
+@pytest.mark.parametrize(
+    ("text", "start"),
+    [
+        ("scheduler: {webhook: {url: not a url}}", "{f}: scheduler.webhook.url: must be an http:// or https:// URL"),
+        ("scheduler: {webhook: {url: 'ftp://h/x'}}", "{f}: scheduler.webhook.url: must be an http:// or https:// URL"),
+        ("scheduler: {webhook: {url: 'http://u:pw@h:99999/x'}}", "{f}: scheduler.webhook.url: has a port"),
+        ("otlp: {endpoint: nope}", "{f}: otlp.endpoint: must be an http:// or https:// URL"),
+        ("otlp: {endpoint: 'http://u:pw@h:99999'}", "{f}: otlp.endpoint: has a port"),
+    ],
+)
+def test_endpoint_urls_are_checked_and_never_echo_a_password(tmp_path, text, start):
+    f, lines = _lines(tmp_path, text + "\n")
+    assert len(lines) == 1 and lines[0].startswith(start.format(f=f)) and "pw" not in lines[0], lines
+
+
+def test_a_command_actuator_program_must_exist_and_be_executable(tmp_path):
+    plain = tmp_path / "plain.sh"
+    plain.write_text("#!/bin/sh\n")
+    for program, why in [("/nonexistent/move-shard", "does not exist"), (str(plain), "is not executable"),
+                         (str(tmp_path), "is not executable"), ("no-such-program-xyz", "not found on PATH")]:
+        _one(tmp_path, f"scheduler: {{command: {{argv: ['{program}', '--dry']}}}}\n",
+             "{f}: scheduler.command.argv[0]: program ", why, f"got '{program}'")
+    f = tmp_path / "ok.yaml"
+    f.write_text(f"scheduler: {{actuator: command, command: {{argv: ['true']}}}}\n")
+    assert load(f, env={}).scheduler.command.argv == ["true"]
+    f.write_text(f"scheduler: {{actuator: command, command: {{argv: ['{sys.executable}', '-c', 'pass']}}}}\n")
+    assert load(f, env={}).scheduler.command.argv[0] == sys.executable
+
+
+def test_a_listen_host_that_does_not_resolve_is_refused_at_load(tmp_path):
+    _one(tmp_path, "listen: nosuchhost.invalid:19483\n", "{f}: listen: host 'nosuchhost.invalid' does not resolve",
+         "got 'nosuchhost.invalid:19483'")
+
+
+@pytest.mark.parametrize(
+    ("text", "start", "needle"),
+    [
+        ("store: 5", "{f}: store: must be a mapping of settings", "got int"),
+        ("probes: {runq: true}", "{f}: probes.runq: must be a mapping of settings", "got bool"),
+        ("store: {buckets: [1, 0.5]}", "{f}: store.buckets: must be at least two ascending", "got [1, 0.5]"),
+        ("store: {buckets: [0.001, 0.00101]}", "{f}: store.buckets[1]:", ""),
+        ("alerting: {receivers: [{type: webhook, url: 'http://h/x', secret: ''}]}",
+         "{f}: alerting.receivers[0].secret: must not be empty", ""),
+        ("alerting: {receivers: [{type: webhook, url: 'http://h/x', secret: '  '}]}",
+         "{f}: alerting.receivers[0].secret: must not be empty", ""),
+        ("scheduler: {actuator: webhook, webhook: {url: 'http://h/x', secret: ''}}",
+         "{f}: scheduler.webhook.secret: must not be empty", ""),
+        ("scheduler: {actuator: command, command: {argv: [/nonexistent/x]}}",
+         "{f}: scheduler.command.argv[0]: program does not exist", ""),
+        ("alerting: {backoff: {initial: 10, max: 5}}", "{f}: alerting.backoff: initial (10 s) is above max (5 s)",
+         ""),
+    ],
+)
+def test_section_type_bucket_secret_and_backoff_messages(tmp_path, text, start, needle):
+    _one(tmp_path, text + "\n", start, needle)
+
+
+def test_partial_scheduler_weights_override_only_the_terms_given(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("scheduler: {strategy: pack, weights: {comm: 10}}\n")
+    w = load(f, env={}).scheduler.score_weights()
+    assert (w.comm, w.memory, w.load, w.balance, w.numa) == (10, 4, 0.5, 0, 1)
+
