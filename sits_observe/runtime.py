@@ -14,7 +14,8 @@ from typing import Any
 
 import yaml
 
-from .config import Config, load, parse
+from .argtypes import NON_NEGATIVE_INT, POSITIVE_FLOAT
+from .config import ENV_OVERRIDES, Config, load, parse
 
 __all__ = ["register", "serve"]
 
@@ -24,15 +25,15 @@ log = logging.getLogger("sits_observe")
 def register(sub: Any) -> None:
     p = sub.add_parser("run", help="run the daemon")
     p.add_argument("--config", help="YAML config file (default $SITS_CONFIG, else all defaults)")
-    p.add_argument("--duration", type=float, help="stop after this many wall seconds")
+    p.add_argument("--duration", type=POSITIVE_FLOAT, help="stop after this many wall seconds")
     p.set_defaults(func=_run)
 
     d = sub.add_parser("demo", help="run the daemon on the simulated GPU host")
     d.add_argument("--config", help="YAML config to start from (gpu.backend is forced to sim)")
     d.add_argument("--scenario", help="fault scenario: quiet, mixed, stress or a YAML file (default mixed)")
-    d.add_argument("--speed", type=float, help="simulated seconds per wall second (default 20)")
-    d.add_argument("--duration", type=float, help="stop after this many wall seconds")
-    d.add_argument("--seed", type=int, help="random seed (default 1)")
+    d.add_argument("--speed", type=POSITIVE_FLOAT, help="simulated seconds per wall second (default 20)")
+    d.add_argument("--duration", type=POSITIVE_FLOAT, help="stop after this many wall seconds")
+    d.add_argument("--seed", type=NON_NEGATIVE_INT, help="random seed (default 1)")
     d.add_argument("--topology", help="nvswitch-8 or pcie-8")
     d.add_argument("--listen", help="host:port (default 127.0.0.1:9477)")
     d.set_defaults(func=_demo)
@@ -43,8 +44,10 @@ def register(sub: Any) -> None:
 
 
 def _check(args: argparse.Namespace) -> int:
-    cfg = load(args.file, env={})
-    print(f"{args.file}: ok ({len(cfg.workloads)} workloads, gpu.backend={cfg.gpu.backend})")
+    cfg = load(args.file)  # with the environment overrides `run` applies
+    env = [var for var in ENV_OVERRIDES if os.environ.get(var)]
+    print(f"{args.file}: ok ({len(cfg.workloads)} workloads, gpu.backend={cfg.gpu.backend}"
+          f"{', with ' + ', '.join(env) + ' from the environment' if env else ''})")
     return 0
 
 
@@ -104,7 +107,7 @@ def serve(cfg: Config, *, duration: float | None = None, reload: Callable[[], Co
     host, port = cfg.listen_addr
     server = Server(create_app(daemon), host, port)
     server.start()
-    base = f"http://{host}:{server.port}"
+    base = f"http://{f'[{host}]' if ':' in host else host}:{server.port}"  # an IPv6 address in brackets
     print(f"sits-observe {'demo' if demo else 'daemon'} serving {base}/metrics  API {base}/api/v1/status  "
           f"UI {base}/", file=sys.stderr, flush=True)
     if demo:

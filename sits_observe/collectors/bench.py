@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
+from ..argtypes import POSITIVE_INT
 from ..errors import ConfigError
 from ..frame import GPU_FIELD_INDEX, Frame
 from ..topology import preset
@@ -46,12 +47,12 @@ _UNMAPPED = ("DCGM_FI_DEV_MEMORY_TEMP", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--samples", type=int, default=200, help="NVML samples of the 8-GPU fake host to time")
-    p.add_argument("--processes", type=int, default=4, help="compute processes per GPU on the fake host")
-    p.add_argument("--dcgm-gpus", type=int, default=64)
-    p.add_argument("--pages", type=int, default=30, help="dcgm-exporter pages to time")
-    p.add_argument("--host-cpus", type=int, default=256, help="CPUs of the written large host (8 NUMA nodes)")
-    p.add_argument("--host-ticks", type=int, default=500, help="host-source ticks to time")
+    p.add_argument("--samples", type=POSITIVE_INT, default=200, help="NVML samples of the 8-GPU fake host to time")
+    p.add_argument("--processes", type=POSITIVE_INT, default=4, help="compute processes per GPU on the fake host")
+    p.add_argument("--dcgm-gpus", type=POSITIVE_INT, default=64)
+    p.add_argument("--pages", type=POSITIVE_INT, default=30, help="dcgm-exporter pages to time")
+    p.add_argument("--host-cpus", type=POSITIVE_INT, default=256, help="CPUs of the written large host (8 NUMA nodes)")
+    p.add_argument("--host-ticks", type=POSITIVE_INT, default=500, help="host-source ticks to time")
 
 
 def _load_fake() -> Any:

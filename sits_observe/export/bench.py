@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
 
+from ..argtypes import NON_NEGATIVE_INT, POSITIVE_FLOAT, POSITIVE_INT
 from ..config import parse
 from ..daemon import Daemon, WallClock
 from ..frame import GPU_FIELD_INDEX, GPU_FIELDS, STAGES, BucketLayout, Frame, GpuFrame, GpuInfo
@@ -27,13 +28,13 @@ EXTRA_STAGES = ("ttft", "tpot", "network")  # 14 vocabulary stages + 3 = 17, as 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--gpus", type=int, nargs="+", default=[8, 64])
-    p.add_argument("--workloads", type=int, default=8)
-    p.add_argument("--events-per-second", type=float, default=None,
+    p.add_argument("--gpus", type=POSITIVE_INT, nargs="+", default=[8, 64])
+    p.add_argument("--workloads", type=POSITIVE_INT, default=8)
+    p.add_argument("--events-per-second", type=POSITIVE_FLOAT, default=None,
                    help="latency events per tick over all series (default: the demo's rate, measured on the simulator)")
-    p.add_argument("--ticks", type=int, default=200)
-    p.add_argument("--scrapes", type=int, default=20)
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--ticks", type=POSITIVE_INT, default=200)
+    p.add_argument("--scrapes", type=POSITIVE_INT, default=20)
+    p.add_argument("--seed", type=NON_NEGATIVE_INT, default=1)
 
 
 class _ReplaySource:

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..argtypes import POSITIVE_INT
 from . import dataset
 from .baselines import ThresholdBaseline, TreeBaseline, summaries
 from .evaluate import fit_windows
@@ -36,9 +37,9 @@ TARGETS = {"train_seconds": 600.0, "inference_ms": 5.0, "model_bytes": 5 * 2**20
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", help="training dataset directory (default: generate the shipped model's)")
     p.add_argument("--quick", action="store_true", help="2 x 0.5 h generated data, 2 epochs (smoke run)")
-    p.add_argument("--epochs", type=int, help="override the training epochs")
-    p.add_argument("--samples", type=int, default=300, help="windows timed one by one")
-    p.add_argument("--threads", type=int, default=2, help="CPU threads for training and inference")
+    p.add_argument("--epochs", type=POSITIVE_INT, help="override the training epochs")
+    p.add_argument("--samples", type=POSITIVE_INT, default=300, help="windows timed one by one")
+    p.add_argument("--threads", type=POSITIVE_INT, default=2, help="CPU threads for training and inference")
 
 
 def _ms(samples: list[float]) -> dict[str, float]:

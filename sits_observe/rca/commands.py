@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from ..argtypes import FRACTION, NON_NEGATIVE_INT, POSITIVE_INT, PROBABILITY, float_in, int_at_least
+from ..errors import ConfigError, ModelError
 from .config import SHIPPED_MODEL
 
 __all__ = ["register"]
+
+MAX_HOURS = 168.0  # rca dataset --hours, per entity: memory and run time grow with hours x entities
 
 
 def _pair(text: str) -> tuple[int, int]:
@@ -48,18 +55,45 @@ def _rates(text: str) -> tuple[float, ...]:
     return out
 
 
+def _check_out(path: Path, *, directory: bool) -> None:
+    """Refuse an output path that cannot be written before any long work starts: a directory where a file
+    is wanted or the reverse, a parent that is a file, a directory we may not write in."""
+    if path.is_dir() and not directory:
+        raise ConfigError(f"--out: {path} is a directory; give a file path such as {path / SHIPPED_MODEL.name}")
+    if path.exists() and not path.is_dir() and directory:
+        raise ConfigError(f"--out: {path} is a file; give a directory (it is created if missing)")
+    parent = path if path.is_dir() else path.parent
+    while not parent.exists():  # missing directories are created: the first existing one must take them
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"--out: {parent} is not a directory; choose an --out path inside a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"--out: cannot write in {parent} (permission denied); choose another --out path")
+
+
+@contextmanager
+def _named_by_user() -> Iterator[None]:
+    """A ModelError about a file named on this command line is the user's mistake: a usage error (exit 2).
+    (The daemon, loading its model from config, logs the same error and runs on without classification.)"""
+    try:
+        yield
+    except ModelError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
 def register(sub: Any) -> None:
     rca = sub.add_parser("rca", help="root-cause classifier: generate data, train, evaluate")
     cmds = rca.add_subparsers(dest="rca_command", required=True)
 
     d = cmds.add_parser("dataset", help="simulate a host with random faults; write metrics.csv + labels.csv")
     d.add_argument("--out", required=True, help="dataset directory to write")
-    d.add_argument("--seed", type=int, default=1)
-    d.add_argument("--hours", type=float, default=2.0, help="simulated hours per entity")
+    d.add_argument("--seed", type=NON_NEGATIVE_INT, default=1)
+    d.add_argument("--hours", type=float_in(0.0, MAX_HOURS, low_open=True), default=2.0,
+                   help=f"simulated hours per entity (at most {MAX_HOURS:g}; add --entities for more data)")
     d.add_argument("--topology", default="nvswitch-8", help="nvswitch-8 or pcie-8")
     d.add_argument("--trace", choices=("conv", "code"), default="conv", help="Azure LLM trace to replay")
     d.add_argument("--severity", type=_range, default=(0.5, 1.0), help="fault severity range LOW,HIGH")
-    d.add_argument("--entities", type=int, default=1, help="independent simulated hosts (seeds seed*100+k)")
+    d.add_argument("--entities", type=POSITIVE_INT, default=1, help="independent simulated hosts (seeds seed*100+k)")
     d.add_argument("--rates", type=_rates, default=(1.0,), help="request-rate multipliers, one per entity in turn")
     d.add_argument("--bursty", action="store_true", help="switch each entity's arrivals off and on by the minute")
     d.add_argument("--vary", action="store_true",
@@ -69,35 +103,37 @@ def register(sub: Any) -> None:
     t = cmds.add_parser("train", help="train the LSTM on a dataset directory")
     t.add_argument("--dataset", required=True, help="dataset directory (metrics.csv, labels.csv)")
     t.add_argument("--out", default=str(SHIPPED_MODEL), help="model file to write")
-    t.add_argument("--window", type=int, help="steps per window (default 64)")
-    t.add_argument("--epochs", type=int, help="epochs (default 12); without averaging, early stopping may end sooner")
+    t.add_argument("--window", type=int_at_least(2), help="steps per window (default 64)")
+    t.add_argument("--epochs", type=POSITIVE_INT,
+                   help="epochs (default 12); without averaging, early stopping may end sooner")
     t.add_argument("--hidden", type=_pair, help="LSTM hidden sizes H1,H2 (default 96,48)")
-    t.add_argument("--dropout", type=float, help="dropout between layers and before the head (default 0.3)")
-    t.add_argument("--summary", type=int,
+    t.add_argument("--dropout", type=FRACTION, help="dropout between layers and before the head (default 0.3)")
+    t.add_argument("--summary", type=NON_NEGATIVE_INT,
                    help="width of the window-statistics layer beside the LSTMs (default 64); 0 = none")
-    t.add_argument("--level-dropout", type=float,
+    t.add_argument("--level-dropout", type=FRACTION,
                    help="share of training windows whose level inputs are hidden (default 0.5)")
-    t.add_argument("--optional-dropout", type=float,
+    t.add_argument("--optional-dropout", type=FRACTION,
                    help="share of training windows in which each group of the features not every host has (NVML "
                         "per-process fields; servers' backlogs) is marked missing (default 0.25)")
     t.add_argument("--request-causes", type=_names,
                    help="causes that act on requests: their windows with no request in flight are left out of "
                         "training (default network_ingress,scheduler_stall,gpu_memory_pressure; '' = none)")
-    t.add_argument("--average-from", type=int,
+    t.add_argument("--average-from", type=NON_NEGATIVE_INT,
                    help="average the weights of this epoch to the last (default 4); 0 = early stopping instead")
-    t.add_argument("--stride", type=int, help="train on every N-th window (default 8)")
-    t.add_argument("--batch", type=int, help="windows per optimizer step (default 256)")
-    t.add_argument("--margin", type=int, help="steps after a label edge left out as transition (default 10)")
-    t.add_argument("--seed", type=int, help="random seed (default 0)")
-    t.add_argument("--threads", type=int, help="CPU threads for torch (default 2)")
+    t.add_argument("--stride", type=POSITIVE_INT, help="train on every N-th window (default 8)")
+    t.add_argument("--batch", type=POSITIVE_INT, help="windows per optimizer step (default 256)")
+    t.add_argument("--margin", type=NON_NEGATIVE_INT,
+                   help="steps after a label edge left out as transition (default 10)")
+    t.add_argument("--seed", type=NON_NEGATIVE_INT, help="random seed (default 0)")
+    t.add_argument("--threads", type=POSITIVE_INT, help="CPU threads for torch (default 2)")
     t.set_defaults(func=_train)
 
     e = cmds.add_parser("eval", help="score the model and two baselines on a dataset")
     e.add_argument("--model", default=str(SHIPPED_MODEL), help="model file")
     e.add_argument("--dataset", required=True, help="test dataset directory")
     e.add_argument("--train", help="dataset to fit the baselines on (default: the model's training data)")
-    e.add_argument("--min-confidence", type=float, default=0.6, help="below this a verdict is `unknown`")
-    e.add_argument("--threads", type=int, default=2)
+    e.add_argument("--min-confidence", type=PROBABILITY, default=0.6, help="below this a verdict is `unknown`")
+    e.add_argument("--threads", type=POSITIVE_INT, default=2)
     e.add_argument("--json", action="store_true", help="print one JSON object")
     e.set_defaults(func=_eval)
 
@@ -109,8 +145,7 @@ def _dataset(args: argparse.Namespace) -> int:
 
     logging.getLogger("sits_observe.sim").setLevel(logging.WARNING)  # fault start/end lines per entity
 
-    if args.hours <= 0 or args.entities < 1:
-        raise ConfigError(f"--hours and --entities must be positive, got {args.hours} and {args.entities}")
+    _check_out(Path(args.out), directory=True)
     opts = GenOptions(seed=args.seed, hours=args.hours, topology=args.topology, trace=args.trace,
                       severity=args.severity, entities=args.entities, rates=args.rates, bursty=args.bursty,
                       vary=args.vary)
@@ -131,16 +166,14 @@ def _train(args: argparse.Namespace) -> int:
     names = ("window", "epochs", "hidden", "dropout", "summary", "level_dropout", "optional_dropout", "average_from",
              "stride", "batch", "margin", "seed", "threads", "request_causes")
     given = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
-    for name in ("window", "epochs", "stride", "batch", "threads"):
-        if given.get(name, 1) < 1:
-            raise ConfigError(f"--{name}: must be at least 1, got {given[name]}")
-    for name in ("dropout", "level_dropout", "optional_dropout"):
-        if not 0 <= given.get(name, 0) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')}: must be in [0, 1), got {given[name]}")
-    for name in ("margin", "average_from", "summary"):
-        if given.get(name, 0) < 0:
-            raise ConfigError(f"--{name.replace('_', '-')}: must be at least 0, got {given[name]}")
+    _check_out(Path(args.out), directory=False)
     ds = dataset.read(args.dataset)
+    unknown = [c for c in given.get("request_causes", ()) if c not in ds.classes()]
+    if unknown:
+        raise ConfigError(f"--request-causes: {', '.join(map(repr, unknown))} "
+                          f"{'are not causes' if len(unknown) > 1 else 'is not a cause'} in "
+                          f"{Path(args.dataset) / dataset.LABELS} (it has {', '.join(ds.classes()[1:]) or 'none'}); "
+                          "name causes from it, or '' for none")
     opts = replace(TrainOptions(), **given)
     cols = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             TextColumn("{task.fields[info]}")]
@@ -180,11 +213,10 @@ def _eval(args: argparse.Namespace) -> int:
     from .evaluate import evaluate, load_train, render
     from .model import RcaModel
 
-    if not 0 <= args.min_confidence <= 1:
-        raise ConfigError(f"--min-confidence: must be in [0, 1], got {args.min_confidence}")
-    model = RcaModel.load(args.model)
-    test = dataset.read(args.dataset)
-    model.columns(test.features, source=str(args.dataset))  # fail on missing features before fitting baselines
+    with _named_by_user():
+        model = RcaModel.load(args.model)
+        test = dataset.read(args.dataset)
+        model.columns(test.features, source=str(args.dataset))  # fail on missing features before fitting baselines
     report = evaluate(model, test, load_train(model, args.train), args.min_confidence, threads=args.threads)
     report["model"] = args.model
     if args.json:

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import ConfigError
+from .csvfile import numeric, read_csv, require
 from .verdict import HEALTHY, UNKNOWN
 
 __all__ = [
@@ -42,8 +43,9 @@ __all__ = [
 ]
 
 METRICS = "metrics.csv"
-FLOAT32_MAX = float(np.finfo(np.float32).max)  # values are kept as float32
 LABELS = "labels.csv"
+_HINT = f"a dataset directory holds {METRICS} and {LABELS}"
+_ENTITY = "every row names the host (or other series) it belongs to"
 
 
 def fill_forward(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -206,47 +208,31 @@ class Dataset:
         )
 
 
-def _numeric(df: pd.DataFrame, cols: Sequence[str], path: Path) -> np.ndarray:
-    out = np.empty((len(df), len(cols)), dtype=np.float64)
-    for j, col in enumerate(cols):
-        conv = pd.to_numeric(df[col], errors="coerce")
-        values = conv.to_numpy(dtype=np.float64, na_value=np.nan)
-        bad = (conv.isna() & df[col].notna() & (df[col].astype(str).str.strip() != "")).to_numpy().copy()
-        bad |= np.isinf(values) | (np.abs(np.nan_to_num(values)) > FLOAT32_MAX)  # inf, or beyond float32
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            raise ConfigError(f"{path}: line {i + 2}: column {col!r}: not a finite number, got "
-                              f"{str(df[col].iloc[i])[:40]!r}; leave the cell empty where there is no value")
-        out[:, j] = values
-    return out
-
-
-def _read_csv(path: Path) -> pd.DataFrame:
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such file; a dataset directory holds {METRICS} and {LABELS}")
-    try:
-        return pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""])
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: not a readable CSV file: {exc}") from None
-
-
-def _labels(path: Path) -> list[Label]:
-    df = _read_csv(path)
+def _labels(path: Path, entities: Sequence[str]) -> list[Label]:
+    """The labels of ``path``; each must name one of ``entities`` (those in metrics.csv)."""
+    df = read_csv(path, _HINT)
     missing = [c for c in ("entity", "start", "end", "cause") if c not in df.columns]
     if missing:
         raise ConfigError(f"{path}: missing column(s) {', '.join(missing)}; expected entity,start,end,cause")
-    se = _numeric(df, ["start", "end"], path)
+    require(df["entity"], path, "entity", _ENTITY)
+    se = numeric(df, ["start", "end"], path)
+    known = set(entities)
     out = []
     for i, (ent, cause) in enumerate(zip(df["entity"], df["cause"])):
-        start, end = se[i]
+        start, end = (float(x) for x in se[i])
+        if ent not in known:
+            some = ", ".join(map(repr, entities[:3])) + (", ..." if len(entities) > 3 else "")
+            raise ConfigError(f"{path}: line {i + 2}: entity {ent!r} is not in {METRICS} (it has {some}); "
+                              "correct the name or remove the row")
         if not np.isfinite(start) or not np.isfinite(end) or end <= start:
-            raise ConfigError(f"{path}: line {i + 2}: start must be before end, got {start!r}..{end!r}")
+            raise ConfigError(f"{path}: line {i + 2}: start must be before end, got {start!r}..{end!r}; "
+                              "a label covers start <= t < end in unix seconds")
         if not isinstance(cause, str) or not cause.strip():
             raise ConfigError(f"{path}: line {i + 2}: cause is empty")
         if cause.strip() == UNKNOWN:
             raise ConfigError(f"{path}: line {i + 2}: cause {UNKNOWN!r} is reserved for the model's abstention; "
                               "name the cause, or leave the time unlabeled (healthy) or out of the dataset")
-        out.append(Label(str(ent), float(start), float(end), cause.strip()))
+        out.append(Label(str(ent), start, end, cause.strip()))
     return out
 
 
@@ -254,16 +240,17 @@ def read(directory: str | Path) -> Dataset:
     """Read a dataset directory; bad files raise ConfigError naming the file, line, column and value."""
     d = Path(directory)
     path = d / METRICS
-    df = _read_csv(path)
+    df = read_csv(path, _HINT)
     if list(df.columns[:2]) != ["timestamp", "entity"] or len(df.columns) < 3:
         raise ConfigError(f"{path}: header must be timestamp,entity,<feature>..., got {','.join(df.columns[:3])}")
     features = tuple(df.columns[2:])
-    ts = _numeric(df, ["timestamp"], path)[:, 0]
+    ts = numeric(df, ["timestamp"], path)[:, 0]
     if np.isnan(ts).any():
         i = int(np.flatnonzero(np.isnan(ts))[0])
         raise ConfigError(f"{path}: line {i + 2}: timestamp is empty")
-    vals = _numeric(df, features, path).astype(np.float32)
-    ents = df["entity"].fillna("").astype(str).to_numpy()
+    vals = numeric(df, features, path).astype(np.float32)
+    require(df["entity"], path, "entity", _ENTITY)
+    ents = df["entity"].astype(str).to_numpy()
     diffs = [np.diff(np.unique(ts[ents == e])) for e in pd.unique(ents)]
     diffs = np.concatenate(diffs) if diffs else np.zeros(0)
     if not diffs.size:
@@ -283,7 +270,7 @@ def read(directory: str | Path) -> Dataset:
         grid = np.full((int(idx.max()) + 1, len(features)), np.nan, dtype=np.float32)
         grid[idx] = vals[sel]  # duplicate steps: the later row wins
         entities.append(Entity(str(name), t0, grid))
-    labels = _labels(d / LABELS)
+    labels = _labels(d / LABELS, [e.name for e in entities])
     return Dataset(features, step, entities, labels, str(d))
 
 

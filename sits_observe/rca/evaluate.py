@@ -117,8 +117,10 @@ def load_train(model: RcaModel, given: str | None) -> Dataset:
     """The dataset baselines are fitted on: ``given``, else the path recorded in the model file."""
     path = given or model.training.get("dataset")
     if not path or not Path(path).is_dir():
-        raise ConfigError(f"--train: the baselines need the training dataset; the model records {path!r}, "
-                          "which is not a directory here; pass --train DIR")
+        where = (f"{path!r} is not a dataset directory" if given
+                 else f"the model records its training data at {path!r}, which is not a directory here")
+        raise ConfigError(f"--train: {where}; the baselines are fitted on the model's training dataset: "
+                          "pass --train DIR")
     return dsmod.read(path)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -195,14 +196,21 @@ class RcaModel:
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
         tmp = p.with_name(p.name + ".tmp")
-        torch.save({"meta": meta, "state": self.net.state_dict()}, tmp)
-        tmp.replace(p)
+        try:
+            torch.save({"meta": meta, "state": self.net.state_dict()}, tmp)
+            tmp.replace(p)
+        except BaseException:  # a full disk, an interrupt: leave no half-written file behind
+            with suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            raise
 
     @classmethod
     def load(cls, path: str | Path) -> RcaModel:
         """Load a model file; a missing, truncated, corrupt or foreign file raises ModelError."""
         p = Path(path)
         hint = "retrain with `sits-observe rca train` or restore models/rca-lstm.pt"
+        if p.is_dir():
+            raise ModelError(f"{p}: is a directory, not a model file; {hint}")
         if not p.is_file():
             raise ModelError(f"{p}: no such model file; {hint}")
         try:

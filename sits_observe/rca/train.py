@@ -24,6 +24,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -31,7 +32,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
-from .dataset import DEFAULT_BASELINE, Baseline, Dataset, Windows
+from .dataset import DEFAULT_BASELINE, LABELS, Baseline, Dataset, Windows
 from .features import OPTIONAL_GROUPS
 from .metrics import expected_calibration_error, scores
 from .model import Normalizer, RcaModel, encode
@@ -136,6 +137,12 @@ def train(ds: Dataset, opts: TrainOptions = TrainOptions(), progress: Progress |
         raise ConfigError(f"{ds.path or 'dataset'}: too little data for window {opts.window}: "
                           f"{int(tr.sum())} training and {int(va.sum())} validation windows; "
                           "use a longer dataset or a shorter --window")
+    seen = sorted(set(win.y[tr]))
+    if len(seen) < 2:
+        where = Path(ds.path or "dataset") / LABELS
+        what = f"every training window is {seen[0]!r}" if ds.labels else "no labels: every training window is 'healthy'"
+        raise ConfigError(f"{where}: {what}; a classifier needs at least two classes: label the faulty stretches "
+                          "(entity,start,end,cause) and leave healthy time unlabeled")
     train_w, val_w = win.subset(tr), win.subset(va)
     cidx = {c: i for i, c in enumerate(classes)}
     y_tr = np.array([cidx[c] for c in train_w.y])

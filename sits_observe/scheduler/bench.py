@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ..argtypes import NON_NEGATIVE_INT, POSITIVE_INT
 from ..errors import ConfigError
 from ..topology import preset
 from .config import STRATEGIES
@@ -27,11 +28,12 @@ TARGET_P99_MS = {64: 10.0, 1024: 100.0}
 
 
 def add_arguments_scheduler(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--gpus", type=int, nargs="+", default=[8, 64, 1024], help="multiples of 8")
-    p.add_argument("--shards", type=int, default=100)
+    p.add_argument("--gpus", type=POSITIVE_INT, nargs="+", default=[8, 64, 1024], help="multiples of 8")
+    p.add_argument("--shards", type=POSITIVE_INT, default=100)
     p.add_argument("--strategy", default="topology-aware", choices=sorted(STRATEGIES))
-    p.add_argument("--exact-cap", type=int, default=700_000, help="largest candidate count searched exhaustively")
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--exact-cap", type=POSITIVE_INT, default=700_000,
+                   help="largest candidate count searched exhaustively")
+    p.add_argument("--seed", type=NON_NEGATIVE_INT, default=1)
 
 
 def _shards(n: int, count: int, rng: np.random.Generator) -> list[Request]:

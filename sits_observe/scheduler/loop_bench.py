@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from ..argtypes import NON_NEGATIVE_FLOAT, NON_NEGATIVE_INT, POSITIVE_FLOAT, float_in
 from ..config import DEFAULT_BUCKETS, SimConfig, StoreConfig
 from ..errors import ConfigError, ModelError, SchedulerError
 from ..frame import GPU_FIELD_INDEX, BucketLayout, Frame
@@ -49,13 +50,15 @@ NAIVE = ScoreWeights(comm=0, memory=0, load=1, balance=0, numa=0)
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scenario", default="mixed")
     p.add_argument("--topology", default="nvswitch-8", choices=["nvswitch-8", "pcie-8"])
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seed", type=NON_NEGATIVE_INT, default=1)
     p.add_argument("--verdicts", choices=["auto", "model", "oracle"], default="auto",
                    help="auto: the trained model if it exists, else the oracle")
     p.add_argument("--model", default=None, help="RCA model file (default: the shipped models/rca-lstm.pt)")
-    p.add_argument("--threshold", type=float, default=30.0, help="SLO: e2e latency threshold, seconds")
-    p.add_argument("--objective", type=float, default=0.95, help="SLO: share of requests within the threshold")
-    p.add_argument("--cooldown", type=float, default=300.0)
+    p.add_argument("--threshold", type=POSITIVE_FLOAT, default=30.0, help="SLO: e2e latency threshold, seconds")
+    p.add_argument("--objective", type=float_in(0.0, 1.0, low_open=True, high_open=True), default=0.95,
+                   help="SLO: share of requests within the threshold")
+    p.add_argument("--cooldown", type=NON_NEGATIVE_FLOAT, default=300.0,
+                   help="seconds between two re-shards of one shard (default 300)")
     p.add_argument("--decisions", action="store_true", help="add the full loop's decision log to the output")
     p.add_argument("--page", type=_page_windows, default=(60, 15), metavar="LONG,SHORT",
                    help="the SLOs' page windows (default 1m,15s); the burn-rate thresholds stay 2.4x (e2e) "

@@ -28,6 +28,7 @@ import numpy as np
 from ..alerting.config import AlertingConfig
 from ..alerting.formats import Alert, render
 from ..alerting.sender import Dispatcher
+from ..argtypes import POSITIVE_FLOAT, POSITIVE_INT
 from ..config import Config, parse
 from ..frame import STAGES, BucketLayout, Frame
 from .evaluate import SloEngine
@@ -40,11 +41,13 @@ WORKLOADS = ("chat", "code", "batch", "embed")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--slos", type=int, default=100, help="SLOs evaluated per tick (default 100)")
-    parser.add_argument("--ticks", type=int, default=600, help="ticks measured (default 600)")
-    parser.add_argument("--baseline-history", type=float, default=6.0, help="hours of raw history for the baseline")
-    parser.add_argument("--baseline-ticks", type=int, default=30, help="ticks measured for the (slow) baseline")
-    parser.add_argument("--deliveries", type=int, default=2000, help="alerts delivered per outbox run")
+    parser.add_argument("--slos", type=POSITIVE_INT, default=100, help="SLOs evaluated per tick (default 100)")
+    parser.add_argument("--ticks", type=POSITIVE_INT, default=600, help="ticks measured (default 600)")
+    parser.add_argument("--baseline-history", type=POSITIVE_FLOAT, default=6.0,
+                        help="hours of raw history for the baseline")
+    parser.add_argument("--baseline-ticks", type=POSITIVE_INT, default=30,
+                        help="ticks measured for the (slow) baseline")
+    parser.add_argument("--deliveries", type=POSITIVE_INT, default=2000, help="alerts delivered per outbox run")
 
 
 def _config(n: int, state_dir: str) -> Config:

@@ -90,6 +90,16 @@ def test_margin_leaves_out_transitions_and_mostly_missing_windows(synth: Callabl
     ("timestamp,entity,a\n1,x,1\n2,x,2\n3,x,3\n50000000000,x,4\n", "entity,start,end,cause\n",
      "line 5: entity 'x': timestamp 50000000000.0 is"),
     ("timestamp,entity,a\n1,x,1\n2,x,2\n", "entity,start,end,cause\nx,1,2,unknown\n", "cause 'unknown' is reserved"),
+    ("timestamp,entity,a\n1,x,1\n2,x,2\n", "entity,start,end,cause\nx,5.5,3,hot\n", "got 5.5..3.0; "),
+    ("timestamp,entity,a,b,a\n1,x,1,2,3\n2,x,2,3,4\n", "entity,start,end,cause\n",
+     "metrics.csv: line 1: column 'a' appears more than once"),
+    ("timestamp,entity,a,b\n1,x,1,2\n2,x,2\n3,x,3,4\n", "entity,start,end,cause\n",
+     "metrics.csv: line 3: 3 fields, expected 4"),
+    ("timestamp,entity,a,b\n1,x,1,2\n2,x,2,3,4\n", "entity,start,end,cause\n", "metrics.csv: line 3: 5 fields"),
+    ("timestamp,entity,a\n1,x,1\n2,,2\n", "entity,start,end,cause\n", "metrics.csv: line 3: entity is empty"),
+    ("timestamp,entity,a\n1,x,1\n2,x,2\n", "entity,start,end,cause\n,1,2,hot\n", "labels.csv: line 2: entity is empty"),
+    ("timestamp,entity,a\n1,x,1\n2,x,2\n", "entity,start,end,cause\nx,1,2,hot\nhost9,1,2,hot\n",
+     "labels.csv: line 3: entity 'host9' is not in metrics.csv"),
 ])
 def test_bad_files_name_file_line_and_value(tmp_path: Path, metrics: str, labels: str, needle: str) -> None:
     (tmp_path / "metrics.csv").write_text(metrics)
@@ -102,6 +112,9 @@ def test_bad_files_name_file_line_and_value(tmp_path: Path, metrics: str, labels
 def test_missing_directory_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no such file"):
         dataset.read(tmp_path / "nowhere")
+    (tmp_path / "metrics.csv").mkdir()
+    with pytest.raises(ConfigError, match="metrics.csv: is a directory, not a CSV file"):
+        dataset.read(tmp_path)
 
 
 def test_after_fault_marks_the_healthy_windows_that_still_hold_an_ended_fault() -> None:

@@ -111,13 +111,15 @@ def test_the_model_is_the_mean_of_the_averaged_epochs_weights(monkeypatch: pytes
 
 
 @pytest.mark.parametrize(("option", "value", "needle"), [
-    ("--level-dropout", "1.5", "--level-dropout: must be in [0, 1), got 1.5"),
-    ("--optional-dropout", "-0.1", "--optional-dropout: must be in [0, 1), got -0.1"),
-    ("--average-from", "-1", "--average-from: must be at least 0, got -1"),
+    ("--level-dropout", "1.5", "argument --level-dropout: must be a number in [0, 1), got '1.5'"),
+    ("--optional-dropout", "-0.1", "argument --optional-dropout: must be a number in [0, 1), got '-0.1'"),
+    ("--average-from", "-1", "argument --average-from: must be an integer >= 0, got '-1'"),
 ])
 def test_bad_regularizer_options_are_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str,
                                                   value: str, needle: str) -> None:
-    assert main(["rca", "train", "--dataset", str(tmp_path), option, value]) == 2
+    with pytest.raises(SystemExit) as stop:  # refused while parsing the command line
+        main(["rca", "train", "--dataset", str(tmp_path), option, value])
+    assert stop.value.code == 2
     err = capsys.readouterr().err
     assert needle in err and "Traceback" not in err
 

@@ -1,0 +1,120 @@
+"""``rca dataset|train|eval`` as a user meets them: a bad file or path named on the command line is one error
+line and exit 2, found before any long work starts, and leaves nothing half-written behind."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from sits_observe.cli import main
+from sits_observe.rca import dataset
+from sits_observe.rca.dataset import Dataset
+from sits_observe.rca.model import RcaModel
+
+TRAIN = ["--window", "16", "--hidden", "8,4", "--epochs", "1", "--batch", "64", "--stride", "4", "--threads", "1"]
+
+
+def _usage_error(argv: list[str], capsys: pytest.CaptureFixture[str], *needles: str) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith("sits-observe: error:")]
+    assert len(lines) == 1, err
+    for needle in needles:
+        assert needle in lines[0], err
+    return lines[0]
+
+
+@pytest.fixture(name="data")
+def data_fixture(tmp_path: Path, synth: Callable[..., Dataset]) -> Path:
+    d = tmp_path / "data"
+    dataset.write(d, synth(steps=1200))
+    return d
+
+
+@pytest.mark.parametrize(("make", "needle"), [
+    (lambda p: None, "no such model file"),
+    (lambda p: p.mkdir(), "is a directory, not a model file"),
+    (lambda p: p.write_bytes(b""), "truncated, corrupt"),
+    (lambda p: p.write_bytes(b"PK\x03\x04 half a zip"), "truncated, corrupt"),
+])
+def test_eval_with_a_bad_model_file_is_a_usage_error(tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str],
+                                                     make: Callable[[Path], None], needle: str) -> None:
+    model = tmp_path / "m.pt"
+    make(model)
+    _usage_error(["rca", "eval", "--model", str(model), "--dataset", str(data)], capsys, str(model), needle)
+
+
+def test_eval_on_a_dataset_without_the_models_features_is_a_usage_error(
+        tmp_path: Path, tiny_model: RcaModel, synth: Callable[..., Dataset],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    model = tmp_path / "m.pt"
+    tiny_model.save(model)
+    short = tmp_path / "short"
+    dataset.write(short, synth(steps=300, features=tiny_model.features[:3]))
+    _usage_error(["rca", "eval", "--model", str(model), "--dataset", str(short)], capsys,
+                 f"{short} lacks 1 of the model's 4 features: stage.e2e.p99")
+
+
+def test_eval_without_the_training_data_says_where_the_model_looked(
+        tmp_path: Path, tiny_model: RcaModel, data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = tmp_path / "m.pt"
+    tiny_model.save(model)
+    _usage_error(["rca", "eval", "--model", str(model), "--dataset", str(data), "--train", "/nonexistent"], capsys,
+                 "--train: '/nonexistent' is not a dataset directory")
+
+
+def test_train_checks_out_before_training_and_leaves_no_tmp_file(tmp_path: Path, data: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "outdir"
+    out.mkdir()
+    _usage_error(["rca", "train", "--dataset", str(data), "--out", str(out), *TRAIN], capsys,
+                 f"--out: {out} is a directory")
+    blocker = tmp_path / "afile"
+    blocker.write_text("x")
+    _usage_error(["rca", "train", "--dataset", str(data), "--out", str(blocker / "m.pt"), *TRAIN], capsys,
+                 f"--out: {blocker} is not a directory")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "data", "outdir"] and not any(out.iterdir())
+
+
+def test_a_failed_save_removes_its_tmp_file(tmp_path: Path, tiny_model: RcaModel,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    def half_written(obj: object, f: Path) -> None:
+        Path(f).write_bytes(b"half")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", half_written)
+    with pytest.raises(OSError):
+        tiny_model.save(tmp_path / "m.pt")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_dataset_out_must_be_a_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "afile"
+    out.write_text("keep me")
+    _usage_error(["rca", "dataset", "--out", str(out), "--hours", "0.01"], capsys,
+                 f"--out: {out} is a file; give a directory")
+    assert out.read_text() == "keep me"
+
+
+@pytest.mark.parametrize(("labels", "needle"), [
+    ("entity,start,end,cause\n", "labels.csv: no labels: every training window is 'healthy'"),
+    ("entity,start,end,cause\nhost0,0,99999,hot\nhost1,0,99999,hot\n",
+     "labels.csv: every training window is 'hot'"),
+])
+def test_train_refuses_a_dataset_with_one_class(data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                labels: str, needle: str) -> None:
+    (data / "labels.csv").write_text(labels)
+    _usage_error(["rca", "train", "--dataset", str(data), "--out", str(tmp_path / "m.pt"), *TRAIN], capsys,
+                 needle, "at least two classes")
+    assert not (tmp_path / "m.pt").exists()
+
+
+def test_train_refuses_request_causes_not_in_the_dataset(data: Path, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    _usage_error(["rca", "train", "--dataset", str(data), "--out", str(tmp_path / "m.pt"), "--request-causes",
+                  "cpu_contention,foo,bar", *TRAIN], capsys, "--request-causes: 'foo', 'bar' are not causes in")
