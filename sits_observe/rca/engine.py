@@ -3,8 +3,8 @@
 A verdict is stored in the verdict log (SQLite under ``state_dir``), counted for export, added to the
 annotations of every firing SLO alert (``likely_cause``, ``confidence``, ``rca_verdict``) through the SLO
 engine's ``annotate(slo_name, annotations)``, and handed to the scheduler's ``on_verdict``.  A missing
-or corrupt model, or a store that lacks the model's features, is logged once and RCA stays off; the
-daemon runs on without it.
+or corrupt model, a store that lacks the model's features, or a store ring shorter than the model's
+window, is logged once and RCA stays off; the daemon runs on without it.
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ class RcaEngine:
     def _load(self) -> None:
         path = self.cfg.model_path()
         self._base, self._base_tick = None, -1  # a baseline belongs to the model's features
+        self._proba = {}  # the previous model's probabilities (its classes) are not this one's
         self._loaded = _file_stamp(path)
         try:
             import torch
@@ -75,6 +76,7 @@ class RcaEngine:
     def _disable(self, why: str) -> None:
         self.model = None
         self._base, self._base_tick = None, -1
+        self._proba = {}  # no classification now: no confidence series is exported as if it were current
         self.error = why
         log.warning("rca: root-cause classification is off: %s", why)
 
@@ -86,11 +88,17 @@ class RcaEngine:
         self.cfg = new
         if changed or self.model is None:
             self._load()
+        self.log.set_keep(new.keep_verdicts)  # last: a log that cannot be pruned now still gets the model
 
     # ---- per tick ------------------------------------------------------------------------------
 
     def on_tick(self, frame: Frame, store: SeriesStore) -> None:
         if self.model is None:
+            return
+        if store.history < self.model.window:  # the window would silently be cut to what the ring holds
+            self._disable(f"store.history is {store.history} ticks, shorter than the model's window of "
+                          f"{self.model.window} ticks; set store.history to at least {self.model.window} "
+                          f"(a restart applies it)")
             return
         self._ticks += 1
         burning = list(self.firing()) if self.firing is not None else []
@@ -104,6 +112,9 @@ class RcaEngine:
             base = self._baseline(store)
         except StoreError as exc:
             self._disable(f"the store cannot compute the model's features: {exc}")
+            return
+        seen = ~np.isnan(raw).all(axis=1)
+        if not seen[-1] or 2 * seen.sum() < len(seen):  # as in training: the last tick seen, at most half missing
             return
         verdict = self.classify(raw, base, frame.ts, "slo_burn" if burning else "periodic", store)
         self.record(verdict, burning)
@@ -143,15 +154,25 @@ class RcaEngine:
         return Verdict(cause, round(float(proba[k]), 4), ts, ex.gpus, ex.stages, ex.top_features, trigger)
 
     def record(self, v: Verdict, burning: Sequence[str] = ()) -> None:
-        """Store and count ``v``, annotate the ``burning`` SLOs' alerts, hand it to the scheduler."""
+        """Store and count ``v``, annotate the ``burning`` SLOs' alerts, hand it to the scheduler.
+
+        A verdict the log cannot store (a full disk, a locked or read-only ``rca.sqlite``) is still
+        served from memory, annotated and handed on; the write error is raised afterwards, so the daemon
+        logs it and counts it in ``sits_source_errors_total{source="rca"}``."""
         self._counts[v.cause] = self._counts.get(v.cause, 0) + 1
-        self.log.append(v)
+        try:
+            self.log.append(v)
+            failed: StoreError | None = None
+        except StoreError as exc:
+            failed = exc
         if self.annotate is not None:
             notes = {"likely_cause": v.cause, "confidence": f"{v.confidence:.2f}", "rca_verdict": v.id}
             for slo in burning:
                 self._call("annotate", lambda n, s=slo: self.annotate(s, n), notes)  # type: ignore[misc]
         if self.on_verdict is not None:
             self._call("on_verdict", self.on_verdict, v)
+        if failed is not None:
+            raise failed
 
     @staticmethod
     def _call(what: str, fn: Callable[[Any], Any], arg: Any) -> None:

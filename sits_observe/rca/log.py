@@ -27,18 +27,20 @@ CREATE TABLE IF NOT EXISTS verdicts (
 
 
 class VerdictLog:
-    """Append-only with a cap of ``keep`` rows; ``recent()`` answers from memory (thread-safe)."""
+    """Append-only with a cap of ``keep`` rows, held at open and after every append (so a daemon restarted
+    often, or given a smaller ``keep``, never lets the file grow past it); ``recent()`` answers from
+    memory (thread-safe)."""
 
     def __init__(self, path: Path, keep: int = 10000, memory: int = 200) -> None:
         self.path = path
         self.keep = keep
         self._lock = threading.Lock()
         self._recent: deque[Verdict] = deque(maxlen=memory)
-        self._since_prune = 0
         try:
             self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute(_SCHEMA)
+            self._prune()
             rows = self._db.execute("SELECT body FROM verdicts ORDER BY seq DESC LIMIT ?", (memory,)).fetchall()
         except sqlite3.Error as exc:
             raise StoreError(f"{path}: cannot open the verdict log: {exc}; check state_dir") from exc
@@ -51,13 +53,22 @@ class VerdictLog:
             try:
                 self._db.execute("INSERT INTO verdicts (id, ts, cause, confidence, body) VALUES (?, ?, ?, ?, ?)",
                                  (v.id, v.ts, v.cause, v.confidence, json.dumps(v.to_dict())))
-                self._since_prune += 1
-                if self._since_prune >= 100:
-                    self._since_prune = 0
-                    self._db.execute("DELETE FROM verdicts WHERE seq <= (SELECT MAX(seq) FROM verdicts) - ?",
-                                     (self.keep,))
+                self._prune()
             except sqlite3.Error as exc:
                 raise StoreError(f"{self.path}: cannot write a verdict: {exc}") from exc
+
+    def _prune(self) -> None:
+        """Keep the newest ``keep`` rows (an index range delete on the primary key: cheap per append)."""
+        self._db.execute("DELETE FROM verdicts WHERE seq <= (SELECT MAX(seq) FROM verdicts) - ?", (self.keep,))
+
+    def set_keep(self, keep: int) -> None:
+        """SIGHUP: a new ``rca.keep_verdicts``, applied at once."""
+        with self._lock:
+            self.keep = keep
+            try:
+                self._prune()
+            except sqlite3.Error as exc:
+                raise StoreError(f"{self.path}: cannot prune the verdict log: {exc}") from exc
 
     def recent(self, limit: int = 50) -> list[dict[str, Any]]:
         """The newest verdicts first."""

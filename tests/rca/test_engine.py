@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sqlite3
 from pathlib import Path
@@ -16,6 +17,7 @@ from sits_observe.export.http import create_app
 from sits_observe.frame import Frame, GpuFrame, GpuInfo
 from sits_observe.rca.config import RcaConfig
 from sits_observe.rca.engine import RcaEngine
+from sits_observe.rca.log import VerdictLog
 from sits_observe.rca.model import RcaModel
 from sits_observe.rca.verdict import Verdict
 
@@ -171,3 +173,109 @@ def test_sighup_brings_rca_back_once_the_model_file_is_fixed_or_retrained(tmp_pa
     path.write_bytes(path.read_bytes() + b"")  # rewritten: a retrained model takes over with its own baseline
     engine.reload(cfg)
     assert engine.model is not None and engine._base is None
+
+
+def test_the_verdict_log_holds_keep_verdicts_across_restarts_and_sighup(tmp_path: Path) -> None:
+    path = tmp_path / "rca.sqlite"
+    for restart in range(6):  # a daemon restarted more often than every 100 verdicts
+        log = VerdictLog(path, keep=10)
+        for i in range(8):
+            log.append(Verdict("healthy", 1.0, 1000.0 + 8 * restart + i))
+        assert log.count() <= 10
+        log.close()
+    log = VerdictLog(path, keep=10)
+    for i in range(150):  # one long run: never more than keep rows either
+        log.append(Verdict("healthy", 1.0, 2000.0 + i))
+        assert log.count() <= 10
+    assert [v["ts"] for v in log.recent(10)] == [2000.0 + i for i in range(149, 139, -1)]
+    log.close()
+    assert VerdictLog(path, keep=4).count() == 4  # a smaller keep holds from the next start
+
+
+def test_sighup_applies_a_smaller_keep_verdicts_at_once(tmp_path: Path, tiny_model: RcaModel) -> None:
+    path = tmp_path / "m.pt"
+    tiny_model.save(path)
+    engine = RcaEngine(RcaConfig(model=str(path), keep_verdicts=100), tmp_path)
+    for i in range(50):
+        engine.record(Verdict("healthy", 1.0, 1000.0 + i))
+    engine.reload(_config(tmp_path, path, every=5).model_copy(
+        update={"rca": RcaConfig(model=str(path), keep_verdicts=10)}))
+    assert engine.log.count() == 10
+
+
+def test_a_store_shorter_than_the_models_window_turns_rca_off(tmp_path: Path, tiny_model: RcaModel,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "m.pt"
+    dataclasses.replace(tiny_model, window=80).save(path)  # a model that needs 80 ticks per window
+    handed: list[Verdict] = []
+    with caplog.at_level(logging.WARNING, logger="sits_observe.rca"):
+        daemon, engine = _daemon(tmp_path, path, every=1, history=60, on_verdict=handed.append)
+        daemon.sources.append(HostSource(daemon.layout, hot_gpu=2))
+        for _ in range(100):  # the ring holds 60 ticks: a window of 80 cannot be read
+            daemon.tick()
+    assert handed == [] and engine.model is None and daemon.health["rca"].errors == 0
+    warned = [r.message for r in caplog.records if "root-cause classification is off" in r.message]
+    assert len(warned) == 1 and "store.history is 60 ticks" in warned[0] and "at least 80" in warned[0]
+    client = create_app(daemon, ui=False).test_client()
+    state = client.get("/api/v1/verdicts").get_json()
+    assert state["enabled"] is False and "store.history" in state["error"]
+    assert "sits_rca_model_loaded 0.0" in client.get("/metrics").data.decode()
+
+
+def test_a_window_mostly_without_data_is_not_classified(tmp_path: Path, tiny_model: RcaModel) -> None:
+    path = tmp_path / "m.pt"
+    tiny_model.save(path)
+    handed: list[Verdict] = []
+    daemon, engine = _daemon(tmp_path, path, every=1, on_verdict=handed.append)
+    for _ in range(3 * tiny_model.window):  # no source: nothing to classify, no verdict made up from nothing
+        daemon.tick()
+    assert handed == [] and engine.model is not None
+    daemon.sources.append(HostSource(daemon.layout))
+    for _ in range(tiny_model.window // 2 - 1):  # fewer than half of the window's ticks have data
+        daemon.tick()
+    assert handed == []
+    for _ in range(2):
+        daemon.tick()
+    assert len(handed) >= 1  # from the tick on which half the window has data, as training windows
+
+
+def test_confidence_series_go_when_rca_turns_off(tmp_path: Path, tiny_model: RcaModel) -> None:
+    path = tmp_path / "m.pt"
+    tiny_model.save(path)
+    cfg = _config(tmp_path, path, every=1)
+    daemon, engine = _daemon(tmp_path, path, every=1)
+    daemon.sources.append(HostSource(daemon.layout, hot_gpu=2))
+    for _ in range(20):
+        daemon.tick()
+    client = create_app(daemon, ui=False).test_client()
+    assert "sits_rca_verdict_confidence{" in client.get("/metrics").data.decode()
+    path.write_bytes(b"\x00garbage")  # replaced by a broken file, then SIGHUP
+    engine.reload(cfg)
+    body = client.get("/metrics").data.decode()
+    assert engine.model is None and "sits_rca_model_loaded 0.0" in body
+    assert "sits_rca_verdict_confidence{" not in body  # no stale probabilities of a model that is gone
+    assert engine.verdicts_state()["latest_probabilities"] == {}
+    assert 'sits_rca_verdicts_total{cause="' in body  # counters stay: they count what was given
+
+
+def test_a_verdict_the_log_cannot_store_is_still_annotated_and_handed_on(tmp_path: Path,
+                                                                        tiny_model: RcaModel) -> None:
+    path = tmp_path / "m.pt"
+    tiny_model.save(path)
+    handed: list[Verdict] = []
+    annotations: list[str] = []
+    daemon, engine = _daemon(tmp_path, path, every=1, firing=lambda: ["chat-latency"],
+                             annotate=lambda slo, a: annotations.append(a["rca_verdict"]), on_verdict=handed.append)
+    daemon.sources.append(HostSource(daemon.layout, hot_gpu=2))
+    for _ in range(16):
+        daemon.tick()
+    assert len(handed) == 1
+    engine.log._db.execute("PRAGMA query_only=ON")  # rca.sqlite cannot be written (read-only, full disk)
+    for _ in range(2):
+        daemon.tick()
+    assert len(handed) == 3 and annotations == [v.id for v in handed]
+    assert [v["id"] for v in engine.verdicts_state()["verdicts"][:2]] == [handed[2].id, handed[1].id]
+    assert daemon.health["rca"].errors == 2 and "cannot write a verdict" in str(daemon.health["rca"].last_error)
+    engine.log._db.execute("PRAGMA query_only=OFF")
+    daemon.tick()
+    assert daemon.health["rca"].last_error is None and engine.log.count() == 2

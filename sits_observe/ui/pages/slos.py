@@ -99,7 +99,7 @@ def alerts_table(alerts: list[dict[str, Any]]) -> Any:
         when = "-" if not isinstance(since, (int, float)) or not math.isfinite(since) else \
             time.strftime("%H:%M:%S", time.gmtime(since))
         cause = ann.get("likely_cause")
-        cause_txt = f"{cause} ({ann.get('rca_confidence', '?')})" if cause else "not classified yet"
+        cause_txt = f"{cause} ({ann.get('confidence', '?')})" if cause else "not classified yet"
         rows.append(html.Tr([html.Td(lab.get("slo", "?")), html.Td(lab.get("burn_tier", "?")),
                              html.Td(lab.get("severity", "?"), className="hot"), html.Td(when), html.Td(cause_txt)]))
     return html.Table([html.Thead(head), html.Tbody(rows)], className="grid")
