@@ -1,28 +1,45 @@
 """Scheduler routes under /api/v1 as a Flask blueprint: ``app.register_blueprint(scheduler_blueprint(...))``.
 
 GET /api/v1/shards, GET /api/v1/decisions?limit=N, and (behind ``auth``, the bearer-token decorator)
-POST /api/v1/shards, POST /api/v1/reshard, POST /api/v1/placements/<id>/ack.  Malformed input -> 400,
+POST /api/v1/shards, POST /api/v1/reshard, POST /api/v1/placements/<id>/ack.  Malformed input (also JSON
+nested past Python's recursion limit, or a string with a lone surrogate that SQLite cannot store) -> 400,
+a body over :data:`MAX_BODY_BYTES` -> 413,
 unknown shard or placement -> 404, a refused transition -> 409; every answer names the reason.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
+from werkzeug.exceptions import RequestEntityTooLarge
 
 from ..errors import ConfigError, SchedulerError
 from ..scheduler.states import NotFound
 
-__all__ = ["scheduler_blueprint"]
+__all__ = ["scheduler_blueprint", "MAX_BODY_BYTES"]
+
+MAX_BODY_BYTES = 1 << 20  # a shard, a re-shard or an ack is well under 1 KiB
 
 
 def _body() -> Any:
-    body = request.get_json(silent=True)
+    where = f"{request.method} {request.path}"
+    size = request.content_length  # waitress gives a chunked body's length too
+    if size is not None and size > MAX_BODY_BYTES:  # refused before it is read into memory and parsed
+        raise RequestEntityTooLarge(f"{where}: body of {size} bytes; at most {MAX_BODY_BYTES}")
+    try:
+        body = request.get_json(silent=True)
+        if body is not None:
+            json.dumps(body, ensure_ascii=False).encode()  # what the store and the actuators will write
+    except RecursionError:
+        raise ConfigError(f"{where}: body nests too deeply; send a flat JSON object") from None
+    except UnicodeEncodeError as exc:
+        raise ConfigError(f"{where}: body holds {exc.object[exc.start:exc.end]!r}, a lone UTF-16 surrogate that "
+                          "is not Unicode text; send valid UTF-8") from None
     if body is None:
-        raise ConfigError(f"{request.method} {request.path}: body is not JSON; send a JSON object with "
-                          "Content-Type: application/json")
+        raise ConfigError(f"{where}: body is not JSON; send a JSON object with Content-Type: application/json")
     return body
 
 
@@ -60,6 +77,10 @@ def scheduler_blueprint(scheduler: Any, auth: Callable[[Callable[..., Any]], Cal
         if placement_id >= 2**63:  # past SQLite's integer: no such placement
             raise NotFound(f"placement {placement_id}: no such placement")
         return jsonify(scheduler.ack(placement_id, _body()))
+
+    @bp.errorhandler(RequestEntityTooLarge)
+    def too_large(exc: RequestEntityTooLarge) -> tuple[Response, int]:
+        return jsonify({"error": exc.description}), 413
 
     @bp.errorhandler(NotFound)
     def not_found(exc: NotFound) -> tuple[Response, int]:

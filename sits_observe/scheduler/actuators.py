@@ -4,14 +4,17 @@
 later: from :meth:`poll` (command, simulator) or from the orchestrator's ``POST
 /api/v1/placements/{id}/ack`` (webhook).  Slow work (HTTP, subprocesses) runs on one worker thread per
 actuator, never on the tick.  Steps may be sent twice after a restart; receivers must treat
-(``placement_id``, ``step``) as idempotent.
+(``placement_id``, ``step``) as idempotent.  A worker asks ``pending(placement_id, step)`` before it sends a
+step and before every webhook retry: a step already acked, timed out or failed is not sent (again).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import queue
+import signal
 import subprocess
 import threading
 import time
@@ -20,8 +23,10 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
+from urllib.parse import urlsplit, urlunsplit
 
 from ..alerting.formats import sign
+from ..collectors.config import basic_auth, redact
 from ..errors import ConfigError, SimError
 from .config import SchedulerConfig
 
@@ -29,6 +34,9 @@ __all__ = ["StepOutcome", "Actuator", "LogActuator", "WebhookActuator", "Command
            "build_actuator"]
 
 log = logging.getLogger("sits_observe.scheduler.actuator")
+
+# (placement_id, step) -> whether that step still waits for its outcome
+Pending = Callable[[int, str], bool]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,10 +79,15 @@ class LogActuator:
 
 
 class _Worker:
-    """One background thread running ``work(plan) -> StepOutcome | None``; outcomes collected for poll()."""
+    """One background thread running ``work(plan) -> StepOutcome | None``; outcomes collected for poll().
 
-    def __init__(self, name: str, work: Callable[[dict[str, Any]], StepOutcome | None]) -> None:
+    A plan whose step no longer waits (``pending`` says so: acked, timed out or failed while it queued) is
+    dropped unsent: sending it would apply a move the scheduler has already settled."""
+
+    def __init__(self, name: str, work: Callable[[dict[str, Any]], StepOutcome | None],
+                 pending: Pending | None = None) -> None:
         self._work = work
+        self.pending = pending
         self._jobs: queue.Queue[dict[str, Any] | None] = queue.Queue(maxsize=1024)
         self._done: list[StepOutcome] = []
         self._lock = threading.Lock()
@@ -93,10 +106,13 @@ class _Worker:
             out, self._done = self._done, []
         return out
 
+    def _waiting(self, plan: dict[str, Any]) -> bool:
+        return self.pending is None or self.pending(int(plan["placement_id"]), str(plan["step"]))
+
     def _run(self) -> None:
         while (plan := self._jobs.get()) is not None:
             try:
-                outcome = self._work(plan)
+                outcome = self._work(plan) if self._waiting(plan) else None
             except Exception as exc:  # a broken receiver must not kill the worker
                 outcome = StepOutcome(int(plan["placement_id"]), str(plan["step"]), False, f"actuator error: {exc}")
             if outcome is not None:
@@ -108,62 +124,105 @@ class _Worker:
         self._thread.join(timeout=5)
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """urllib turns a redirected POST into a bodiless GET (and its 200 into "delivered"): refuse instead."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
 class WebhookActuator(_Worker):
     """POSTs the plan JSON to the orchestrator, signed as alert webhooks are (``X-Sits-Timestamp``,
     ``X-Sits-Signature: sha256=HMAC(secret, timestamp + "." + body)``); the step completes when the
-    orchestrator acks it through the API."""
+    orchestrator acks it through the API.  A redirect is not followed (it would lose the body): it fails
+    the step, naming where it points."""
 
     name = "webhook"
 
-    def __init__(self, url: str, secret: str | None, timeout: float = 5.0, retries: int = 3) -> None:
+    def __init__(self, url: str, secret: str | None, timeout: float = 5.0, retries: int = 3,
+                 pending: Pending | None = None) -> None:
         self.url, self.secret, self.timeout, self.retries = url, secret, timeout, retries
-        super().__init__("webhook", self._post)
+        # a user:password@ in the URL is sent as basic auth (as alert webhooks do), never in a message
+        self._auth, self._target = basic_auth(url), redact(url)
+        parts = urlsplit(self._target)
+        self.shown = urlunsplit(parts._replace(query="", fragment=""))  # a query may carry a token too
+        super().__init__("webhook", self._post, pending)
 
     def _post(self, plan: dict[str, Any]) -> StepOutcome | None:
         body = json.dumps(plan, sort_keys=True).encode()
         why = ""
         for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(min(0.5 * 2 ** (attempt - 1), 10.0))
+                if not self._waiting(plan):  # acked (or failed) meanwhile: a retry would apply the step again
+                    return None
             headers = {"Content-Type": "application/json", "User-Agent": "sits-observe-scheduler"}
             if self.secret:
                 ts = str(int(time.time()))
                 headers |= {"X-Sits-Timestamp": ts, "X-Sits-Signature": sign(self.secret.encode(), ts, body)}
             try:
-                req = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
-                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                req = urllib.request.Request(self._target, data=body, headers=headers, method="POST")
+                if self._auth is not None:
+                    req.add_unredirected_header("Authorization", self._auth)
+                with _OPENER.open(req, timeout=self.timeout) as resp:
                     if 200 <= resp.status < 300:
                         return None
                     why = f"HTTP {resp.status}"
             except urllib.error.HTTPError as exc:
                 why = f"HTTP {exc.code}"
+                if 300 <= exc.code < 400:
+                    to = urlsplit(redact(exc.headers.get("Location") or "?"))._replace(query="", fragment="")
+                    why += (f" redirect to {urlunsplit(to)[:200]} not followed (a redirected POST loses its body); "
+                            "set scheduler.webhook.url to the URL it points to")
+                    break
                 if 400 <= exc.code < 500 and exc.code != 429:
                     break  # the orchestrator refused the plan; retrying will not help
             except (urllib.error.URLError, OSError) as exc:
                 why = str(getattr(exc, "reason", exc))
-            time.sleep(min(0.5 * 2**attempt, 10.0))
         return StepOutcome(int(plan["placement_id"]), str(plan["step"]), False,
-                           f"webhook {self.url} not delivered: {why}")
+                           f"webhook {self.shown} not delivered: {why}")
 
 
 class CommandActuator(_Worker):
-    """Runs ``argv`` with the plan JSON on stdin; exit code 0 acks the step, anything else fails it."""
+    """Runs ``argv`` with the plan JSON on stdin; exit code 0 acks the step, anything else fails it.
+
+    The program runs in its own process group; past ``timeout`` the whole group is killed (a helper it
+    started must not go on applying a step that has been failed).  Messages name ``argv[0]`` only: the
+    other arguments may hold credentials.  Its stdout is discarded; the last stderr line is the reason."""
 
     name = "command"
 
-    def __init__(self, argv: list[str], timeout: float = 60.0) -> None:
+    def __init__(self, argv: list[str], timeout: float = 60.0, pending: Pending | None = None) -> None:
         self.argv, self.timeout = list(argv), timeout
-        super().__init__("command", self._run_command)
+        super().__init__("command", self._run_command, pending)
 
     def _run_command(self, plan: dict[str, Any]) -> StepOutcome:
+        pid, step, prog = int(plan["placement_id"]), str(plan["step"]), self.argv[0]
         try:
-            proc = subprocess.run(self.argv, input=json.dumps(plan, sort_keys=True).encode(), capture_output=True,
-                                  timeout=self.timeout, check=False)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return StepOutcome(int(plan["placement_id"]), str(plan["step"]), False, f"{self.argv[0]}: {exc}")
+            proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.PIPE, start_new_session=True)
+        except OSError as exc:
+            return StepOutcome(pid, step, False, f"{prog}: cannot run: {exc.strerror or exc}")
+        with proc:
+            try:
+                _, err = proc.communicate(json.dumps(plan, sort_keys=True).encode(), timeout=self.timeout)
+            except subprocess.TimeoutExpired as exc:
+                exited = proc.poll() is not None  # it did; something it started still holds its stderr open
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)  # its own group: the program and what it started
+                except ProcessLookupError:
+                    pass
+                proc.wait()
+                if not exited:
+                    return StepOutcome(pid, step, False, f"{prog}: no exit within {self.timeout:g} s; killed")
+                err = exc.stderr or b""
         if proc.returncode == 0:
             return _ok(plan)
-        tail = proc.stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
-        return StepOutcome(int(plan["placement_id"]), str(plan["step"]), False,
-                           f"{self.argv[0]} exited {proc.returncode}: {tail[0][:200]}")
+        tail = err.decode(errors="replace").strip().splitlines()[-1:] or [""]
+        return StepOutcome(pid, step, False, f"{prog} exited {proc.returncode}: {tail[0][:200]}")
 
 
 class SimActuator:
@@ -196,13 +255,14 @@ class SimActuator:
         pass
 
 
-def build_actuator(cfg: SchedulerConfig, sim: Any = None) -> Actuator:
-    """The actuator the config names (``sim`` needs the simulated host)."""
+def build_actuator(cfg: SchedulerConfig, sim: Any = None, pending: Pending | None = None) -> Actuator:
+    """The actuator the config names (``sim`` needs the simulated host); ``pending`` tells the webhook and
+    command workers whether a step still waits, so they skip (or stop retrying) one that does not."""
     if cfg.actuator == "webhook":
         secret = cfg.webhook.secret.get_secret_value() if cfg.webhook.secret else None
-        return WebhookActuator(str(cfg.webhook.url), secret, cfg.webhook.timeout, cfg.webhook.retries)
+        return WebhookActuator(str(cfg.webhook.url), secret, cfg.webhook.timeout, cfg.webhook.retries, pending)
     if cfg.actuator == "command":
-        return CommandActuator(cfg.command.argv, cfg.command.timeout)
+        return CommandActuator(cfg.command.argv, cfg.command.timeout, pending)
     if cfg.actuator == "sim":
         if sim is None:
             raise ConfigError("scheduler.actuator: 'sim' needs gpu.backend: sim (no simulated host to move shards on)")

@@ -35,6 +35,10 @@ STRATEGIES: dict[str, ScoreWeights] = {
 }
 
 
+# 1 PiB: far above any GPU, and exact as a float (the placement maths is float64; a larger int overflows it)
+MAX_MEMORY_PER_GPU = 2**50
+
+
 class ShardSpec(Section):
     """A unit of a model deployment placed on a set of GPUs (a replica or a tensor-parallel group)."""
 
@@ -42,7 +46,8 @@ class ShardSpec(Section):
     model: str = ""
     workload: str = "default"
     gpus: int = Field(1, ge=1, le=64, description="GPUs needed")
-    memory_per_gpu: int = Field(0, ge=0, description="bytes of device memory needed on each GPU")
+    memory_per_gpu: int = Field(0, ge=0, le=MAX_MEMORY_PER_GPU,
+                                description="bytes of device memory needed on each GPU")
     comm_intensity: float = Field(0.0, ge=0, le=1, description="0 = independent replicas, 1 = chatty TP group")
     tenant: str = "default"
     priority: int = Field(0, ge=0, le=100)

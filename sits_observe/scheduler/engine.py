@@ -76,7 +76,7 @@ class Scheduler:
                  alerts: Callable[[], Iterable[str]] | None = None, clock: Callable[[], float] = time.time) -> None:
         self.cfg, self.topo = cfg, topology
         self.store = PlacementStore(state_dir)
-        self.actuator = actuator or build_actuator(cfg, sim)
+        self.actuator = actuator or build_actuator(cfg, sim, self._step_pending)
         self.planner = Planner(topology, cfg.score_weights(), cfg.exact_limit, cfg.seeds)
         self.walker = Walker(self.store, self.actuator, self._choose, cfg.step_timeout)
         self.triggers = Triggers(cfg, topology.n)
@@ -224,6 +224,13 @@ class Scheduler:
     def _node(self, gpus: Iterable[int]) -> str:
         return ",".join(sorted({self.topo.gpus[g].node for g in gpus}))
 
+    def _step_pending(self, placement_id: int, step: str) -> bool:
+        """Whether ``step`` of the placement still waits for its outcome (asked from actuator threads)."""
+        try:
+            return self.store.placement(placement_id).step == step
+        except SchedulerError:  # gone (pruned), or the store is closed at shutdown
+            return False
+
     def _choose(self, p: Placement) -> tuple[tuple[int, ...], str] | str:
         """GPUs for a placement found pending at restart (its search is redone, away from its source)."""
         views = self._views()
@@ -290,6 +297,10 @@ class Scheduler:
             if view.state is not State.LAUNCHED or view.migrating:
                 actual = view.state.value if view.state else "unplaced"
                 raise SchedulerError(f"shard {shard_id}: cannot re-shard: expected state launched, actual {actual}")
+            if not self._gpu_fresh():  # free memory unknown: the target could be full (as triggers refuse)
+                raise SchedulerError(f"shard {shard_id}: cannot re-shard: no GPU values for {GPU_STALE_S:g} s (the "
+                                     "GPU source is not reporting), so the targets' free memory is unknown; try "
+                                     "again when it reports")
             if in_flight(views) >= self.cfg.max_migrations:
                 raise SchedulerError(f"shard {shard_id}: cannot re-shard: {self.cfg.max_migrations} migrations "
                                      "already in flight (scheduler.max_migrations)")

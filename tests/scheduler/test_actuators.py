@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -10,6 +12,7 @@ from pathlib import Path
 
 from sched_helpers import frame, live_gpus
 
+from sits_observe.scheduler.actuators import CommandActuator
 from sits_observe.scheduler.engine import Scheduler
 
 PROGRAM = """
@@ -38,6 +41,7 @@ def test_command_actuator_acks_by_exit_code(make_scheduler: Callable[..., Schedu
     log = tmp_path / "steps.jsonl"
     s = make_scheduler(actuator="command", command={"argv": [sys.executable, "-c", PROGRAM, str(log), "launch"]})
     s.register_shard({"id": "tp2", "gpus": 2, "memory_per_gpu": 2**30, "comm_intensity": 1.0, "placement": [0, 1]})
+    s.on_tick(frame(1000.0))  # GPU values: a re-shard needs to know where memory is free
     d = s.manual_reshard("tp2", "try a move the orchestrator refuses")
     run_until_idle(s, 1000.0)
     steps = [json.loads(line) for line in log.read_text().splitlines()]
@@ -46,3 +50,41 @@ def test_command_actuator_acks_by_exit_code(make_scheduler: Callable[..., Schedu
     assert failed.state.value == "failed"
     assert "launch failed:" in failed.reason and "exited 3: orchestrator: no capacity on the target" in failed.reason
     assert live_gpus(s) == {"tp2": ("launched", [0, 1])}  # the old placement kept serving
+
+
+HANGS = """
+import subprocess, sys, time
+helper = subprocess.Popen(["sleep", "60"])  # e.g. a tool the script starts to carry out the step
+open(sys.argv[1], "w").write(str(helper.pid))
+time.sleep(60)
+"""
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_command_timeout_kills_the_group_and_keeps_arguments_out_of_the_reason(tmp_path: Path) -> None:
+    """Past its timeout the program and what it started are killed (a helper left running would apply the
+    step the scheduler has just failed); the reason names the program, not its arguments (credentials)."""
+    pidfile = tmp_path / "helper.pid"
+    act = CommandActuator([sys.executable, "-c", HANGS, str(pidfile), "--token=s3cret"], timeout=2.0)
+    helper = 0
+    try:
+        assert act.submit({"placement_id": 4, "step": "launch"}) is None
+        deadline = time.monotonic() + 20
+        while not (out := act.poll()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        helper = int(pidfile.read_text())
+        (o,) = out
+        assert (o.placement_id, o.step, o.ok) == (4, "launch", False)
+        assert not _running(helper)
+        assert o.reason == f"{sys.executable}: no exit within 2 s; killed"
+    finally:
+        if helper and _running(helper):
+            os.kill(helper, signal.SIGKILL)
+        act.close()

@@ -31,6 +31,8 @@ ADOPT_WRITES = 4  # create, placed, staged, launched
 
 CHILD = textwrap.dedent("""
     import json, os, signal, sys
+    sys.path.insert(0, HELPERS)
+    from sched_helpers import frame
     from sits_observe.scheduler import store as st
     from sits_observe.scheduler.config import OtlpConfig, SchedulerConfig
     from sits_observe.scheduler.engine import Scheduler
@@ -57,10 +59,11 @@ CHILD = textwrap.dedent("""
         arm()
     s = Scheduler(SchedulerConfig(shards=[SHARD]), OtlpConfig(), preset("pcie-8"), state_dir, clock=lambda: 1000.0)
     if what == "reshard":
+        s.on_tick(frame(1000.0))  # GPU values: a re-shard needs to know where memory is free
         arm()
         d = s.manual_reshard("tp2", "recovery test")
     print(json.dumps({"writes": writes, "gpus": s.shards_state()["shards"][0]["gpus"]}))
-""").replace("SHARD", repr(SHARD))
+""").replace("SHARD", repr(SHARD)).replace("HELPERS", repr(str(Path(__file__).parent)))
 
 
 def run_child(state_dir: Path, kill_after: int, what: str = "reshard") -> subprocess.CompletedProcess[str]:

@@ -8,7 +8,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
@@ -19,8 +21,11 @@ from flask import Flask
 from flask.testing import FlaskClient
 from pydantic import SecretStr
 
+from sched_helpers import frame
+
 from sits_observe.export.http import ApiError, require_token
 from sits_observe.export.scheduler_api import scheduler_blueprint
+from sits_observe.scheduler.actuators import WebhookActuator
 from sits_observe.scheduler.engine import Scheduler
 
 TOKEN = "s3cret-token"
@@ -33,6 +38,8 @@ class Orchestrator:
 
     def __init__(self, secret: str) -> None:
         self.plans: list[dict[str, Any]] = []
+        self.auth: list[str | None] = []  # the Authorization header of each plan
+        self.on_plan: Callable[[dict[str, Any]], int] | None = None  # what to do with a plan -> HTTP status
         self.bad_signatures = 0
         self.cond = threading.Condition()
         outer = self
@@ -42,13 +49,17 @@ class Orchestrator:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 signed = self.headers.get("X-Sits-Timestamp", "").encode() + b"." + body
                 want = "sha256=" + hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()
+                status = 202
+                if outer.on_plan is not None and hmac.compare_digest(self.headers.get("X-Sits-Signature", ""), want):
+                    status = outer.on_plan(json.loads(body))
                 with outer.cond:
                     if hmac.compare_digest(self.headers.get("X-Sits-Signature", ""), want):
                         outer.plans.append(json.loads(body))
+                        outer.auth.append(self.headers.get("Authorization"))
                     else:
                         outer.bad_signatures += 1
                     outer.cond.notify_all()
-                self.send_response(202)
+                self.send_response(status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
@@ -81,6 +92,7 @@ def api(make_scheduler: Callable[..., Scheduler], orchestrator: Orchestrator) ->
     sched = make_scheduler(actuator="webhook", webhook={"url": orchestrator.url, "secret": "hook-key"})
     sched.register_shard({"id": "tp2", "gpus": 2, "memory_per_gpu": 30 * GiB, "comm_intensity": 1.0,
                           "placement": [0, 1]})
+    sched.on_tick(frame(1000.0))  # GPU values: a re-shard needs to know where memory is free
     app = Flask("test")
     daemon = SimpleNamespace(config=SimpleNamespace(api_token=SecretStr(TOKEN)))
     app.register_blueprint(scheduler_blueprint(sched, require_token(daemon)))
@@ -136,6 +148,7 @@ def test_webhook_migration_walks_on_acks_and_refuses_bad_input(api: tuple[FlaskC
     # the orchestrator acks each step; the old placement then drains
     assert client.post(url, json={"step": "stage", "ok": True}, headers=AUTH).get_json()["state"] == "staged"
     assert client.post(url, json={"step": "stage", "ok": True}, headers=AUTH).status_code == 200  # repeat: no-op
+    assert orchestrator.wait_for(2)[1]["step"] == "launch"  # (a step acked before it is sent is not sent)
     assert client.post(url, json={"step": "launch", "ok": True}, headers=AUTH).get_json()["state"] == "launched"
     plans = orchestrator.wait_for(3)
     drain = plans[2]
@@ -174,3 +187,144 @@ def test_bad_registrations_and_reshards(api: tuple[FlaskClient, Scheduler]) -> N
         assert r.status_code == 400 and f"limit: must be an integer from 1 to 10000, got {bad[:40]!r}" in r.get_json()["error"]
     r = client.post("/api/v1/shards", json={"id": "fits", "gpus": 2, "memory_per_gpu": 10 * GiB}, headers=AUTH)
     assert r.status_code == 201 and r.get_json()["state"] == "placed"  # waiting for the orchestrator's stage ack
+
+
+def test_registration_with_an_absurd_memory_size_is_a_400(api: tuple[FlaskClient, Scheduler]) -> None:
+    """Past float64's range the placement maths overflowed: a 500 instead of naming the field."""
+    client, sched = api
+    for body in ({"id": "big", "gpus": 1, "memory_per_gpu": 10**400, "placement": [2]},
+                 {"id": "big", "gpus": 1, "memory_per_gpu": 10**400}):
+        refused(client, sched, "/api/v1/shards", json.dumps(body), 400,
+                "shard: memory_per_gpu: Input should be less than or equal to 1125899906842624")
+
+
+def test_webhook_stops_retrying_a_step_acked_meanwhile(make_scheduler: Callable[..., Scheduler],
+                                                      orchestrator: Orchestrator) -> None:
+    """The orchestrator applies each step and acks it through the API, but its answer to the POST is a 503
+    (a proxy timing out): a retry would apply the step a second time.  Each step is sent once."""
+    sched = make_scheduler(actuator="webhook", webhook={"url": orchestrator.url, "secret": "hook-key", "retries": 3})
+
+    def apply_ack_then_fail(plan: dict[str, Any]) -> int:
+        sched.ack(plan["placement_id"], {"step": plan["step"], "ok": True})
+        return 503
+
+    orchestrator.on_plan = apply_ack_then_fail
+    old = sched.register_shard({"id": "tp2", "gpus": 2, "memory_per_gpu": GiB, "placement": [0, 1]})
+    sched.on_tick(frame(1000.0))
+    new = sched.manual_reshard("tp2", "maintenance")["placement_id"]
+    plans = orchestrator.wait_for(3)
+    assert [(p["step"], p["placement_id"]) for p in plans] == [
+        ("stage", new), ("launch", new), ("drain", old["placements"][0]["id"])]
+    time.sleep(0.8)  # past the first retry's back-off
+    assert len(orchestrator.plans) == 3
+    assert [p.state.value for p in sched.store.placements()] == ["retired", "launched"]
+
+
+def test_webhook_credentials_go_in_a_header_never_in_a_reason(orchestrator: Orchestrator) -> None:
+    """A ``user:password@`` URL is basic auth (urllib took it for part of the host name: never delivered),
+    and a failure reason (shown by the unauthenticated GET /api/v1/shards) names neither it nor the query."""
+    plan = {"placement_id": 7, "step": "stage"}
+    hook = WebhookActuator(orchestrator.url.replace("http://", "http://orch:pa%3Ass@"), "hook-key", 2.0, 0)
+    try:
+        hook.submit(plan)
+        orchestrator.wait_for(1)
+    finally:
+        hook.close()
+    assert orchestrator.auth == ["Basic b3JjaDpwYTpzcw=="]  # base64("orch:pa:ss")
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    hook = WebhookActuator(f"http://orch:hunter2@127.0.0.1:{port}/plans?token=abc", None, 2.0, 0)
+    try:
+        hook.submit(plan)
+        deadline = time.monotonic() + 10
+        while not (out := hook.poll()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        hook.close()
+    (o,) = out
+    assert not o.ok and o.reason.startswith(f"webhook http://127.0.0.1:{port}/plans not delivered: ")
+    assert "hunter2" not in o.reason and "abc" not in o.reason
+
+
+def test_a_reshard_is_refused_while_free_memory_is_unknown(make_scheduler: Callable[..., Scheduler]) -> None:
+    """Before the first GPU sample (or with the GPU source silent for 15 s) every GPU looked empty, so an
+    operator's re-shard right after a restart moved the shard onto GPUs another tenant had filled."""
+    from sits_observe.errors import SchedulerError
+    from sits_observe.frame import Frame
+
+    sched = make_scheduler()
+    sched.register_shard({"id": "tp2", "gpus": 2, "memory_per_gpu": 30 * GiB, "placement": [0, 1]})
+    before = snapshot(sched)
+    with pytest.raises(SchedulerError, match=r"shard tp2: cannot re-shard: no GPU values for 15 s \(the GPU source"):
+        sched.manual_reshard("tp2", "maintenance")  # GPUs 2-7 hold 75 GiB of another tenant's; nothing said so yet
+    assert snapshot(sched) == before
+    sched.on_tick(frame(1000.0, mem_gib=[30, 30] + [75] * 6))
+    with pytest.raises(SchedulerError, match="cannot re-shard: no other placement fits"):
+        sched.manual_reshard("tp2", "maintenance")  # with the values known: nowhere else has 30 GiB free
+    for t in range(1, 17):  # then the GPU source goes quiet
+        sched.on_tick(Frame(1000.0 + t, 1.0))
+    with pytest.raises(SchedulerError, match="cannot re-shard: no GPU values for 15 s"):
+        sched.manual_reshard("tp2", "maintenance")
+    assert snapshot(sched) == before
+
+
+def test_bodies_json_allows_but_the_scheduler_cannot_store_are_a_400(api: tuple[FlaskClient, Scheduler]) -> None:
+    """JSON nested past the recursion limit, and strings with a lone surrogate (valid JSON, not UTF-8 text:
+    SQLite and the plan JSON cannot encode them), were a 500 with a traceback in the log."""
+    client, sched = api
+    for url in ("/api/v1/shards", "/api/v1/reshard", "/api/v1/placements/1/ack"):
+        refused(client, sched, url, "[" * 100_000, 400, f"POST {url}: body nests too deeply")
+    for url, body in (("/api/v1/shards", '{"id": "y", "gpus": 1, "model": "\\ud800"}'),
+                      ("/api/v1/shards", '{"id": "z", "gpus": 1, "tenant": "a\\udfff", "placement": [3]}'),
+                      ("/api/v1/reshard", '{"shard": "tp2", "reason": "\\ud800"}'),
+                      ("/api/v1/placements/1/ack", '{"step": "stage", "ok": false, "reason": "\\ud800"}')):
+        refused(client, sched, url, body, 400, "a lone UTF-16 surrogate that is not Unicode text")
+
+
+def test_webhook_redirect_fails_the_step_instead_of_losing_the_plan() -> None:
+    """urllib followed a 302 to a POST with a GET without the plan, and took the GET's 200 for delivered: the
+    orchestrator never saw the plan and the step waited ``step_timeout`` for an ack that could not come."""
+    seen: list[tuple[str, str]] = []
+
+    class Moved(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            seen.append(("POST", self.path))
+            self.send_response(302)
+            self.send_header("Location", "/v2/plans?token=abc")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def do_GET(self) -> None:  # noqa: N802
+            seen.append(("GET", self.path))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Moved)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    hook = WebhookActuator(f"http://127.0.0.1:{server.server_address[1]}/plans", None, 2.0, 2)
+    try:
+        hook.submit({"placement_id": 3, "step": "launch"})
+        deadline = time.monotonic() + 5
+        while not (out := hook.poll()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        hook.close()
+        server.shutdown()
+        server.server_close()
+    assert seen == [("POST", "/plans")]  # once: a redirect is a wrong URL, not worth a retry
+    (o,) = out
+    assert (o.placement_id, o.step, o.ok) == (3, "launch", False)
+    assert "HTTP 302 redirect to /v2/plans not followed" in o.reason and "abc" not in o.reason
+
+
+def test_an_oversized_body_is_refused_before_it_is_read(api: tuple[FlaskClient, Scheduler]) -> None:
+    """A body of any size was read into memory and parsed whole (waitress accepts up to 1 GiB)."""
+    client, sched = api
+    body = json.dumps({"id": "big", "gpus": 1, "model": "m" * (2 << 20)})
+    refused(client, sched, "/api/v1/shards", body, 413,
+            f"POST /api/v1/shards: body of {len(body)} bytes; at most 1048576")
