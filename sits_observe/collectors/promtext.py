@@ -10,11 +10,14 @@ takes about 120 ms per 64-GPU dcgm-exporter page on a 2-core VM; this reads it i
 from __future__ import annotations
 
 import http.client
+import io
 import re
+import socket
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -37,41 +40,38 @@ def fetch_page(url: str, timeout: float) -> str:
     """GET ``url`` within ``timeout`` seconds in all; CollectorError naming the (redacted) URL and the reason.
 
     ``user:password@`` in the URL goes as HTTP basic auth (urllib would read it as part of the host), and
-    not on to where a redirect points.  The body is read in chunks, each read given what is left of the
-    timeout (a server trickling bytes cannot hold the tick), and at most :data:`MAX_PAGE_BYTES` of it.
+    not on to where a redirect points.  Every wait on the server (connecting, the TLS handshake, sending,
+    each read of the status line, headers and body, and the same again after a redirect) is given what is
+    left of the one timeout, so a server trickling bytes cannot hold the tick; at most
+    :data:`MAX_PAGE_BYTES` of the body is read.  Resolving the host name is not bounded, and each address
+    of a host with several is given what was left when connecting began.
     """
-    deadline = time.monotonic() + timeout
+    deadline = _Deadline(timeout)
     auth = basic_auth(url)
     url = redact(url)
     req = urllib.request.Request(url, headers={"Accept": "text/plain;version=0.0.4"})
     if auth is not None:
         req.add_unredirected_header("Authorization", auth)
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        with urllib.request.build_opener(_Handler(deadline)).open(req, timeout=timeout) as resp:
             if not isinstance(resp, http.client.HTTPResponse):  # urllib follows a redirect to ftp:// too
                 raise CollectorError(f"{url}: redirected to a URL that is not http(s): {redact(resp.geturl())}")
-            return _read_body(resp, deadline, url, timeout).decode("utf-8", errors="replace")
+            return _read_body(resp, url).decode("utf-8", errors="replace")
     except urllib.error.HTTPError as exc:
         raise CollectorError(f"{url}: HTTP {exc.code} {exc.reason}") from exc
     except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
         # the reason, never a ValueError's text: http.client quotes the URL in it
         reason = exc.reason if isinstance(exc, urllib.error.URLError) else (
             exc if isinstance(exc, OSError) else type(exc).__name__)
+        if isinstance(reason, TimeoutError):  # every socket timeout is what was left of the deadline
+            raise _too_slow(url, timeout) from exc
         raise CollectorError(f"{url}: cannot fetch the metrics page: {reason}") from exc
 
 
-def _read_body(resp: http.client.HTTPResponse, deadline: float, url: str, timeout: float) -> bytearray:
-    sock = resp.fp.raw._sock  # noqa: SLF001 (http.client offers no public handle on the response's socket)
+def _read_body(resp: http.client.HTTPResponse, url: str) -> bytearray:
     body = bytearray()
     while not resp.isclosed():
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise _too_slow(url, timeout)
-        sock.settimeout(left)
-        try:
-            chunk = resp.read1(_CHUNK)
-        except TimeoutError as exc:
-            raise _too_slow(url, timeout) from exc
+        chunk = resp.read1(_CHUNK)  # a TimeoutError when the deadline passes: fetch_page says so
         if not chunk:
             break
         body += chunk
@@ -79,6 +79,85 @@ def _read_body(resp: http.client.HTTPResponse, deadline: float, url: str, timeou
             raise CollectorError(f"{url}: the metrics page is larger than {MAX_PAGE_BYTES >> 20} MiB; "
                                  "not read (is this a Prometheus /metrics URL?)")
     return body
+
+
+class _Deadline:
+    """When one request must be over; :meth:`left` is the timeout for the next wait on the server."""
+
+    def __init__(self, timeout: float) -> None:
+        self.end = time.monotonic() + timeout
+
+    def left(self) -> float:
+        left = self.end - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("timed out")
+        return left
+
+
+class _Reader(io.RawIOBase):
+    """A response's socket file whose every read is given what is left of the deadline as its timeout."""
+
+    def __init__(self, raw: io.RawIOBase, sock: socket.socket, deadline: _Deadline) -> None:
+        super().__init__()
+        self._raw, self._sock, self._deadline = raw, sock, deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf: bytearray | memoryview) -> int | None:
+        self._sock.settimeout(self._deadline.left())
+        return self._raw.readinto(buf)
+
+    def fileno(self) -> int:
+        return self._raw.fileno()
+
+    def close(self) -> None:
+        if not self.closed:
+            self._raw.close()  # lets the socket go once the connection has closed it too
+        super().close()
+
+
+class _Connection(http.client.HTTPConnection):
+    """An HTTP connection bounded by one deadline: connecting, sending and every read of the response."""
+
+    deadline: _Deadline
+
+    def connect(self) -> None:
+        self.timeout = self.deadline.left()  # socket.create_connection gives each address of the host this
+        super().connect()
+        self.sock.settimeout(self.deadline.left())  # sending; and ssl gives a TLS handshake this in all
+
+    def response_class(self, sock: socket.socket, *args: Any, **kwargs: Any) -> http.client.HTTPResponse:
+        # http.client makes each response (a proxy's CONNECT answer too) by calling this
+        resp = http.client.HTTPResponse(sock, *args, **kwargs)
+        resp.fp = io.BufferedReader(_Reader(resp.fp.detach(), sock, self.deadline))
+        return resp
+
+
+class _HTTPSConnection(http.client.HTTPSConnection, _Connection):
+    """_Connection sits between HTTPSConnection and HTTPConnection in the MRO: HTTPSConnection.connect
+    connects through _Connection.connect, then does the TLS handshake in what is left."""
+
+
+class _Handler(urllib.request.HTTPHandler, urllib.request.HTTPSHandler):
+    """Opens http and https URLs (the first and any redirected request) with connections sharing a deadline."""
+
+    def __init__(self, deadline: _Deadline) -> None:
+        super().__init__()
+        self._deadline = deadline
+
+    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(self._connection(_Connection), req)
+
+    def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(self._connection(_HTTPSConnection), req)
+
+    def _connection(self, cls: type[_Connection]) -> Callable[..., _Connection]:
+        def connection(host: str, **kwargs: Any) -> _Connection:
+            conn = cls(host, **kwargs)
+            conn.deadline = self._deadline
+            return conn
+        return connection
 
 
 def _too_slow(url: str, timeout: float) -> CollectorError:
