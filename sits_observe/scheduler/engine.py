@@ -93,6 +93,7 @@ class Scheduler:
         self._host_cpu = float("nan")
         self._numa_cpu: dict[int, float] = {}
         self._now = clock()
+        self._unplaced: dict[str, ShardSpec] = {}  # config shards waiting for GPU values to be placed
         with self._lock:
             self.walker.resume(self._now)
             for spec in cfg.shards:
@@ -120,6 +121,8 @@ class Scheduler:
                 self._healthy = np.asarray(g.healthy, dtype=bool)
             self._host_cpu = float(frame.host.get("cpu_utilization_ratio", float("nan")))
             self._numa_cpu = numa_cpu_by_node(frame.samples)
+            if sampled:
+                self._place_deferred()
             self.walker.poll(ts)
             self.walker.expire(ts)
             fired = []
@@ -145,13 +148,31 @@ class Scheduler:
     def _gpu_fresh(self) -> bool:
         return self._now - self._gpu_ts <= GPU_STALE_S
 
+    def _gpus_unknown(self) -> str:
+        """Why no GPUs may be chosen now, "" when they may: without GPU values for ``GPU_STALE_S`` (none yet
+        after a start, or the GPU source silent) every GPU looks empty, also one another tenant has filled."""
+        if self._gpu_fresh():
+            return ""
+        return (f"no GPU values for {GPU_STALE_S:g} s (the GPU source is not reporting), so the targets' free "
+                "memory is unknown")
+
+    def _place_deferred(self) -> None:
+        """On fresh GPU values: choose the GPUs put off while they were unknown (pending placements found at
+        restart, config shards without a placement)."""
+        self.walker.place_waiting(self._now)
+        unplaced, self._unplaced = self._unplaced, {}
+        for spec in unplaced.values():
+            try:
+                self._ensure(spec, "config")
+            except SchedulerError as exc:  # e.g. fits nowhere: a tick goes on; the shard stays unregistered
+                log.error("scheduler: config shard %s not registered: %s", spec.id, exc)
+
     def _decide(self, t: Trigger) -> None:
         if not t.fixable:
             self._no_action(t, t.reason, annotate=True)
             return
-        if not self._gpu_fresh():
-            self._no_action(t, f"{t.reason}; no GPU values for {GPU_STALE_S:g} s (the GPU source is not "
-                               "reporting): no placement decided on old ones")
+        if why := self._gpus_unknown():
+            self._no_action(t, f"{t.reason}; {why}: no placement decided on old ones")
             return
         views = self._views()
         implicated = set(t.gpus) or culprits(t.cause, self._values, self.topo, self._numa_cpu)
@@ -231,8 +252,12 @@ class Scheduler:
         except SchedulerError:  # gone (pruned), or the store is closed at shutdown
             return False
 
-    def _choose(self, p: Placement) -> tuple[tuple[int, ...], str] | str:
-        """GPUs for a placement found pending at restart (its search is redone, away from its source)."""
+    def _choose(self, p: Placement) -> tuple[tuple[int, ...], str] | str | None:
+        """GPUs for a placement found pending at restart (its search is redone, away from its source); None
+        while the GPU values are unknown (it stays pending until they come: see :meth:`_place_deferred`)."""
+        if why := self._gpus_unknown():
+            log.info("scheduler: shard %s: placement %d waits for GPU values: %s", p.shard_id, p.id, why)
+            return None
         views = self._views()
         src = self.store.placement(p.source_id).gpus if p.source_id is not None else ()
         req = request_for(self.store.shard(p.shard_id), views, self._util, src, frozenset(src))
@@ -244,9 +269,13 @@ class Scheduler:
     def _ensure(self, spec: ShardSpec, origin: str) -> None:
         """Start-up registration of a config or simulator shard.  A known shard keeps its state, except that a
         simulator shard runs where the simulator says (it restarts from its own layout) and a shard left with
-        no live placement is adopted again where it is said to run."""
+        no live placement is adopted again where it is said to run.  A config shard to be placed waits for GPU
+        values (:meth:`_place_deferred`) while they are unknown."""
         v = self._views().get(spec.id)
-        if v is None:
+        if v is None and spec.placement is None and origin == "config" and self._gpus_unknown():
+            self._unplaced[spec.id] = spec  # registered (and placed) when GPU values come
+            log.info("scheduler: config shard %s waits for GPU values to be placed", spec.id)
+        elif v is None:
             self.register_shard(spec.model_dump(), origin)
         elif spec.placement is not None and tuple(sorted(spec.placement)) != v.gpus and (
                 origin == "simulator" or not v.live):
@@ -262,6 +291,9 @@ class Scheduler:
             views = self._views()
             if spec.id in views:
                 raise SchedulerError(f"shard {spec.id}: already registered; re-shard it instead")
+            if spec.placement is None and (why := self._gpus_unknown()):  # as a re-shard: the target could be full
+                raise SchedulerError(f"shard {spec.id}: cannot place: {why}; try again when it reports, or give "
+                                     "the placement it runs on")
             req, load = request_for(spec, views, self._util), self._load(views)
             t = Trigger("adopt" if spec.placement else "register", "none", True, self._now, f"registered by {origin}")
             if spec.placement is not None:
@@ -297,10 +329,8 @@ class Scheduler:
             if view.state is not State.LAUNCHED or view.migrating:
                 actual = view.state.value if view.state else "unplaced"
                 raise SchedulerError(f"shard {shard_id}: cannot re-shard: expected state launched, actual {actual}")
-            if not self._gpu_fresh():  # free memory unknown: the target could be full (as triggers refuse)
-                raise SchedulerError(f"shard {shard_id}: cannot re-shard: no GPU values for {GPU_STALE_S:g} s (the "
-                                     "GPU source is not reporting), so the targets' free memory is unknown; try "
-                                     "again when it reports")
+            if why := self._gpus_unknown():  # the target could be full (as triggers refuse)
+                raise SchedulerError(f"shard {shard_id}: cannot re-shard: {why}; try again when it reports")
             if in_flight(views) >= self.cfg.max_migrations:
                 raise SchedulerError(f"shard {shard_id}: cannot re-shard: {self.cfg.max_migrations} migrations "
                                      "already in flight (scheduler.max_migrations)")
@@ -357,6 +387,7 @@ class Scheduler:
             self.planner = Planner(self.topo, new.score_weights(), new.exact_limit, new.seeds)
             self.triggers = Triggers(new, self.topo.n)
             self.walker.step_timeout = new.step_timeout
+            self._unplaced = {}  # the new config says which still wait
             for spec in new.shards:
                 self._ensure(spec, "config")
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import SchedulerError
 from .actuators import Actuator, StepOutcome
-from .states import State
+from .states import NotFound, State
 from .store import Placement, PlacementStore
 
 __all__ = ["STEPS", "Walker"]
@@ -27,13 +27,15 @@ STEPS = {"stage": (State.PLACED, State.STAGED), "launch": (State.STAGED, State.L
 _STEP_OF = {src: step for step, (src, _) in STEPS.items()}
 _WALK = (State.PENDING, State.PLACED, State.STAGED, State.LAUNCHED, State.DRAINING, State.RETIRED)
 
-# chooses GPUs for a placement found pending at restart: (gpus, node) or a reason why none fit
-Chooser = Callable[[Placement], "tuple[tuple[int, ...], str] | str"]
+# chooses GPUs for a placement found pending at restart: (gpus, node), a reason why none fit, or None for
+# "not now" (GPU values unknown): it stays pending until ``place_waiting``
+Chooser = Callable[[Placement], "tuple[tuple[int, ...], str] | str | None"]
 
 
 class Walker:
     def __init__(self, store: PlacementStore, actuator: Actuator, choose: Chooser, step_timeout: float) -> None:
         self.store, self.actuator, self.choose, self.step_timeout = store, actuator, choose, step_timeout
+        self.waiting: set[int] = set()  # pending placements whose choice ``choose`` put off
 
     def start(self, shard_id: str, kind: str, gpus: tuple[int, ...], node: str, ts: float, *,
               source: Placement | None = None, decision_id: str = "", reason: str = "") -> Placement:
@@ -62,6 +64,10 @@ class Walker:
             return self.store.update(p, ts, _WALK[_WALK.index(p.state) + 1])
         if p.state is State.PENDING:
             chosen = self.choose(p)
+            if chosen is None:
+                self.waiting.add(p.id)
+                return None
+            self.waiting.discard(p.id)
             if isinstance(chosen, str):
                 return self.store.update(p, ts, State.FAILED, reason=chosen)
             return self.store.update(p, ts, State.PLACED, gpus=chosen[0], node=chosen[1])
@@ -105,6 +111,16 @@ class Walker:
         for p in self.store.placements(live=True):
             if p.step is not None and p.step_ts is not None and ts - p.step_ts > self.step_timeout:
                 self.complete(StepOutcome(p.id, p.step, False, f"no ack within {self.step_timeout:g} s"), ts)
+
+    def place_waiting(self, ts: float) -> None:
+        """Ask ``choose`` again for the placements it put off (they may have been failed meanwhile)."""
+        for pid in sorted(self.waiting):
+            self.waiting.discard(pid)
+            try:
+                p = self.store.placement(pid)
+            except NotFound:  # failed and pruned meanwhile
+                continue
+            self.advance(p, ts)
 
     def resume(self, ts: float) -> list[Placement]:
         """After a restart: re-send every step in flight and continue every live placement."""

@@ -20,6 +20,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
+from sched_helpers import frame
+
 from sits_observe.config import SimConfig, parse
 from sits_observe.frame import BucketLayout, Frame
 from sits_observe.rca.verdict import Verdict
@@ -158,6 +160,7 @@ def test_collector_down_never_blocks_and_drops_are_counted(tmp_path: Path) -> No
                           schedule_delay=60)
         sched = Scheduler(SchedulerConfig(), otlp, SimulatedHost(SimConfig(), BucketLayout((0.1, 1.0))).topology,
                           tmp_path, clock=lambda: 1000.0)
+        sched.on_tick(frame(1000.0, n=sched.topo.n))  # GPU values: a new shard is placed where memory is free
         for i in range(5):
             sched.register_shard({"id": f"s{i}", "gpus": 1, "memory_per_gpu": 2**30})
         # the queue holds 2; the other 3 were dropped at once, while the collector hangs
@@ -193,6 +196,7 @@ def test_grpc_protocol_reaches_a_grpc_collector(tmp_path: Path) -> None:
         otlp = OtlpConfig(endpoint=f"http://127.0.0.1:{port}", protocol="grpc", timeout=5.0)
         sched = Scheduler(SchedulerConfig(), otlp, SimulatedHost(SimConfig(), BucketLayout((0.1, 1.0))).topology,
                           tmp_path, clock=lambda: 1000.0)
+        sched.on_tick(frame(1000.0, n=sched.topo.n))  # GPU values: a new shard is placed where memory is free
         sched.register_shard({"id": "tp2", "gpus": 2, "memory_per_gpu": 2**30, "comm_intensity": 1.0})
         assert sched.tracer.flush()
         sched.close()

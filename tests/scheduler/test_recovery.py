@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from sched_helpers import frame
+
 from sits_observe.scheduler.actuators import LogActuator
 from sits_observe.scheduler.config import OtlpConfig, SchedulerConfig
 from sits_observe.scheduler.engine import Scheduler
@@ -71,9 +73,13 @@ def run_child(state_dir: Path, kill_after: int, what: str = "reshard") -> subpro
                           text=True, timeout=60, check=False)
 
 
-def restart(state_dir: Path) -> Scheduler:
-    return Scheduler(SchedulerConfig(shards=[SHARD]), OtlpConfig(), preset("pcie-8"), state_dir,
-                     actuator=LogActuator(), clock=lambda: 2000.0)
+def restart(state_dir: Path, gpu_frame: bool = True) -> Scheduler:
+    """A fresh scheduler on ``state_dir``, then (``gpu_frame``) its first GPU values: all GPUs empty."""
+    s = Scheduler(SchedulerConfig(shards=[SHARD]), OtlpConfig(), preset("pcie-8"), state_dir,
+                  actuator=LogActuator(), clock=lambda: 2000.0)
+    if gpu_frame:
+        s.on_tick(frame(2000.0))
+    return s
 
 
 @pytest.mark.parametrize(("what", "writes", "gpus"), [("reshard", WRITES, [2, 3]), ("adopt", ADOPT_WRITES, [0, 1])])
@@ -108,5 +114,23 @@ def test_kill_9_between_steps_then_resume(tmp_path: Path, kill_after: int) -> No
         assert [(p.kind, p.state) for p in placements] == [("adopt", State.RETIRED), ("reshard", State.LAUNCHED)]
         assert s.shards_state()["shards"][0]["state"] == "launched"
         assert s.shards_state()["migrations_in_flight"] == 0
+    finally:
+        s.close()
+
+
+def test_a_pending_placement_waits_for_gpu_values_after_restart(tmp_path: Path) -> None:
+    """A placement left pending by a crash had its GPUs chosen at start-up, before any GPU sample, when every
+    GPU looked empty: here onto GPUs 2-3, which another tenant has filled."""
+    done = run_child(tmp_path, 1)  # killed right after the new placement was created (pending)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    s = restart(tmp_path, gpu_frame=False)
+    try:
+        pending = [p for p in s.store.placements("tp2", live=True) if p.kind == "reshard"]
+        assert [(p.state, p.gpus) for p in pending] == [(State.PENDING, ())]  # nothing chosen on unknown memory
+        assert s.shards_state()["shards"][0]["gpus"] == [0, 1]  # the old placement keeps serving
+        s.on_tick(frame(2000.0, mem_gib=[20, 20, 75, 75, 0, 0, 0, 0]))
+        live = s.store.placements("tp2", live=True)
+        assert [(p.kind, p.state) for p in live] == [("reshard", State.LAUNCHED)]
+        assert not set(live[0].gpus) & {0, 1, 2, 3}  # away from its source, and not onto the full GPUs
     finally:
         s.close()

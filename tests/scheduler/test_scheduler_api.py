@@ -269,6 +269,53 @@ def test_a_reshard_is_refused_while_free_memory_is_unknown(make_scheduler: Calla
     assert snapshot(sched) == before
 
 
+def test_a_registration_is_refused_while_free_memory_is_unknown(make_scheduler: Callable[..., Scheduler]) -> None:
+    """A shard registered without its placement right after a restart (or with the GPU source silent) was
+    placed as if every GPU were empty: onto GPUs another tenant had filled.  One that names its placement
+    (it already runs there) is adopted as before."""
+    from sits_observe.errors import SchedulerError
+    from sits_observe.frame import Frame
+
+    sched = make_scheduler()
+    sched.register_shard({"id": "tp2", "gpus": 2, "memory_per_gpu": 30 * GiB, "placement": [0, 1]})
+    before = snapshot(sched)
+    chat = {"id": "chat", "gpus": 2, "memory_per_gpu": 30 * GiB}
+    with pytest.raises(SchedulerError, match=r"shard chat: cannot place: no GPU values for 15 s \(the GPU source"):
+        sched.register_shard(chat)  # GPUs 2-5 hold 75 GiB of another tenant's; nothing said so yet
+    assert snapshot(sched) == before
+    sched.on_tick(frame(1000.0, mem_gib=[30, 30] + [75] * 4 + [0, 0]))
+    assert sched.register_shard(chat)["gpus"] == [6, 7]  # with the values known: where memory is free
+    for t in range(1, 17):  # then the GPU source goes quiet
+        sched.on_tick(Frame(1000.0 + t, 1.0))
+    before = snapshot(sched)
+    with pytest.raises(SchedulerError, match="shard chat-2: cannot place: no GPU values for 15 s"):
+        sched.register_shard(chat | {"id": "chat-2", "gpus": 1})
+    assert snapshot(sched) == before
+
+
+def test_registration_without_gpu_values_is_a_409(api: tuple[FlaskClient, Scheduler]) -> None:
+    from sits_observe.frame import Frame
+
+    client, sched = api
+    for t in range(1, 17):  # the GPU source stops reporting
+        sched.on_tick(Frame(1000.0 + t, 1.0))
+    refused(client, sched, "/api/v1/shards", {"id": "chat", "gpus": 1, "memory_per_gpu": GiB}, 409,
+            "shard chat: cannot place: no GPU values for 15 s (the GPU source is not reporting), so the targets' "
+            "free memory is unknown; try again when it reports")
+    r = client.post("/api/v1/shards", json={"id": "chat", "gpus": 1, "memory_per_gpu": GiB, "placement": [5]},
+                    headers=AUTH)
+    assert (r.status_code, r.get_json()["gpus"]) == (201, [5])  # a running shard is adopted where it runs
+
+
+def test_a_config_shard_is_placed_when_gpu_values_come(make_scheduler: Callable[..., Scheduler]) -> None:
+    """A shard in ``scheduler.shards`` without a placement was placed at start-up, before any GPU sample."""
+    sched = make_scheduler(shards=[{"id": "chat", "gpus": 2, "memory_per_gpu": 30 * GiB}])
+    assert sched.shards_state()["shards"] == []  # waits: every GPU's free memory is unknown
+    sched.on_tick(frame(1000.0, mem_gib=[75] * 6 + [0, 0]))
+    (chat,) = sched.shards_state()["shards"]
+    assert (chat["shard"]["id"], chat["state"], chat["gpus"]) == ("chat", "launched", [6, 7])
+
+
 def test_bodies_json_allows_but_the_scheduler_cannot_store_are_a_400(api: tuple[FlaskClient, Scheduler]) -> None:
     """JSON nested past the recursion limit, and strings with a lone surrogate (valid JSON, not UTF-8 text:
     SQLite and the plan JSON cannot encode them), were a 500 with a traceback in the log."""
