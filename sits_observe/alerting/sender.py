@@ -5,8 +5,8 @@ A receiver's queue is strictly ordered: the head is retried (exponential back-of
 is final, and so is a URL that http.client refuses (the config check already does): the message
 moves to the outbox's ``failed`` table with the reason.  A kept-alive connection the receiver closed
 while idle is replaced at once, not counted as a failed attempt.  Webhook and Slack
-receivers get one alert per request; Alertmanager up to ``max_batch`` (its API takes a list), and
-firing alerts are re-sent to it every ``resend_interval`` wall seconds, as Prometheus does.
+receivers get one alert per request; Alertmanager up to ``max_batch`` (its API takes a list; the
+:mod:`.dispatch` re-queues firing alerts for it every ``resend_interval``, as Prometheus does).
 Logs and errors name receivers, never their URL or secret.
 """
 
@@ -21,19 +21,16 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
-from typing import Any
+from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 from ..collectors.config import basic_auth
 from ..errors import AlertingError
-from ..frame import Sample
-from .config import AlertingConfig, BackoffConfig, ReceiverConfig
-from .formats import Alert, render, sign
+from .config import BackoffConfig, ReceiverConfig
+from .formats import render, sign
 from .outbox import Message, Outbox
 
-__all__ = ["Sender", "Dispatcher", "OUTCOMES"]
+__all__ = ["Sender", "OUTCOMES"]
 
 log = logging.getLogger("sits_observe.alerting")
 
@@ -236,82 +233,3 @@ def _retry_after(value: str | None) -> float | None:
         return float(value) if value else None
     except ValueError:
         return None
-
-
-class Dispatcher:
-    """The outbox plus one :class:`Sender` per receiver; what the SLO engine talks to."""
-
-    def __init__(self, cfg: AlertingConfig, state_dir: Path, *, clock: Callable[[], float] = time.monotonic,
-                 rng: random.Random | None = None) -> None:
-        self.cfg = cfg
-        self.outbox = Outbox(Path(state_dir) / "outbox.db")
-        self.counts: Counter[tuple[str, str]] = Counter()
-        self.senders = {r.label: Sender(r, self.outbox, cfg.backoff, cfg.max_batch, self.counts, rng)
-                        for r in cfg.receivers}
-        self._am = [r.label for r in cfg.receivers if r.type == "alertmanager"]
-        self._clock = clock
-        self._last_refresh = clock()
-
-    def start(self) -> None:
-        """Start the senders; say once if the outbox holds messages for receivers no longer configured."""
-        unconfigured = self.unconfigured()
-        if unconfigured:
-            # names only: a receiver's URL may be its secret
-            log.warning("alert outbox holds messages for receivers no longer configured (%s): they are kept, "
-                        "not sent; they go out if a receiver of that name is configured again",
-                        ", ".join(f"{n}: {k}" for n, k in sorted(unconfigured.items())))
-        for s in self.senders.values():
-            s.start()
-
-    def unconfigured(self) -> dict[str, int]:
-        """Messages queued for receiver names this configuration does not have (renamed or removed)."""
-        return {n: k for n, k in self.outbox.depth().items() if n not in self.senders}
-
-    def notify(self, alert: Alert) -> None:
-        """Queue a state change (or new annotations) of ``alert`` for every receiver."""
-        if self.senders and self.outbox.enqueue(list(self.senders), alert):
-            self._wake(self.senders)
-
-    def refresh(self, firing: Iterable[Alert]) -> None:
-        """Re-send firing alerts to Alertmanager receivers every ``resend_interval`` (wall clock)."""
-        now = self._clock()
-        if not self._am or now - self._last_refresh < self.cfg.resend_interval:
-            return
-        self._last_refresh = now
-        if sum(self.outbox.enqueue(self._am, a, refresh=True) for a in firing):
-            self._wake(self._am)
-
-    def _wake(self, names: Iterable[str]) -> None:
-        for n in names:
-            self.senders[n].wake()
-
-    def metrics(self) -> Iterable[Sample]:
-        depth = self.outbox.depth()
-        for name in self.senders:
-            for outcome in OUTCOMES:
-                yield Sample("sits_webhook_deliveries_total", "counter",
-                             "Alert deliveries by receiver and outcome (retried: an attempt that will be retried).",
-                             (("receiver", name), ("outcome", outcome)), float(self.counts[(name, outcome)]))
-        for name in sorted(self.senders.keys() | depth.keys()):
-            yield Sample("sits_webhook_queue_depth", "gauge",
-                         "Alert messages waiting in the outbox (also for a receiver no longer configured).",
-                         (("receiver", name),), float(depth.get(name, 0)))
-
-    def state(self) -> dict[str, Any]:
-        """JSON-ready receiver state for the API (names and types only: no URLs, no secrets)."""
-        depth, errors = self.outbox.depth(), self.outbox.last_errors()
-        receivers = [{"name": n, "type": s.cfg.type, "queue_depth": depth.get(n, 0),
-                      **{o: self.counts[(n, o)] for o in OUTCOMES}, "last_error": errors.get(n)}
-                     for n, s in self.senders.items()]
-        unconfigured = [{"name": n, "queue_depth": k} for n, k in sorted(self.unconfigured().items())]
-        return {"receivers": receivers, "unconfigured_receivers": unconfigured,
-                "failed": self.outbox.recent_failures()}
-
-    def close(self, timeout: float = 5.0) -> None:
-        """Stop every sender, wait for them, close the outbox: each step runs even if an earlier one raised."""
-        with contextlib.ExitStack() as steps:  # run last-in first-out
-            steps.callback(self.outbox.close)
-            for s in self.senders.values():
-                steps.callback(s.join_stopped, timeout)
-            for s in self.senders.values():
-                steps.callback(s.stop)

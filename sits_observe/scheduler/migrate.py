@@ -17,7 +17,7 @@ from typing import Any
 from ..errors import SchedulerError
 from .actuators import Actuator, StepOutcome
 from .states import NotFound, State
-from .store import Placement, PlacementStore
+from .store import Placement, PlacementStore, SpanRecord
 
 __all__ = ["STEPS", "Walker"]
 
@@ -38,15 +38,18 @@ class Walker:
         self.waiting: set[int] = set()  # pending placements whose choice ``choose`` put off
 
     def start(self, shard_id: str, kind: str, gpus: tuple[int, ...], node: str, ts: float, *,
-              source: Placement | None = None, decision_id: str = "", reason: str = "") -> Placement:
-        """Create a placement on ``gpus`` and walk it as far as the actuator allows now."""
-        p = self.store.create(shard_id, kind, ts, source.id if source else None, decision_id, reason)
+              source: Placement | None = None, decision_id: str = "", reason: str = "",
+              span: SpanRecord | None = None) -> Placement:
+        """Create a placement on ``gpus`` (stored with the decision's ``span``) and walk it as far as the
+        actuator allows now."""
+        p = self.store.create(shard_id, kind, ts, source.id if source else None, decision_id, reason, span)
         p = self.store.update(p, ts, State.PLACED, gpus=gpus, node=node)
         return self.advance(p, ts)
 
-    def adopt(self, shard_id: str, gpus: tuple[int, ...], node: str, ts: float, reason: str) -> Placement:
+    def adopt(self, shard_id: str, gpus: tuple[int, ...], node: str, ts: float, reason: str,
+              span: SpanRecord | None = None) -> Placement:
         """Record a placement that already runs: it walks to launched without actuator steps."""
-        p = self.store.create(shard_id, "adopt", ts, reason=reason)
+        p = self.store.create(shard_id, "adopt", ts, reason=reason, span=span)
         return self.advance(self.store.update(p, ts, State.PLACED, gpus=gpus, node=node), ts)
 
     def advance(self, p: Placement, ts: float) -> Placement:

@@ -1,8 +1,12 @@
-"""Durable shards and placements in SQLite (WAL) under ``state_dir``; every write is a compare-and-swap.
+"""Durable shards, placements and decision spans in SQLite (WAL) under ``state_dir``.
 
 A placement row changes only through :meth:`PlacementStore.update`, whose ``UPDATE ... WHERE id=? AND
 version=? AND state=?`` either wins (version + 1) or is refused with the shard, the expected and the
 actual state.  Each call is one transaction, so a crash leaves the last committed state only.
+
+A decision's ShardDecisionSpan is written in the transaction that writes the decision's row (or alone
+for a decision without one) and stays until the collector has accepted it, so no crash loses it.
+The schema is versioned (``PRAGMA user_version``); opening a file applies the migrations it lacks.
 """
 
 from __future__ import annotations
@@ -10,8 +14,9 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,13 +25,15 @@ from ..errors import SchedulerError
 from .config import ShardSpec
 from .states import TERMINAL, NotFound, State, check_transition
 
-__all__ = ["Placement", "PlacementStore", "DB_NAME"]
+__all__ = ["Placement", "PlacementStore", "SpanRecord", "DB_NAME", "SCHEMA_VERSION"]
 
 DB_NAME = "scheduler.sqlite"
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS shards (
-    id TEXT PRIMARY KEY, spec TEXT NOT NULL, created_ts REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS placements (
+# migration n (1-based) takes a file from user_version n - 1 to n; files made before versioning are at 0
+# and have the tables of migration 1 already (hence IF NOT EXISTS there)
+_MIGRATIONS: tuple[tuple[str, ...], ...] = ((
+    """CREATE TABLE IF NOT EXISTS shards (
+    id TEXT PRIMARY KEY, spec TEXT NOT NULL, created_ts REAL NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS placements (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     shard_id TEXT NOT NULL REFERENCES shards(id),
     kind TEXT NOT NULL,                 -- assign | reshard | adopt
@@ -40,9 +47,18 @@ CREATE TABLE IF NOT EXISTS placements (
     decision_id TEXT NOT NULL DEFAULT '',
     reason TEXT NOT NULL DEFAULT '',
     created_ts REAL NOT NULL,
-    updated_ts REAL NOT NULL);
-CREATE INDEX IF NOT EXISTS placements_shard ON placements(shard_id, state);
-"""
+    updated_ts REAL NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS placements_shard ON placements(shard_id, state)",
+), (
+    """CREATE TABLE spans (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,  -- export order, oldest first
+    decision_id TEXT NOT NULL,
+    body TEXT NOT NULL,                     -- JSON: ids, times, attributes, events, links, status, resource
+    created_ts REAL NOT NULL,               -- wall clock
+    exported_ts REAL)                       -- NULL until the collector accepted it""",
+    "CREATE INDEX spans_exported ON spans(exported_ts, seq)",
+))
+SCHEMA_VERSION = len(_MIGRATIONS)
 _COLUMNS = ("id", "shard_id", "kind", "source_id", "gpus", "node", "state", "version", "step", "step_ts",
             "decision_id", "reason", "created_ts", "updated_ts")
 _MUTABLE = frozenset({"gpus", "node", "step", "step_ts", "reason"})
@@ -69,6 +85,14 @@ class Placement:
         return {c: getattr(self, c) for c in _COLUMNS} | {"gpus": list(self.gpus), "state": self.state.value}
 
 
+@dataclass(frozen=True, slots=True)
+class SpanRecord:
+    """A decision's span as stored until exported: ``body`` is JSON-ready (see :mod:`.span_outbox`)."""
+
+    decision_id: str
+    body: dict[str, Any]
+
+
 def _placement(row: tuple[Any, ...]) -> Placement:
     d = dict(zip(_COLUMNS, row))
     d["gpus"] = tuple(json.loads(d["gpus"]))
@@ -77,7 +101,7 @@ def _placement(row: tuple[Any, ...]) -> Placement:
 
 
 class PlacementStore:
-    """Shards and placements of one host; safe to share between the tick thread and HTTP threads."""
+    """Shards, placements and decision spans of one host; shared by the tick, HTTP and span export threads."""
 
     def __init__(self, state_dir: str | Path) -> None:
         self.path = Path(state_dir) / DB_NAME
@@ -88,9 +112,28 @@ class PlacementStore:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("PRAGMA foreign_keys=ON")
-            self._db.executescript(_SCHEMA)
         except (OSError, sqlite3.Error) as exc:
             raise SchedulerError(f"{self.path}: cannot open the scheduler database: {exc}") from exc
+        try:
+            self._migrate()
+        except SchedulerError:
+            self._db.close()
+            raise
+
+    def _migrate(self) -> None:
+        """Bring the file to :data:`SCHEMA_VERSION`, one transaction per migration; a newer file is refused."""
+        while True:
+            with self._tx() as db:
+                version = db.execute("PRAGMA user_version").fetchone()[0]
+                if version > SCHEMA_VERSION:
+                    raise SchedulerError(
+                        f"{self.path}: schema version {version} is newer than this sits-observe knows "
+                        f"({SCHEMA_VERSION}); run the version that wrote it, or move the file away")
+                if version == SCHEMA_VERSION:
+                    return
+                for statement in _MIGRATIONS[version]:
+                    db.execute(statement)
+                db.execute(f"PRAGMA user_version={version + 1}")
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
@@ -104,6 +147,9 @@ class PlacementStore:
                     raise
                 self._db.execute("COMMIT")
             except sqlite3.Error as exc:
+                with suppress(sqlite3.Error):  # COMMIT itself failed (disk full): or every later BEGIN fails
+                    if self._db.in_transaction:
+                        self._db.execute("ROLLBACK")
                 raise SchedulerError(f"{self.path}: {exc}") from exc
 
     def close(self) -> None:
@@ -132,14 +178,16 @@ class PlacementStore:
 
     # placements
     def create(self, shard_id: str, kind: str, ts: float, source_id: int | None = None,
-               decision_id: str = "", reason: str = "") -> Placement:
-        """A new placement in ``pending`` at version 1."""
+               decision_id: str = "", reason: str = "", span: SpanRecord | None = None) -> Placement:
+        """A new placement in ``pending`` at version 1, and the span of the decision that made it."""
         with self._tx() as db:
             cur = db.execute(
                 "INSERT INTO placements(shard_id, kind, source_id, state, version, decision_id, reason, created_ts,"
                 " updated_ts) VALUES (?, ?, ?, ?, 1, ?, ?, ?, ?)",
                 (shard_id, kind, source_id, State.PENDING.value, decision_id, reason, ts, ts))
             pid = cur.lastrowid
+            if span is not None:
+                self._insert_span(db, span)
         return self.placement(int(pid or 0))
 
     def update(self, p: Placement, ts: float, state: State | None = None, **fields: Any) -> Placement:
@@ -207,3 +255,44 @@ class PlacementStore:
                 "SELECT id FROM (SELECT id, ROW_NUMBER() OVER (PARTITION BY shard_id ORDER BY id DESC) AS r "
                 f"FROM placements WHERE state IN ({', '.join('?' * len(TERMINAL))})) WHERE r <= ?)",
                 (*[s.value for s in TERMINAL], *[s.value for s in TERMINAL], keep))
+
+    # decision spans
+    @staticmethod
+    def _insert_span(db: sqlite3.Connection, span: SpanRecord) -> None:
+        db.execute("INSERT INTO spans(decision_id, body, created_ts) VALUES (?, ?, ?)",
+                   (span.decision_id, json.dumps(span.body), time.time()))
+
+    def add_span(self, span: SpanRecord) -> None:
+        """Store the span of a decision that wrote no row (a "no action")."""
+        with self._tx() as db:
+            self._insert_span(db, span)
+
+    def pending_spans(self, limit: int) -> list[tuple[int, str]]:
+        """The oldest ``limit`` spans not exported yet, as (seq, JSON body)."""
+        with self._tx() as db:
+            return db.execute("SELECT seq, body FROM spans WHERE exported_ts IS NULL ORDER BY seq LIMIT ?",
+                              (limit,)).fetchall()
+
+    def spans_exported(self, seqs: list[int], ts: float) -> None:
+        with self._tx() as db:
+            db.executemany("UPDATE spans SET exported_ts=? WHERE seq=?", [(ts, q) for q in seqs])
+
+    def drop_spans(self, seqs: list[int]) -> None:
+        with self._tx() as db:
+            db.executemany("DELETE FROM spans WHERE seq=?", [(q,) for q in seqs])
+
+    def trim_spans(self, pending: int, exported: int) -> int:
+        """Keep the newest ``pending`` unexported and ``exported`` exported spans; returns how many unexported
+        spans were deleted."""
+        with self._tx() as db:
+            dropped = db.execute("DELETE FROM spans WHERE seq IN (SELECT seq FROM spans WHERE exported_ts IS NULL "
+                                 "ORDER BY seq DESC LIMIT -1 OFFSET ?)", (pending,)).rowcount
+            db.execute("DELETE FROM spans WHERE seq IN (SELECT seq FROM spans WHERE exported_ts IS NOT NULL "
+                       "ORDER BY seq DESC LIMIT -1 OFFSET ?)", (exported,))
+        return dropped
+
+    def span_counts(self) -> tuple[int, int]:
+        """(unexported, exported) spans kept."""
+        with self._tx() as db:
+            row = db.execute("SELECT COUNT(*) - COUNT(exported_ts), COUNT(exported_ts) FROM spans").fetchone()
+        return int(row[0]), int(row[1])

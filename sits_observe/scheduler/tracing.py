@@ -1,34 +1,39 @@
 """ShardDecisionSpan: one OpenTelemetry span per scheduler decision, exported over OTLP, plus a bounded
 local ring of the same decisions (with their trace and span ids) for the API and the UI.
 
-Wiring is done once here: TracerProvider (resource ``service.name=sits-observe``, ``host.name``) ->
-bounded processor -> BatchSpanProcessor -> OTLP exporter (http/protobuf by default, grpc optional).  The
-endpoint comes from ``otlp.endpoint``, else ``OTEL_EXPORTER_OTLP_ENDPOINT``; with neither, spans are
-made (the ring keeps their ids) but not exported.  Ending a span only enqueues it, so a collector that
-is down never blocks a tick; spans that overflow the queue or fail to export are counted as dropped.
+A decision's span is made as data (:class:`~.store.SpanRecord`: ids, times, attributes, events, links,
+status, resource and scope) and written to ``scheduler.sqlite`` in the transaction that writes the
+decision's rows; :class:`~.span_outbox.SpanSender` hands the stored spans to the OTLP exporter
+(http/protobuf by default, grpc optional) and marks each exported only when the export succeeded.  Trace
+and span ids are derived from the decision id, so a span sent again after a crash or a failed export
+carries the same ids and a collector can de-duplicate.  The endpoint comes from ``otlp.endpoint``, else
+``OTEL_EXPORTER_OTLP_ENDPOINT``; with neither, spans are not stored nor exported (the ring keeps their
+ids).  Exports run on their own thread: a collector that is down never blocks a tick.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import threading
+import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
-from opentelemetry.trace import Link, SpanContext, TraceFlags
+from opentelemetry.sdk.trace.export import SpanExporter
+from opentelemetry.trace import SpanContext, TraceFlags
 
 from .. import __version__
 from .config import OtlpConfig
 from .placement import Candidate
+from .span_outbox import SpanSender
+from .store import PlacementStore, SpanRecord
 
-__all__ = ["Decision", "DecisionTracer", "link_context", "make_exporter"]
+__all__ = ["Decision", "DecisionTracer", "decision_ids", "link_context", "make_exporter"]
+
+SCOPE = "sits_observe.scheduler"
 
 
 @dataclass(slots=True)
@@ -68,11 +73,27 @@ class Decision:
         }
 
 
+def _derived(kind: str, ident: str) -> tuple[int, int]:
+    """(trace id, span id) from sha256 of ``kind:id``: first 16 bytes, next 8 (never 0)."""
+    h = hashlib.sha256(f"{kind}:{ident}".encode()).digest()
+    return int.from_bytes(h[:16], "big") or 1, int.from_bytes(h[16:24], "big") or 1
+
+
 def link_context(kind: str, ident: str) -> SpanContext:
     """A stable span context for a verdict or alert id (sha256 of ``kind:id``), so links are reproducible."""
-    h = hashlib.sha256(f"{kind}:{ident}".encode()).digest()
-    return SpanContext(int.from_bytes(h[:16], "big") or 1, int.from_bytes(h[16:24], "big") or 1, is_remote=True,
-                       trace_flags=TraceFlags(TraceFlags.SAMPLED))
+    trace_id, span_id = _derived(kind, ident)
+    return SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+
+
+def decision_ids(decision_id: str) -> tuple[str, str]:
+    """(trace id, span id) in hex of a decision's span, derived as links are (``shard.decision:<id>``)."""
+    trace_id, span_id = _derived("shard.decision", decision_id)
+    return f"{trace_id:032x}", f"{span_id:016x}"
+
+
+def _link(kind: str, ident: str, attributes: dict[str, Any]) -> dict[str, Any]:
+    trace_id, span_id = _derived(kind, ident)
+    return {"trace_id": f"{trace_id:032x}", "span_id": f"{span_id:016x}", "attributes": attributes}
 
 
 def make_exporter(cfg: OtlpConfig, env: Mapping[str, str]) -> SpanExporter | None:
@@ -89,103 +110,60 @@ def make_exporter(cfg: OtlpConfig, env: Mapping[str, str]) -> SpanExporter | Non
     return HttpExporter(endpoint=base.rstrip("/") + "/v1/traces", timeout=cfg.timeout)
 
 
-class _Counting(SpanExporter):
-    """Wraps the exporter: counts spans handed over, exported, and lost to failed exports."""
-
-    def __init__(self, inner: SpanExporter) -> None:
-        self.inner = inner
-        self.handed = self.finished = self.failed = 0
-        self._lock = threading.Lock()
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        try:
-            result = self.inner.export(spans)
-        except Exception:  # an exporter bug must cost spans, not the batch thread
-            result = SpanExportResult.FAILURE
-        with self._lock:
-            self.finished += len(spans)
-            if result is not SpanExportResult.SUCCESS:
-                self.failed += len(spans)
-        return result
-
-    def shutdown(self) -> None:
-        self.inner.shutdown()
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return self.inner.force_flush(timeout_millis)
-
-
-class _Bounded(SpanProcessor):
-    """Forwards ended spans to the batch processor while fewer than ``cap`` wait; drops (and counts) the rest."""
-
-    def __init__(self, inner: BatchSpanProcessor, counting: _Counting, cap: int) -> None:
-        self.inner, self.counting, self.cap = inner, counting, cap
-        self.overflow = 0
-
-    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
-        pass
-
-    def on_end(self, span: ReadableSpan) -> None:
-        c = self.counting
-        if c.handed - c.finished >= self.cap:
-            self.overflow += 1
-            return
-        c.handed += 1
-        self.inner.on_end(span)
-
-    def shutdown(self) -> None:
-        self.inner.shutdown()
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return self.inner.force_flush(timeout_millis)
-
-
 class DecisionTracer:
-    """Makes the span of each decision and keeps the last ``keep`` decisions as dicts."""
+    """Makes the span of each decision and keeps the last ``keep`` decisions as dicts.
 
-    def __init__(self, cfg: OtlpConfig, host_name: str, keep: int = 256, *,
+    ``store`` keeps the spans until they are exported; a sender starts at once and sends what an earlier
+    run left unexported.
+    """
+
+    def __init__(self, cfg: OtlpConfig, host_name: str, store: PlacementStore, keep: int = 256, *,
                  exporter: SpanExporter | None = None, env: Mapping[str, str] | None = None) -> None:
         exporter = exporter or make_exporter(cfg, os.environ if env is None else env)
         resource = Resource.create({"service.name": "sits-observe", "service.version": __version__,
                                     "host.name": host_name})
-        self.provider = TracerProvider(resource=resource)
-        self._bounded: _Bounded | None = None
-        if exporter is not None:
-            counting = _Counting(exporter)
-            batch = BatchSpanProcessor(counting, max_queue_size=cfg.max_queue + 1,
-                                       schedule_delay_millis=cfg.schedule_delay * 1000,
-                                       max_export_batch_size=min(512, cfg.max_queue),
-                                       export_timeout_millis=cfg.timeout * 1000)
-            self._bounded = _Bounded(batch, counting, cfg.max_queue)
-            self.provider.add_span_processor(self._bounded)
-        self.tracer = self.provider.get_tracer("sits_observe.scheduler", __version__)
+        self.resource = dict(resource.attributes)
         self.ring: deque[dict[str, Any]] = deque(maxlen=keep)
+        self.sender = None if exporter is None else SpanSender(store, exporter, cfg, keep)
+        if self.sender is not None:
+            self.sender.start()
 
     @property
     def exporting(self) -> bool:
-        return self._bounded is not None
+        return self.sender is not None
 
     @property
     def dropped(self) -> int:
-        b = self._bounded
-        return 0 if b is None else b.overflow + b.counting.failed
+        return 0 if self.sender is None else self.sender.dropped
+
+    def span(self, d: Decision) -> SpanRecord | None:
+        """The decision's span, ended now (wall clock), to store with the decision's rows; None when spans
+        are not exported."""
+        if self.sender is None:
+            return None
+        now = time.time_ns()
+        trace_id, span_id = decision_ids(d.id)
+        links = ([_link("rca.verdict", d.verdict_id, {"link.kind": "rca.verdict", "rca.verdict.id": d.verdict_id})]
+                 if d.verdict_id else [])
+        links += [_link("alert", a, {"link.kind": "alert", "alert.id": a}) for a in d.alerts]
+        events = [{"name": "candidate.scored", "ts_ns": now, "attributes": {
+            "candidate.rank": rank, "candidate.gpus": list(c.gpus), "candidate.score": c.score,
+            **{f"score.{t}": v for t, v in c.terms.items()}}} for rank, c in enumerate(d.candidates)]
+        return SpanRecord(d.id, {
+            "trace_id": trace_id, "span_id": span_id, "name": d.name, "kind": "INTERNAL",
+            "start_ns": now, "end_ns": now, "attributes": d.attributes(), "events": events, "links": links,
+            "status": {"code": "UNSET", "description": None}, "resource": self.resource,
+            "scope": {"name": SCOPE, "version": __version__}})
 
     def record(self, d: Decision) -> dict[str, Any]:
-        """End the decision's span now (wall-clock timestamps) and keep it in the ring."""
-        links = ([Link(link_context("rca.verdict", d.verdict_id),
-                       {"link.kind": "rca.verdict", "rca.verdict.id": d.verdict_id})] if d.verdict_id else [])
-        links += [Link(link_context("alert", a), {"link.kind": "alert", "alert.id": a}) for a in d.alerts]
-        span = self.tracer.start_span(d.name, attributes=d.attributes(), links=links)
-        for rank, c in enumerate(d.candidates):
-            span.add_event("candidate.scored", {
-                "candidate.rank": rank, "candidate.gpus": list(c.gpus), "candidate.score": c.score,
-                **{f"score.{t}": v for t, v in c.terms.items()}})
-        span.end()
-        ctx = span.get_span_context()
-        entry = asdict(d) | {"trace_id": f"{ctx.trace_id:032x}", "span_id": f"{ctx.span_id:016x}"}
+        """Keep the decision in the ring and have its stored span (if any) sent soon."""
+        trace_id, span_id = decision_ids(d.id)
+        entry = asdict(d) | {"trace_id": trace_id, "span_id": span_id}
         entry["candidates"] = [{"gpus": list(c.gpus), "score": c.score, "terms": c.terms} for c in d.candidates]
         entry["node_cpu"] = None if d.node_cpu != d.node_cpu else d.node_cpu
         self.ring.append(entry)
+        if self.sender is not None:
+            self.sender.queued()
         return entry
 
     def recent(self, limit: int | None = None) -> list[dict[str, Any]]:
@@ -194,7 +172,9 @@ class DecisionTracer:
         return out if limit is None else out[:limit]
 
     def flush(self, timeout: float = 5.0) -> bool:
-        return self.provider.force_flush(int(timeout * 1000))
+        """Export the stored spans now; True when none is left unexported."""
+        return self.sender is None or self.sender.flush(timeout)
 
     def close(self) -> None:
-        self.provider.shutdown()
+        if self.sender is not None:
+            self.sender.stop()

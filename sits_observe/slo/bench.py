@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from ..alerting.config import AlertingConfig
+from ..alerting.dispatch import Dispatcher
 from ..alerting.formats import Alert, render
-from ..alerting.sender import Dispatcher
 from ..argtypes import POSITIVE_FLOAT, POSITIVE_INT
 from ..config import Config, parse
 from ..frame import STAGES, BucketLayout, Frame
@@ -94,8 +94,8 @@ def _naive(engine: SloEngine, frames: list[Frame], history_ticks: int) -> list[f
     """Raw per-tick history in a ring; every window <= the history re-summed from it each tick."""
     n = len(engine.specs)
     ring = np.zeros((2, n, history_ticks))
-    keep = engine.windows <= history_ticks
-    rows, windows = engine.rows[keep], engine.windows[keep].astype(np.int64)
+    keep = engine.plan.windows <= history_ticks
+    rows, windows = engine.plan.rows[keep], engine.plan.windows[keep].astype(np.int64)
     out = []
     for k, frame in enumerate(frames):
         t0 = time.perf_counter()

@@ -35,51 +35,33 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..alerting.config import AlertingConfig
+from ..alerting.dispatch import Dispatcher
 from ..alerting.formats import Alert
-from ..alerting.sender import Dispatcher
 from ..errors import SloError
 from ..frame import Frame, Sample
-from .burn import budget_remaining, burn_rate, error_ratio, fire, tier_active
+from .plan import Evaluation, Plan
 from .sli import SliReader
-from .spec import TIER_NAMES, SloSpec, Tier, error_budget
+from .spec import SloSpec
 from .state import SloState
+from .tiers import TIER_NAMES, Tier
 from .views import alerts_view, metrics_of, slo_view
-from .window import Levels, WindowRing
+from .window import WindowRing
 
 if TYPE_CHECKING:
     from ..config import Config
 
-__all__ = ["SloEngine", "Evaluation"]
+__all__ = ["SloEngine"]
 
 log = logging.getLogger("sits_observe.slo")
 RECENT_KEPT = 50
 QUIET_NOTES = frozenset({"confidence", "rca_verdict"})  # annotations whose change alone sends no message
-
-
-@dataclass(frozen=True, slots=True)
-class Evaluation:
-    """One tick's results: per window pair ``sums (2, P)``; per SLO and tier ``active``, ``firing``, ``held``,
-    ``last_true (n, T)`` (when a kept tier's condition last held, NaN when not kept) and ``held_until``
-    (see :func:`.burn.fire`)."""
-
-    ts: float
-    sums: np.ndarray
-    err: np.ndarray
-    burn: np.ndarray
-    rate: np.ndarray
-    active: np.ndarray
-    firing: np.ndarray
-    held: np.ndarray
-    last_true: np.ndarray
-    budget: np.ndarray
-    held_until: np.ndarray
 
 
 class SloEngine:
@@ -95,34 +77,10 @@ class SloEngine:
         self.reader = SliReader(self.specs, buckets)
         self.alerting = alerting
         self.external = dict(alerting.external_labels) if alerting else {}
-        n, T = len(self.specs), len(TIER_NAMES)
-        pairs = [(i, w) for i, s in enumerate(self.specs) for w in sorted({*s.alert_windows(), s.window})]
-        self.pair_of = {p: k for k, p in enumerate(pairs)}
-        self.slo_pairs = [[k for k, (row, _) in enumerate(pairs) if row == i] for i in range(n)]
-        self.rows = np.array([i for i, _ in pairs])
-        self.windows = np.array([w for _, w in pairs], dtype=np.float64)
-        self.levels = Levels.for_windows(self.windows.min(), self.windows.max())
-        self.pair_levels = np.array([self.levels.level_of(w) for w in self.windows])
-        self.tiers: list[dict[str, Tier]] = [{t.name: t for t in s.enabled_tiers()} for s in self.specs]
-        self.t_long = np.zeros((n, T), dtype=np.int64)
-        self.t_short = np.zeros((n, T), dtype=np.int64)
-        self.t_threshold = np.full((n, T), np.inf)
-        self.keep = np.zeros((n, T))
-        self.hold_for = np.zeros((n, T))  # how long a held tier may lag a faster one: short window + keep
-        for i, s in enumerate(self.specs):
-            for j, name in enumerate(TIER_NAMES):
-                t = self.tiers[i].get(name)
-                if t is not None:
-                    self.t_long[i, j], self.t_short[i, j] = self.pair_of[(i, t.long)], self.pair_of[(i, t.short)]
-                    self.t_threshold[i, j] = t.threshold(s.window, s.objective)
-                    self.keep[i, j] = t.keep_firing_for
-                    self.hold_for[i, j] = t.short + t.keep_firing_for
-        self.budget = np.array([error_budget(s.objective) for s in self.specs])
-        self.min_rate = np.array([s.min_rate for s in self.specs])[:, None]
-        self.budget_pair = np.array([self.pair_of[(i, s.window)] for i, s in enumerate(self.specs)])
+        self.plan = plan = Plan(self.specs)
         self.state = SloState(Path(state_dir) / "slo.db", [s.name for s in self.specs],
-                              [s.sli_key() for s in self.specs], self.levels.res)
-        self.ring = WindowRing(n, self.levels)
+                              [s.sli_key() for s in self.specs], plan.levels.res)
+        self.ring = WindowRing(len(self.specs), plan.levels)
         self._restore()
         if dispatcher is None and alerting is not None and alerting.receivers:
             dispatcher = Dispatcher(alerting, Path(state_dir))
@@ -140,7 +98,7 @@ class SloEngine:
         return cls(config.slos, config.store.buckets, config.state_dir, config.alerting)
 
     def _restore(self) -> None:
-        for lvl in range(len(self.levels.res)):
+        for lvl in range(len(self.plan.levels.res)):
             stored = self.state.edges(lvl)
             if stored is not None:
                 self.ring.restore(lvl, *stored)
@@ -160,12 +118,12 @@ class SloEngine:
         for name, kept in self.state.tiers().items():
             i = index[name]
             for tier, (since, last_true) in kept.items():
-                if tier in self.tiers[i]:
+                if tier in self.plan.tiers[i]:
                     j = TIER_NAMES.index(tier)
                     self.saved[i, j] = np.inf if last_true is None else last_true
                     if since is not None:
                         self.firing_tiers[i, j] = True
-                        self.alerts[(i, tier)] = self._alert(i, self.tiers[i][tier], since)
+                        self.alerts[(i, tier)] = self._alert(i, self.plan.tiers[i][tier], since)
         self.resume = np.isinf(self.saved)  # held up to the restart: counted as held at the first evaluation
         # alerts the receivers may hold as firing that do not fire now (the configuration changed their labels
         # or dropped them; or killed after announcing one, before recording it), and every firing alert: the
@@ -199,15 +157,17 @@ class SloEngine:
             except SloError as exc:
                 log.warning("%s: SLO windows and budgets start afresh", exc)
                 self.state.clear_edges()
-                self.ring = WindowRing(len(self.specs), self.levels)
+                self.ring = WindowRing(len(self.specs), self.plan.levels)
                 # the flap guard's times are in the abandoned future: or a firing alert would be kept
                 # until the clock caught up with them; with empty windows it resolves now
                 self.last_true = np.full_like(self.last_true, np.nan)
                 self.held_until = np.full_like(self.held_until, np.nan)
                 self.resume = np.zeros_like(self.resume)
                 written = self.ring.add(frame.ts, good, total)
-            self.last = ev = self._evaluate(frame.ts if self.ring.ts is None else self.ring.ts)
-            prune = [(lvl, idx - self.levels.slots + 1) for lvl, idx, _ in written]
+            ts = frame.ts if self.ring.ts is None else self.ring.ts
+            last_true = np.where(self.resume, ts, self.last_true)  # held up to a restart: held at the first tick
+            self.last = ev = self.plan.evaluate(self.ring, ts, last_true, self.held_until)
+            prune = [(lvl, idx - self.plan.levels.slots + 1) for lvl, idx, _ in written]
             self.state.save(written, prune)
             for i in np.flatnonzero((~_same(ev.held_until, self.held_until)).any(axis=1)):
                 self.state.set_held(self.specs[i].name, {t: float(u) for t, u in zip(TIER_NAMES, ev.held_until[i])
@@ -218,16 +178,6 @@ class SloEngine:
                 self._transition(int(i), ev, saved[i])
             if self.dispatcher is not None and self.alerts:
                 self.dispatcher.refresh(list(self.alerts.values()))
-
-    def _evaluate(self, ts: float) -> Evaluation:
-        sums = self.ring.sums(ts, self.rows, self.windows, self.pair_levels)
-        err = error_ratio(sums[0], sums[1])
-        rate = sums[1] / self.windows
-        active = tier_active(err[self.t_long], err[self.t_short], rate[self.t_short], self.t_threshold, self.min_rate)
-        last = np.where(self.resume, ts, self.last_true)
-        firing, held, last_true, until = fire(active, self.held_until, last, ts, self.keep, self.hold_for)
-        return Evaluation(ts, sums, err, burn_rate(err, self.budget[self.rows]), rate, active, firing, held, last_true,
-                          budget_remaining(err[self.budget_pair], self.budget), until)
 
     def _alert(self, i: int, tier: Tier, since: float) -> Alert:
         spec = self.specs[i]
@@ -242,7 +192,7 @@ class SloEngine:
         name = self.specs[i].name
         started = [t for j, t in enumerate(TIER_NAMES) if ev.firing[i, j] and not self.firing_tiers[i, j]]
         ended = [t for j, t in enumerate(TIER_NAMES) if self.firing_tiers[i, j] and not ev.firing[i, j]]
-        new = {t: self._alert(i, self.tiers[i][t], ev.ts) for t in started}
+        new = {t: self._alert(i, self.plan.tiers[i][t], ev.ts) for t in started}
         resolved = [replace(self.alerts[(i, t)], status="resolved", ends_at=ev.ts) for t in ended]
         since = {t: (new[t] if t in new else self.alerts[(i, t)]).starts_at
                  for t, f in zip(TIER_NAMES, ev.firing[i]) if f}

@@ -34,7 +34,8 @@ import yaml
 
 from ..histogram import snap_edges
 from .sli import threshold_index
-from .spec import ALERT_NAME, SloSpec, Tier, error_budget, format_duration
+from .spec import SloSpec
+from .tiers import ALERT_NAME, Tier, error_budget, format_duration
 
 __all__ = ["rule_groups", "dump_rules", "le_label", "counter_metric"]
 

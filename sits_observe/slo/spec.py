@@ -6,143 +6,30 @@ An SLO is an ``objective`` (a ratio such as 0.999) over a rolling ``window`` (e.
   ``threshold`` seconds; the threshold must be one of ``store.buckets`` so the count is exact;
 * ``ratio``: a ``total`` event counter and either its ``bad`` or its ``good`` counter.
 
-Burn-rate alerts use four multi-window tiers (Google SRE Workbook); the burn factor of a tier is the
-fraction of the error budget it allows to be spent in its long window, scaled to the SLO window
-(``budget * window / long``), so a 30d SLO gets 14.4/6/3/1 and a 28d one 13.44/5.6/2.8/0.93.  A
-tier's condition is kept through dips of up to ``keep_firing_for`` (per tier, else per SLO, else the
-tier's short window; ``0s`` turns the flap guard off).  A tier whose threshold ``factor * (1 - objective)``
-is 1 or more could never fire (an error ratio is at most 1) and is refused, as is a window over a year.
+Its burn-rate alerts are the tiers of :mod:`.tiers` with the SLO's overrides.  A tier whose threshold
+``factor * (1 - objective)`` is 1 or more could never fire (an error ratio is at most 1) and is refused,
+as is a window over a year.
 """
 
 from __future__ import annotations
 
 import difflib
 import math
-import re
-from dataclasses import dataclass, replace
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
-from pydantic import (BeforeValidator, Field, TypeAdapter, ValidationInfo, WrapValidator, field_validator,
-                      model_validator)
+from pydantic import Field, TypeAdapter, ValidationInfo, WrapValidator, field_validator, model_validator
 
 from ..alerting.config import check_label_names, check_unique
 from ..section import Section
 from ..frame import STAGES
+from .tiers import (ALERT_NAME, Duration, KeepDuration, Tier, TierOverride, TierOverrides, error_budget,
+                    format_duration, resolve_tiers)
 
-__all__ = [
-    "Duration",
-    "Tier",
-    "DEFAULT_TIERS",
-    "TIER_NAMES",
-    "ALERT_NAME",
-    "TierOverride",
-    "LatencySli",
-    "RatioSli",
-    "SloSpec",
-    "SloList",
-    "error_budget",
-    "parse_duration",
-    "parse_keep",
-    "format_duration",
-]
+__all__ = ["LatencySli", "RatioSli", "SloSpec", "SloList"]
 
 NAME_PATTERN = r"^[a-zA-Z_][a-zA-Z0-9_.-]{0,62}$"
 COUNTER_PATTERN = r"^[a-zA-Z_][a-zA-Z0-9_]{0,127}$"
-_DURATION_RE = re.compile(r"^(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
-_UNITS = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
-_DURATION_HELP = "must be a duration like 30s, 5m, 1h or 28d (units w, d, h, m, s)"
 MAX_WINDOW = 366 * 86400  # a year: longer is a typo, not an SLO
-
-
-def parse_duration(value: Any) -> int:
-    """Seconds in a Prometheus-style duration (``1h30m``, ``28d``); whole seconds are accepted as is."""
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return value
-    if isinstance(value, str):
-        m = _DURATION_RE.match(value.strip())
-        if m and any(m.groups()):
-            weeks, days, hours, minutes, seconds = (int(g or 0) for g in m.groups())
-            total = (((weeks * 7 + days) * 24 + hours) * 60 + minutes) * 60 + seconds
-            if total > 0:
-                return total
-    raise ValueError(_DURATION_HELP)
-
-
-def format_duration(seconds: int) -> str:
-    """``2419200`` -> ``28d``, ``5400`` -> ``1h30m``: the form Prometheus range selectors take."""
-    out, rest = "", int(seconds)
-    for unit, size in _UNITS:
-        if rest >= size:
-            out += f"{rest // size}{unit}"
-            rest %= size
-    return out or "0s"
-
-
-def parse_keep(value: Any) -> int:
-    """A ``keep_firing_for`` duration in seconds: like :func:`parse_duration`, and ``0s`` turns the guard off."""
-    if value in (0, "0", "0s") and not isinstance(value, bool):
-        return 0
-    try:
-        return parse_duration(value)
-    except ValueError:
-        raise ValueError(f"{_DURATION_HELP}, or 0s to resolve as soon as the condition clears") from None
-
-
-Duration = Annotated[int, BeforeValidator(parse_duration)]
-KeepDuration = Annotated[int, BeforeValidator(parse_keep)]
-
-
-@dataclass(frozen=True, slots=True)
-class Tier:
-    """One multi-window burn-rate alert: fires when both windows burn faster than :meth:`factor`."""
-
-    name: str
-    severity: str
-    long: int
-    short: int
-    budget: float
-    keep_firing_for: int = 0
-
-    def factor(self, window: int) -> float:
-        """Burn rate that spends ``budget`` of the error budget in ``long`` seconds of a ``window`` SLO."""
-        return self.budget * window / self.long
-
-    def threshold(self, window: int, objective: float) -> float:
-        """Error ratio both windows must exceed: ``factor * (1 - objective)``, to 12 significant digits."""
-        return float(f"{self.factor(window) * error_budget(objective):.12g}")
-
-
-def error_budget(objective: float) -> float:
-    """``1 - objective`` to 12 significant digits (0.001 for 0.999, not 0.0010000000000000009)."""
-    return float(f"{1.0 - objective:.12g}")
-
-
-# Fastest first: a firing tier inhibits every tier after it for the same SLO.
-DEFAULT_TIERS: tuple[Tier, ...] = (
-    Tier("page_fast", "page", 3600, 300, 0.02),
-    Tier("page_slow", "page", 21600, 1800, 0.05),
-    Tier("ticket_fast", "ticket", 86400, 7200, 0.10),
-    Tier("ticket_slow", "ticket", 259200, 21600, 0.10),
-)
-TIER_NAMES = tuple(t.name for t in DEFAULT_TIERS)
-ALERT_NAME = "SitsSloBurnRate"
-TierName = Literal["page_fast", "page_slow", "ticket_fast", "ticket_slow"]
-
-
-class TierOverride(Section):
-    """Per-tier settings; ``tiers: {ticket_slow: false}`` is short for ``{enabled: false}``."""
-
-    enabled: bool = True
-    long: Duration | None = Field(None, description="long window (default 1h, 6h, 1d, 3d)")
-    short: Duration | None = Field(None, description="short window (default 5m, 30m, 2h, 6h)")
-    budget: float | None = Field(None, gt=0, le=1, description="fraction of the error budget spent in `long`")
-    keep_firing_for: KeepDuration | None = Field(None, description="this tier's flap guard (default: the SLO's)")
-
-
-def _tier_shorthand(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: {"enabled": v} if isinstance(v, bool) else v for k, v in value.items()}
-    return value
 
 
 def _did_you_mean(value: str, choices: tuple[str, ...]) -> str:
@@ -205,7 +92,7 @@ class SloSpec(Section):
     name: str = Field(pattern=NAME_PATTERN)
     description: str = ""
     objective: float
-    tiers: Annotated[dict[TierName, TierOverride], BeforeValidator(_tier_shorthand)] = Field(default_factory=dict)
+    tiers: TierOverrides = Field(default_factory=dict)
     window: Duration = Field(2419200, description="rolling SLO window, e.g. 28d or 30d")
     latency: LatencySli | None = None
     ratio: RatioSli | None = Field(None, validate_default=True)
@@ -226,11 +113,11 @@ class SloSpec(Section):
     @field_validator("tiers")
     @classmethod
     def _tiers(cls, v: dict[str, TierOverride]) -> dict[str, TierOverride]:
-        for tier in _apply(v):
+        for tier in resolve_tiers(v):
             if tier.short >= tier.long:
                 raise ValueError(f"{tier.name}: short window {format_duration(tier.short)} must be shorter than "
                                  f"the long window {format_duration(tier.long)}")
-        if not _apply(v, enabled_only=True):
+        if not resolve_tiers(v, enabled_only=True):
             raise ValueError("every tier is disabled; enable at least one or remove the SLO")
         return v
 
@@ -242,7 +129,7 @@ class SloSpec(Section):
                              "SLO windows are usually 7d to 90d")
         if "tiers" not in info.data:
             return v
-        longest = max(_apply(info.data["tiers"], enabled_only=True), key=lambda t: t.long)
+        longest = max(resolve_tiers(info.data["tiers"], enabled_only=True), key=lambda t: t.long)
         if v < longest.long:
             raise ValueError(
                 f"{format_duration(v)} is shorter than the longest alert window {format_duration(longest.long)} "
@@ -285,7 +172,7 @@ class SloSpec(Section):
 
     def enabled_tiers(self) -> tuple[Tier, ...]:
         """The tiers that alert, fastest first, with overrides and ``keep_firing_for`` applied."""
-        return _apply(self.tiers, enabled_only=True, keep=self.keep_firing_for)
+        return resolve_tiers(self.tiers, enabled_only=True, keep=self.keep_firing_for)
 
     def alert_windows(self) -> tuple[int, ...]:
         """Every distinct alert window (seconds), ascending."""
@@ -308,18 +195,6 @@ class SloSpec(Section):
         """What the SLI counts; stored beside persisted budgets so a changed SLI starts afresh."""
         return (self.latency or self.ratio).model_dump_json()  # type: ignore[union-attr]
 
-
-def _apply(overrides: dict[str, TierOverride], enabled_only: bool = False, keep: int | None = None) -> tuple[Tier, ...]:
-    """The default tiers with overrides; ``keep_firing_for``: the tier's own, else ``keep``, else its short window."""
-    out = []
-    for tier in DEFAULT_TIERS:
-        o = overrides.get(tier.name) or TierOverride()
-        if o.enabled or not enabled_only:
-            short = o.short or tier.short
-            tier_keep = next(k for k in (o.keep_firing_for, keep, short) if k is not None)
-            out.append(replace(tier, long=o.long or tier.long, short=short, budget=o.budget or tier.budget,
-                               keep_firing_for=tier_keep))
-    return tuple(out)
 
 
 _SPEC_LIST = TypeAdapter(list[SloSpec])

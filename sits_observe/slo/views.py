@@ -1,6 +1,6 @@
 """What the SLO engine shows: exported samples and the JSON of ``/api/v1/slos`` and ``/api/v1/alerts``.
 
-Called with the engine's lock held; reads only its latest :class:`~.evaluate.Evaluation`.
+Called with the engine's lock held; reads only its :class:`~.plan.Plan` and latest :class:`~.plan.Evaluation`.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from ..frame import Sample
-from .spec import TIER_NAMES, format_duration
+from .tiers import TIER_NAMES, format_duration
 
 if TYPE_CHECKING:
     from ..alerting.formats import Alert
@@ -39,15 +39,15 @@ def metrics_of(engine: SloEngine) -> list[Sample]:
     for i, spec in enumerate(engine.specs):
         slo = (("slo", spec.name),)
         out.append(_s("sits_slo_objective_ratio", slo, spec.objective))
-        for tier in engine.tiers[i].values():
+        for tier in engine.plan.tiers[i].values():
             labels = (*slo, ("severity", tier.severity), ("burn_tier", tier.name))
             out.append(_s("sits_slo_alert_firing", labels, engine.firing_tiers[i, TIER_NAMES.index(tier.name)]))
         if ev is None:
             continue
         out.append(_s("sits_slo_error_budget_remaining_ratio", slo, ev.budget[i]))
-        for k in engine.slo_pairs[i]:
+        for k in engine.plan.slo_pairs[i]:
             if ev.sums[1, k] > 0:
-                labels = (*slo, ("window", format_duration(int(engine.windows[k]))))
+                labels = (*slo, ("window", format_duration(int(engine.plan.windows[k]))))
                 out.append(_s("sits_slo_sli_ratio", labels, 1.0 - ev.err[k]))
                 out.append(_s("sits_slo_burn_rate", labels, ev.burn[k]))
     return out
@@ -69,24 +69,24 @@ def slo_view(engine: SloEngine, i: int) -> dict[str, Any]:
         out["firing"] = {"burn_tier": fastest, "since": alert.starts_at, "fingerprint": alert.fingerprint}
     if ev is not None:
         windows = []
-        for k in engine.slo_pairs[i]:
+        for k in engine.plan.slo_pairs[i]:
             good, total = ev.sums[:, k]
-            windows.append({"window": format_duration(int(engine.windows[k])), "good": float(good),
+            windows.append({"window": format_duration(int(engine.plan.windows[k])), "good": float(good),
                             "total": float(total), "sli": _num(1.0 - ev.err[k]), "burn_rate": _num(ev.burn[k]),
                             "events_per_second": _num(ev.rate[k])})
         out["windows"] = windows
         out["error_budget"] = {"remaining_ratio": _num(ev.budget[i]), "consumed_ratio": _num(1.0 - ev.budget[i])}
     tiers = []
     for j, name in enumerate(TIER_NAMES):
-        tier = engine.tiers[i].get(name)
+        tier = engine.plan.tiers[i].get(name)
         if tier is None:
             continue
         row = {"burn_tier": name, "severity": tier.severity, "long": format_duration(tier.long),
                "short": format_duration(tier.short), "factor": round(tier.factor(spec.window), 6),
                "keep_firing_for": format_duration(tier.keep_firing_for)}
         if ev is not None:
-            thr = engine.t_threshold[i, j]
-            burning = bool(ev.err[engine.t_long[i, j]] > thr and ev.err[engine.t_short[i, j]] > thr)
+            thr = engine.plan.t_threshold[i, j]
+            burning = bool(ev.err[engine.plan.t_long[i, j]] > thr and ev.err[engine.plan.t_short[i, j]] > thr)
             row.update(active=bool(ev.active[i, j]), firing=bool(ev.firing[i, j]), held=bool(ev.held[i, j]),
                        held_back_low_traffic=burning and not bool(ev.active[i, j]),
                        condition_held_at=_num(ev.last_true[i, j]), held_until=_num(ev.held_until[i, j]))

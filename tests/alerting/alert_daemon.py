@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 from sits_observe.alerting.config import AlertingConfig
+from sits_observe.alerting.dispatch import Dispatcher
 from sits_observe.alerting.formats import Alert
-from sits_observe.alerting.sender import Dispatcher
 
 T = 1_700_000_000.0
 # (slo, status, start): every one is a state change

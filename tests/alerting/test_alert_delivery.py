@@ -11,9 +11,9 @@ import pytest
 
 from sits_observe.alerting import sender as sender_module
 from sits_observe.alerting.config import AlertingConfig, ReceiverConfig
+from sits_observe.alerting.dispatch import Dispatcher
 from sits_observe.alerting.formats import Alert, fingerprint, render
 from sits_observe.alerting.outbox import Outbox
-from sits_observe.alerting.sender import Dispatcher
 from sits_observe.errors import AlertingError
 
 from alert_receiver import Receiver, free_port

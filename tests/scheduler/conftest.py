@@ -1,4 +1,4 @@
-"""Fixture: a scheduler on a tmp state_dir (closed after the test)."""
+"""Fixtures: a scheduler on a tmp state_dir (closed after the test), an OTLP/HTTP receiver."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from otlp_receiver import Receiver
 
 from sits_observe.scheduler.config import OtlpConfig, SchedulerConfig
 from sits_observe.scheduler.engine import Scheduler
@@ -30,3 +31,10 @@ def make_scheduler(tmp_path: Path) -> Iterator[Callable[..., Scheduler]]:
     yield make
     for s in made:
         s.close()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver()
+    yield r
+    r.close()

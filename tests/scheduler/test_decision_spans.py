@@ -1,15 +1,12 @@
 """ShardDecisionSpan over real OTLP/HTTP: a local receiver decodes the protobuf the SDK exporter sends.
 
 The migration is real end to end: the simulated host, the ``sim`` actuator (``sim.migrate``), the
-scheduler walking the placement states, the BatchSpanProcessor and the OTLP/HTTP exporter.
+scheduler walking the placement states, the span outbox in scheduler.sqlite and the OTLP/HTTP exporter.
 """
 
 from __future__ import annotations
 
 import socket
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +15,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
+from otlp_receiver import Receiver, attributes
 from sched_helpers import frame
 
 from sits_observe.config import SimConfig, parse
@@ -33,63 +30,6 @@ from sits_observe.sim.host import SimulatedHost
 ATTRIBUTES = {"shard.id", "shard.strategy", "target.node", "target.gpus", "source.gpus", "decision.score",
               "decision.trigger", "rca.cause", "rca.confidence", "node.load.cpu"}
 TERMS = {"score.comm", "score.memory", "score.load", "score.balance", "score.numa"}
-
-
-class Receiver:
-    """An OTLP/HTTP trace endpoint on a free loopback port keeping every decoded request."""
-
-    def __init__(self) -> None:
-        self.requests: list[ExportTraceServiceRequest] = []
-        self.got = threading.Event()
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server API)
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                req = ExportTraceServiceRequest()
-                req.ParseFromString(body)
-                outer.requests.append(req)
-                outer.got.set()
-                out = ExportTraceServiceResponse().SerializeToString()
-                self.send_response(200 if self.path == "/v1/traces" else 404)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", str(len(out)))
-                self.end_headers()
-                self.wfile.write(out)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def spans(self) -> list[tuple[dict[str, Any], Any]]:
-        """(resource attributes, span) for every span received."""
-        out = []
-        for req in self.requests:
-            for rs in req.resource_spans:
-                res = {a.key: value(a.value) for a in rs.resource.attributes}
-                out += [(res, span) for ss in rs.scope_spans for span in ss.spans]
-        return out
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-def value(v: AnyValue) -> Any:
-    kind = v.WhichOneof("value")
-    if kind == "array_value":
-        return [value(x) for x in v.array_value.values]
-    return getattr(v, kind)
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    r = Receiver()
-    yield r
-    r.close()
 
 
 def test_reshard_span_after_a_simulated_migration(receiver: Receiver, tmp_path: Path) -> None:
@@ -118,9 +58,6 @@ def test_reshard_span_after_a_simulated_migration(receiver: Receiver, tmp_path: 
     finally:
         sched.close()
 
-    def attributes(span: Any) -> dict[str, Any]:
-        return {a.key: value(a.value) for a in span.attributes}
-
     moves = [(res, s) for res, s in receiver.spans()
              if s.name == "shard.reshard" and attributes(s)["decision.action"] == "migrate"]
     assert len(moves) == 1
@@ -136,14 +73,14 @@ def test_reshard_span_after_a_simulated_migration(receiver: Receiver, tmp_path: 
     events = [e for e in span.events if e.name == "candidate.scored"]
     assert events, "one candidate.scored event per candidate"
     for e in events:
-        ev = {a.key: value(a.value) for a in e.attributes}
+        ev = attributes(e)
         assert TERMS | {"candidate.gpus", "candidate.score", "candidate.rank"} <= set(ev)
-    best = {a.key: value(a.value) for a in events[0].attributes}
+    best = attributes(events[0])
     assert best["candidate.gpus"] == [6, 7] and best["candidate.score"] == pytest.approx(attrs["decision.score"])
     (link,) = span.links
     want = link_context("rca.verdict", "v4")
     assert int.from_bytes(link.trace_id, "big") == want.trace_id and int.from_bytes(link.span_id, "big") == want.span_id
-    assert {a.key: value(a.value) for a in link.attributes} == {"link.kind": "rca.verdict", "rca.verdict.id": "v4"}
+    assert attributes(link) == {"link.kind": "rca.verdict", "rca.verdict.id": "v4"}
     # the same decision is in the local ring with the exported ids
     ring = next(d for d in sched.decisions_state()["decisions"] if d["action"] == "migrate")
     assert ring["trace_id"] == span.trace_id.hex() and ring["span_id"] == span.span_id.hex()
@@ -151,28 +88,37 @@ def test_reshard_span_after_a_simulated_migration(receiver: Receiver, tmp_path: 
         "chat-0", "chat-1", "chat-2"]  # the simulator's shards, adopted at start-up
 
 
-def test_collector_down_never_blocks_and_drops_are_counted(tmp_path: Path) -> None:
+def test_collector_down_never_blocks_keeps_spans_and_counts_drops(tmp_path: Path, receiver: Receiver) -> None:
     hung = socket.socket()
     hung.bind(("127.0.0.1", 0))
     hung.listen(8)  # accepts connections, never answers
+    topology = SimulatedHost(SimConfig(), BucketLayout((0.1, 1.0))).topology
     try:
         otlp = OtlpConfig(endpoint=f"http://127.0.0.1:{hung.getsockname()[1]}", timeout=1.0, max_queue=2,
                           schedule_delay=60)
-        sched = Scheduler(SchedulerConfig(), otlp, SimulatedHost(SimConfig(), BucketLayout((0.1, 1.0))).topology,
-                          tmp_path, clock=lambda: 1000.0)
+        sched = Scheduler(SchedulerConfig(), otlp, topology, tmp_path, clock=lambda: 1000.0)
         sched.on_tick(frame(1000.0, n=sched.topo.n))  # GPU values: a new shard is placed where memory is free
         for i in range(5):
             sched.register_shard({"id": f"s{i}", "gpus": 1, "memory_per_gpu": 2**30})
-        # the queue holds 2; the other 3 were dropped at once, while the collector hangs
+        # max_queue spans wait; the 3 oldest were dropped at once, while the collector hangs
         assert sched.tracer.dropped == 3
         assert len(sched.decisions_state()["decisions"]) == 5
-        dropped = {s.name: s.value for s in sched.metrics() if s.name == "sits_scheduler_spans_dropped_total"}
-        assert dropped == {"sits_scheduler_spans_dropped_total": 3.0}
-        sched.tracer.flush()  # the 2 queued ones fail against the hung collector (1 s timeout)
-        assert sched.tracer.dropped == 5
+        got = {s.name: s.value for s in sched.metrics() if s.name.startswith("sits_scheduler_spans_")}
+        assert got == {"sits_scheduler_spans_dropped_total": 3.0, "sits_scheduler_spans_pending": 2.0}
+        assert not sched.tracer.flush()  # the 2 stored ones fail against the hung collector (1 s timeout)
+        assert sched.tracer.dropped == 3 and sched.store.span_counts() == (2, 0)  # kept, to be sent again
+        kept = {d["span_id"]: d["shard_id"] for d in sched.decisions_state()["decisions"][:2]}
         sched.close()
     finally:
         hung.close()
+    # the next start sends them, with the span ids the decisions had
+    again = Scheduler(SchedulerConfig(), OtlpConfig(endpoint=receiver.url), topology, tmp_path, clock=lambda: 2000.0)
+    try:
+        assert again.tracer.flush()
+        assert again.store.span_counts() == (0, 2)
+    finally:
+        again.close()
+    assert {s.span_id.hex(): attributes(s)["shard.id"] for _, s in receiver.spans()} == kept
 
 
 def test_grpc_protocol_reaches_a_grpc_collector(tmp_path: Path) -> None:
@@ -204,5 +150,5 @@ def test_grpc_protocol_reaches_a_grpc_collector(tmp_path: Path) -> None:
         server.stop(None)
     spans = [s for req in got for rs in req.resource_spans for ss in rs.scope_spans for s in ss.spans]
     assert [s.name for s in spans] == ["shard.assign"]
-    attrs = {a.key: value(a.value) for a in spans[0].attributes}
+    attrs = attributes(spans[0])
     assert attrs["shard.id"] == "tp2" and len(attrs["target.gpus"]) == 2 and sched.tracer.dropped == 0

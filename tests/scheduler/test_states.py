@@ -1,7 +1,10 @@
-"""Placement state machine on the SQLite store: compare-and-swap, illegal transitions, lost races."""
+"""Placement state machine on the SQLite store: compare-and-swap, illegal transitions, lost races; schema
+migrations of existing files."""
 
 from __future__ import annotations
 
+import sqlite3
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -9,7 +12,18 @@ import pytest
 from sits_observe.errors import SchedulerError
 from sits_observe.scheduler.config import ShardSpec
 from sits_observe.scheduler.states import TRANSITIONS, NotFound, State
-from sits_observe.scheduler.store import PlacementStore
+from sits_observe.scheduler.store import DB_NAME, SCHEMA_VERSION, PlacementStore, SpanRecord
+
+# scheduler.sqlite as written before the schema was versioned (user_version 0)
+UNVERSIONED = """
+CREATE TABLE shards (id TEXT PRIMARY KEY, spec TEXT NOT NULL, created_ts REAL NOT NULL);
+CREATE TABLE placements (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, shard_id TEXT NOT NULL REFERENCES shards(id), kind TEXT NOT NULL,
+    source_id INTEGER, gpus TEXT NOT NULL DEFAULT '[]', node TEXT NOT NULL DEFAULT '', state TEXT NOT NULL,
+    version INTEGER NOT NULL, step TEXT, step_ts REAL, decision_id TEXT NOT NULL DEFAULT '',
+    reason TEXT NOT NULL DEFAULT '', created_ts REAL NOT NULL, updated_ts REAL NOT NULL);
+CREATE INDEX placements_shard ON placements(shard_id, state);
+"""
 
 
 @pytest.fixture
@@ -85,3 +99,40 @@ def test_prune_keeps_newest_terminal_rows_per_shard(store: PlacementStore) -> No
     store.prune(2)
     assert [p.id for p in store.placements("llama-tp2")] == ids[-2:] + [live.id]
     assert store.counts()[State.FAILED] == 2
+
+
+def user_version(path: Path) -> int:
+    with closing(sqlite3.connect(path)) as db:
+        return int(db.execute("PRAGMA user_version").fetchone()[0])
+
+
+def test_a_file_from_before_schema_versions_is_migrated_keeping_its_rows(tmp_path: Path) -> None:
+    with closing(sqlite3.connect(tmp_path / DB_NAME)) as db, db:
+        db.executescript(UNVERSIONED)
+        db.execute("INSERT INTO shards VALUES ('old', ?, 1.0)", (ShardSpec(id="old", gpus=2).model_dump_json(),))
+        db.execute("INSERT INTO placements(shard_id, kind, gpus, node, state, version, decision_id, created_ts, "
+                   "updated_ts) VALUES ('old', 'assign', '[0, 1]', 'localhost', 'launched', 4, 'd0', 1.0, 2.0)")
+    assert user_version(tmp_path / DB_NAME) == 0
+    store = PlacementStore(tmp_path)
+    try:
+        assert [s.id for s in store.shards()] == ["old"]
+        (p,) = store.placements()
+        assert (p.shard_id, p.gpus, p.state, p.version, p.decision_id) == ("old", (0, 1), State.LAUNCHED, 4, "d0")
+        store.add_span(SpanRecord("d1", {"name": "shard.reshard"}))
+        assert store.span_counts() == (1, 0)
+    finally:
+        store.close()
+    assert user_version(tmp_path / DB_NAME) == SCHEMA_VERSION
+    again = PlacementStore(tmp_path)  # an up-to-date file opens as it is
+    try:
+        assert again.span_counts() == (1, 0) and len(again.placements()) == 1
+    finally:
+        again.close()
+
+
+def test_a_file_from_a_newer_version_is_refused(tmp_path: Path) -> None:
+    with closing(sqlite3.connect(tmp_path / DB_NAME)) as db, db:
+        db.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    with pytest.raises(SchedulerError, match=f"scheduler.sqlite: schema version {SCHEMA_VERSION + 1} is newer than "
+                                             f"this sits-observe knows \\({SCHEMA_VERSION}\\)"):
+        PlacementStore(tmp_path)

@@ -84,7 +84,7 @@ def _place_two(s: Scheduler) -> None:
 def test_non_fixable_cause_records_no_action_and_annotates(make_scheduler: Callable[..., Scheduler]) -> None:
     notes: list[dict[str, str]] = []
     s = make_scheduler(verdict_consecutive=2)
-    s.annotate = notes.append
+    s.decider.annotate = notes.append
     _place_two(s)
     before = live_gpus(s)
     for i in range(2):

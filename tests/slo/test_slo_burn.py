@@ -7,7 +7,7 @@ import pytest
 
 from sits_observe.errors import SloError
 from sits_observe.slo.burn import budget_remaining, burn_rate, error_ratio, fire, tier_active
-from sits_observe.slo.spec import DEFAULT_TIERS, error_budget, format_duration, parse_duration
+from sits_observe.slo.tiers import DEFAULT_TIERS, error_budget, format_duration, parse_duration
 from sits_observe.slo.window import Levels, WindowRing
 
 DAY = 86400

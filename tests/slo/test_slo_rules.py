@@ -17,7 +17,7 @@ from sits_observe.daemon import Daemon, WallClock
 from sits_observe.export.http import create_app
 from sits_observe.slo.evaluate import SloEngine
 from sits_observe.slo.rules import dump_rules, rule_groups
-from sits_observe.slo.spec import TIER_NAMES
+from sits_observe.slo.tiers import TIER_NAMES
 
 sys.path.insert(0, str(Path(__file__).parent))
 import slo_scenarios as S  # noqa: E402

@@ -1,0 +1,132 @@
+"""From a fired trigger to a decision: the shard to move, the placement search, and the record of it.
+
+A cause a move cannot fix, GPU values too old to place on, no movable shard, ``max_migrations`` in
+flight, no placement that fits, or (imbalance, saturation) none better than staying by ``min_gain``
+each make a "no action" decision saying why; otherwise the migration starts.  Every decision, the API's
+too, is recorded: a log line, ``sits_scheduler_decisions_total``, its span (stored with the decision's
+rows) and the tracer's ring.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from ..topology import Topology
+from .choose import avoid, pick_shard
+from .config import SchedulerConfig
+from .migrate import Walker
+from .observed import Observed
+from .placement import Planner, Result
+from .store import PlacementStore
+from .tracing import Decision, DecisionTracer
+from .triggers import Trigger, culprits
+from .view import ShardView, in_flight, request_for, shard_views
+
+__all__ = ["Decider", "HISTORY_PER_SHARD"]
+
+log = logging.getLogger("sits_observe.scheduler")
+HISTORY_PER_SHARD = 20  # retired/failed placements kept per shard
+
+
+class Decider:
+    """Decides on fired triggers and records every decision; :meth:`configure` applies a new config.
+
+    ``annotate`` receives alert annotations for causes a move cannot fix; ``alerts`` names the firing
+    alerts a decision span links to.
+    """
+
+    def __init__(self, cfg: SchedulerConfig, topology: Topology, seen: Observed, store: PlacementStore,
+                 walker: Walker, tracer: DecisionTracer, *,
+                 annotate: Callable[[Mapping[str, str]], None] | None = None,
+                 alerts: Callable[[], Iterable[str]] | None = None) -> None:
+        self.topo, self.seen, self.store, self.walker, self.tracer = topology, seen, store, walker, tracer
+        self.annotate, self.alerts = annotate, alerts
+        self.counts: Counter[tuple[str, str]] = Counter()  # (trigger, action)
+        self.configure(cfg)
+
+    def configure(self, cfg: SchedulerConfig) -> None:
+        self.cfg = cfg
+        self.planner = Planner(self.topo, cfg.score_weights(), cfg.exact_limit, cfg.seeds)
+
+    def views(self) -> dict[str, ShardView]:
+        return shard_views(self.store.shards(), self.store.placements(live=True))
+
+    def node(self, gpus: Iterable[int]) -> str:
+        return ",".join(sorted({self.topo.gpus[g].node for g in gpus}))
+
+    def decide(self, t: Trigger) -> None:
+        if not t.fixable:
+            self._no_action(t, t.reason, annotate=True)
+            return
+        if why := self.seen.gpus_unknown():
+            self._no_action(t, f"{t.reason}; {why}: no placement decided on old ones")
+            return
+        views = self.views()
+        implicated = set(t.gpus) or culprits(t.cause, self.seen.values, self.topo, self.seen.numa_cpu)
+        view, why_not = pick_shard(t, implicated, views, self.cfg.cooldown, self.store.last_reshard_ts)
+        if view is None:
+            where = "on any node" if t.other_node else f"on GPUs {sorted(implicated)}"
+            self._no_action(t, f"{t.reason}; no movable shard {where}" + (f": {'; '.join(why_not)}" if why_not else ""))
+            return
+        if in_flight(views) >= self.cfg.max_migrations:
+            self._no_action(t, f"{t.reason}; {self.cfg.max_migrations} migrations already in flight")
+            return
+        req = request_for(view.spec, views, self.seen.util, view.gpus, avoid(self.topo, t, implicated, view))
+        load = self.seen.load(views)
+        res = self.planner.place(req, load)
+        current = self.planner.score(req, load, view.gpus).score
+        if res.best is None:
+            self._no_action(t, f"{t.reason}; {view.spec.id} {res.reason}", view)
+        elif t.kind in ("imbalance", "saturation") and res.best.score < current + self.cfg.min_gain:
+            self._no_action(t, f"{t.reason}; best placement for {view.spec.id} {list(res.best.gpus)} scores "
+                               f"{res.best.score:.3f} vs {current:.3f} now (min_gain {self.cfg.min_gain})", view)
+        else:
+            self.migrate(t, view, res)
+
+    def migrate(self, t: Trigger, view: ShardView, res: Result) -> dict[str, Any]:
+        """Start moving ``view``'s shard to ``res.best``; returns the recorded decision."""
+        d = self.decision(t, "shard.reshard", "migrate", t.reason, view.spec.id, res, view.gpus)
+        p = self.walker.start(view.spec.id, "reshard", d.target_gpus, d.node, t.ts, source=view.serving,
+                              decision_id=d.id, reason=t.reason, span=self.tracer.span(d))
+        d.placement_id = p.id
+        return self.record(d)
+
+    def _no_action(self, t: Trigger, reason: str, view: ShardView | None = None,
+                   annotate: bool = False) -> None:
+        if t.repeat:  # the episode's first decision already said why; a persisting condition is not news
+            return
+        d = self.decision(t, "shard.reshard", "no_action", reason, view.spec.id if view else "", None,
+                          view.gpus if view else ())
+        if (span := self.tracer.span(d)) is not None:  # no row to go with
+            self.store.add_span(span)
+        self.record(d)
+        if annotate and self.annotate is not None:
+            try:
+                self.annotate({"scheduler_action": "none", "scheduler_reason": reason, "scheduler_decision_id": d.id})
+            except Exception as exc:  # an alerting hook must not stop decisions
+                log.warning("scheduler: annotate hook failed: %s", exc)
+
+    def decision(self, t: Trigger, name: str, action: str, reason: str, shard_id: str, res: Result | None,
+                 source: tuple[int, ...]) -> Decision:
+        best = res.best if res is not None else None
+        gpus = best.gpus if best else ()
+        return Decision(
+            id=uuid.uuid4().hex[:16], ts=t.ts, name=name, action=action, trigger=t.kind, reason=reason,
+            strategy=self.cfg.strategy if self.cfg.weights is None else "custom", shard_id=shard_id,
+            node=self.node(gpus), target_gpus=gpus, source_gpus=source, score=best.score if best else 0.0,
+            cause=t.cause, confidence=t.confidence, node_cpu=self.seen.host_cpu, method=res.method if res else "",
+            evaluated=res.evaluated if res else 0, verdict_id=t.verdict.id if t.verdict else None,
+            alerts=tuple(self.alerts()) if self.alerts else (), candidates=res.candidates if res else [])
+
+    def record(self, d: Decision) -> dict[str, Any]:
+        """Log and count ``d`` and keep it in the ring (its span is stored already)."""
+        self.counts[(d.trigger, d.action)] += 1
+        log.info("scheduler: %s %s shard=%s gpus=%s->%s: %s", d.name, d.action, d.shard_id or "-",
+                 list(d.source_gpus), list(d.target_gpus), d.reason)
+        if d.placement_id is not None:
+            self.store.prune(HISTORY_PER_SHARD)
+        return self.tracer.record(d)

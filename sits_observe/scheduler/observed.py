@@ -1,0 +1,71 @@
+"""What the scheduler knows of the host now: the newest GPU values, host and NUMA CPU, and how old they are.
+
+Every time is the source clock (``frame.ts``).  GPUs are chosen only on fresh values: without a GPU
+sample for ``GPU_STALE_S`` (none yet after a start, or the GPU source silent) every GPU would look
+empty, also one another tenant has filled.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..frame import GPU_FIELD_INDEX, Frame, numa_cpu_by_node
+from ..topology import Topology
+from .placement import GpuLoad
+from .view import ShardView, gpu_load
+
+__all__ = ["Observed", "GPU_STALE_S"]
+
+GPU_STALE_S = 15.0  # GPU values older than this (the GPU source stopped reporting) are not decided on
+
+
+class Observed:
+    """The values of the last frames; ``now`` is the newest frame's time (the clock's until the first)."""
+
+    def __init__(self, topology: Topology, now: float) -> None:
+        n = self.n = topology.n
+        self.now = now
+        self.util, self.mem, self.healthy = np.zeros(n), np.full(n, np.nan), np.ones(n, dtype=bool)
+        self.total = np.array([g.memory_total_bytes for g in topology.gpus], dtype=np.float64)
+        self.values: np.ndarray | None = None
+        self.gpu_ts = float("-inf")  # source time of the GPU values above
+        self.host_cpu = float("nan")
+        self.numa_cpu: dict[int, float] = {}
+
+    def read(self, frame: Frame) -> bool:
+        """Take the frame's values; True when it carried a sample of every GPU."""
+        self.now = frame.ts
+        g = frame.gpu
+        sampled = g is not None and len(g.info) == self.n
+        if sampled:
+            self.values, self.gpu_ts = g.values, frame.ts
+            self.util = np.nan_to_num(g.values[:, GPU_FIELD_INDEX["utilization_ratio"]], nan=0.0)
+            self.mem = g.values[:, GPU_FIELD_INDEX["memory_used_bytes"]]
+            self.healthy = np.asarray(g.healthy, dtype=bool)
+        self.host_cpu = float(frame.host.get("cpu_utilization_ratio", float("nan")))
+        self.numa_cpu = numa_cpu_by_node(frame.samples)
+        return sampled
+
+    def windows(self, sampled: bool) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """(utilization, memory fraction) per GPU for the trigger windows.  A tick without a GPU sample counts
+        nothing (None); a source silent for longer than ``GPU_STALE_S`` re-arms them (NaN) rather than letting
+        its last sample sustain a trigger; unhealthy GPUs have no utilization (NaN)."""
+        if sampled:
+            return np.where(self.healthy, self.util, np.nan), self.mem / self.total
+        if not self.fresh():
+            nan = np.full(self.n, np.nan)
+            return nan, nan
+        return None, None
+
+    def fresh(self) -> bool:
+        return self.now - self.gpu_ts <= GPU_STALE_S
+
+    def gpus_unknown(self) -> str:
+        """Why no GPUs may be chosen now, "" when they may."""
+        if self.fresh():
+            return ""
+        return (f"no GPU values for {GPU_STALE_S:g} s (the GPU source is not reporting), so the targets' free "
+                "memory is unknown")
+
+    def load(self, views: dict[str, ShardView]) -> GpuLoad:
+        return gpu_load(views, self.util, self.mem, self.healthy)
