@@ -124,9 +124,10 @@ class SpanSender(threading.Thread):
 
     def _send(self, deadline: float = math.inf) -> bool:
         """Export stored spans oldest first, a batch at a time while ``deadline`` (monotonic) has not passed;
-        True when none is left.  A failed export ends it: its spans stay stored."""
+        True when none is left.  A failed export ends it: its spans stay stored.  A stop ends it by its own
+        deadline too, also a send that began before it (a backlog of many requests)."""
         try:
-            while time.monotonic() < deadline:
+            while time.monotonic() < min(deadline, self._stop_by):
                 batch = self._batch()
                 if not batch:
                     return True
@@ -145,7 +146,7 @@ class SpanSender(threading.Thread):
             for seq, body in rows:
                 try:
                     batch.append((seq, readable(body)))
-                except (ValueError, KeyError, TypeError) as exc:
+                except Exception as exc:  # noqa: BLE001 - the SDK's classes raise more than these (AttributeError)
                     log.error("%s: span %d cannot be rebuilt (%s: %s); dropped", self.store.path, seq,
                               type(exc).__name__, exc)
                     bad.append(seq)

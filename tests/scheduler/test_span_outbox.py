@@ -14,8 +14,11 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan
@@ -25,11 +28,12 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from otlp_receiver import Receiver, attributes
 from sched_helpers import GiB, frame
 
+from sits_observe.scheduler import span_outbox
 from sits_observe.scheduler.actuators import LogActuator
 from sits_observe.scheduler.config import OtlpConfig, SchedulerConfig
 from sits_observe.scheduler.engine import Scheduler
-from sits_observe.scheduler.store import SpanRecord
-from sits_observe.scheduler.tracing import decision_ids
+from sits_observe.scheduler.store import PlacementStore, SpanRecord
+from sits_observe.scheduler.tracing import Decision, DecisionTracer, decision_ids
 from sits_observe.topology import preset
 
 SHARD = {"id": "tp2", "gpus": 2, "memory_per_gpu": 20 * GiB, "comm_intensity": 1.0, "placement": [0, 1]}
@@ -159,11 +163,19 @@ def test_span_storage_is_bounded(make_scheduler: Callable[..., Scheduler]) -> No
     assert s.store.span_counts() == (0, 16) and s.tracer.dropped == 3  # exported ones: decisions_kept
 
 
-def test_a_span_that_cannot_be_rebuilt_is_dropped_and_the_rest_sent(make_scheduler: Callable[..., Scheduler]) -> None:
+@pytest.mark.parametrize("broken", ["no ids", "resource not a mapping"])
+def test_a_span_that_cannot_be_rebuilt_is_dropped_and_the_rest_sent(make_scheduler: Callable[..., Scheduler],
+                                                                    broken: str) -> None:
     exporter = FlakyExporter()
     exporter.down = None
     s = make_scheduler(exporter=exporter, otlp=OtlpConfig(schedule_delay=60))
-    s.store.add_span(SpanRecord("broken", {"name": "shard.reshard"}))  # no ids, no times
+    if broken == "no ids":
+        body: dict[str, Any] = {"name": "shard.reshard"}  # no ids, no times
+    else:  # well-formed but for one field: the SDK raises AttributeError on it, which must not end the sender
+        d = Decision(id="bad", ts=1000.0, name="shard.reshard", action="no_action", trigger="manual", reason="x",
+                     strategy="balanced")
+        body = s.tracer.span(d).body | {"resource": ["service.name"]}  # type: ignore[union-attr]
+    s.store.add_span(SpanRecord("broken", body))
     s.on_tick(frame(1000.0))
     register(s, 1)
     assert s.tracer.flush()
@@ -180,3 +192,47 @@ def test_a_clean_stop_sends_what_is_stored(tmp_path: Path) -> None:
     register(s, 2)  # sent after schedule_delay (60 s), or at the stop
     s.close()
     assert [sp.attributes["shard.id"] for sp in exporter.accepted.get_finished_spans()] == ["s0", "s1"]
+
+
+class SlowExporter(SpanExporter):
+    """Accepts every span after ``delay`` seconds; notes a shutdown that came while an export was in flight."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay, self.sent, self.in_flight, self.shut_in_flight = delay, 0, False, False
+        self.started = threading.Event()
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.in_flight = True
+        self.started.set()
+        time.sleep(self.delay)
+        self.sent += len(spans)
+        self.in_flight = False
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        self.shut_in_flight = self.in_flight
+
+
+def test_a_stop_while_a_backlog_is_sent_ends_within_the_export_timeout(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(span_outbox, "BATCH", 1)  # a backlog of many requests
+    exporter = SlowExporter(0.2)
+    store = PlacementStore(tmp_path)
+    tracer = DecisionTracer(OtlpConfig(timeout=0.5, schedule_delay=0.01), "h", store, exporter=exporter)
+    try:
+        for i in range(20):  # 4 s of exports at 0.2 s each
+            d = Decision(id=f"d{i}", ts=1000.0, name="shard.reshard", action="no_action", trigger="manual",
+                         reason="test", strategy="balanced")
+            store.add_span(tracer.span(d))  # type: ignore[arg-type]
+            tracer.record(d)
+        assert exporter.started.wait(5)
+        t0 = time.monotonic()
+        tracer.close()
+        took = time.monotonic() - t0
+        assert not tracer.sender.is_alive()  # type: ignore[union-attr]  # nothing uses the store after the stop
+        assert not exporter.shut_in_flight  # the exporter is shut down after its last export, not during it
+        assert took < 1.5  # otlp.timeout (0.5 s) and the export in flight, with slack; not the 2 s the join allows
+        pending, exported = store.span_counts()
+        assert 0 < exporter.sent == exported and pending == 20 - exported  # the rest waits for the next start
+    finally:
+        store.close()
