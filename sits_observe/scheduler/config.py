@@ -120,7 +120,7 @@ class SchedulerConfig(Section):
     exact_limit: int = Field(20000, ge=1, description="candidate sets up to which placement searches exhaustively")
     seeds: int = Field(32, ge=1, le=4096, description="seed GPUs for the greedy search on large topologies")
     decisions_kept: int = Field(256, ge=16, le=100000,
-                                description="decisions kept in memory for the API/UI, exported spans on disk")
+                                description="decisions kept in memory for the API/UI")
     shards: list[ShardSpec] = Field(default_factory=list, description="shards registered at start-up")
 
     @field_validator("actuator")
@@ -162,7 +162,8 @@ class OtlpConfig(Section):
     protocol: Literal["http/protobuf", "grpc"] = "http/protobuf"
     timeout: float = Field(5.0, gt=0, le=60, description="seconds per export request")
     max_queue: int = Field(2048, ge=1, le=1_000_000,
-                           description="spans kept in scheduler.sqlite until exported; older ones beyond are dropped")
+                           description="spans kept in scheduler.sqlite until exported (then deleted); older ones "
+                                       "beyond are dropped")
     schedule_delay: float = Field(1.0, gt=0, le=60,
                                   description="seconds from a decision to the export of the spans stored meanwhile")
 

@@ -4,7 +4,8 @@ A cause a move cannot fix, GPU values too old to place on, no movable shard, ``m
 flight, no placement that fits, or (imbalance, saturation) none better than staying by ``min_gain``
 each make a "no action" decision saying why; otherwise the migration starts.  Every decision, the API's
 too, is recorded: a log line, ``sits_scheduler_decisions_total``, its span (stored with the decision's
-rows) and the tracer's ring.
+rows, or alone for a "no action": one the database refuses then is logged and counted as dropped, and the
+decision stands) and the tracer's ring.
 """
 
 from __future__ import annotations
@@ -101,8 +102,7 @@ class Decider:
             return
         d = self.decision(t, "shard.reshard", "no_action", reason, view.spec.id if view else "", None,
                           view.gpus if view else ())
-        if (span := self.tracer.span(d)) is not None:  # no row to go with
-            self.store.add_span(span)
+        self.tracer.add_span(d)  # no row to go with
         self.record(d)
         if annotate and self.annotate is not None:
             try:

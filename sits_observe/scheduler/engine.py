@@ -252,7 +252,7 @@ class Scheduler:
     def metrics(self) -> Iterable[Sample]:
         with self._lock:
             counts, views, states = dict(self.decider.counts), self.decider.views(), self.store.counts()
-            pending = self.store.span_counts()[0]
+            pending = self.store.span_backlog()
         for (trigger, action), n in sorted(counts.items()):
             yield Sample("sits_scheduler_decisions_total", "counter", "Scheduler decisions by trigger and action.",
                          (("trigger", trigger), ("action", action)), float(n))
@@ -262,7 +262,8 @@ class Scheduler:
             yield Sample("sits_scheduler_placement_state", "gauge", "Placements kept, by state.",
                          (("state", state.value),), float(n))
         yield Sample("sits_scheduler_spans_dropped_total", "counter",
-                     "ShardDecisionSpans deleted unexported (more than otlp.max_queue waiting).", (),
+                     "ShardDecisionSpans never exported: not stored (database error), more than otlp.max_queue "
+                     "waiting, or unreadable.", (),
                      float(self.tracer.dropped))
         yield Sample("sits_scheduler_spans_pending", "gauge",
                      "ShardDecisionSpans stored in scheduler.sqlite and not exported yet.", (), float(pending))

@@ -1,13 +1,15 @@
 """Sends the stored ShardDecisionSpans to the OTLP exporter: one thread, oldest first, in batches.
 
-A span stays in ``scheduler.sqlite`` (see :mod:`.store`) until the exporter reported success, so a kill -9,
-a collector that is down or slow, or a stop while exports fail loses none: what is left is sent by a
-later attempt or the next start, rebuilt from the stored body with the same ids, times and attributes.
-After a failed export the thread waits (back-off 1, 2, 4 ... 60 s, with jitter) before it tries again,
-whatever is stored meanwhile; otherwise it sends what a wake (a new span) found ``otlp.schedule_delay``
-seconds later, and looks for stored spans every ``IDLE_CHECK_S`` seconds anyway.  Storage is bounded:
-the newest ``otlp.max_queue`` unexported spans are kept (older ones are deleted and counted as dropped),
-and the newest ``decisions_kept`` exported ones.
+A span stays in ``scheduler.sqlite`` (see :mod:`.store`) until the exporter reported success, and is deleted
+then, so a kill -9, a collector that is down or slow, or a stop while exports fail loses none: what is left
+is sent by a later attempt or the next start, rebuilt from the stored body with the same ids, times and
+attributes.  After a failed attempt (the export failed, or the database refused) the thread waits (back-off
+1, 2, 4 ... 60 s, with jitter) before it tries again, whatever is stored meanwhile; a batch exported but
+not deleted (the database refused) is not sent again: its deletion is retried first.  Otherwise it sends
+what a wake (a new span) found ``otlp.schedule_delay`` seconds later, and looks for stored spans every
+``IDLE_CHECK_S`` seconds anyway.  Storage is bounded: the newest ``otlp.max_queue`` spans are kept (older
+ones are deleted and counted as dropped).  Exports and trims hold one lock, so a span in flight is never
+trimmed: what is stored during an export is trimmed when it ends.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 
 from ..errors import SchedulerError
 from .config import OtlpConfig
-from .store import PlacementStore
+from .store import PlacementStore, SpanRecord
 
 __all__ = ["SpanSender", "readable", "BATCH"]
 
@@ -59,23 +61,47 @@ def readable(body: str) -> ReadableSpan:
 class SpanSender(threading.Thread):
     """Exports the spans ``store`` holds; :meth:`queued` after storing one, :meth:`stop` to end."""
 
-    def __init__(self, store: PlacementStore, exporter: SpanExporter, cfg: OtlpConfig, kept: int,
+    def __init__(self, store: PlacementStore, exporter: SpanExporter, cfg: OtlpConfig,
                  rng: random.Random | None = None) -> None:
         super().__init__(name="sits-span-export", daemon=True)
-        self.store, self.exporter, self.cfg, self.kept = store, exporter, cfg, kept
+        self.store, self.exporter, self.cfg = store, exporter, cfg
         self.rng = rng or random.Random()
-        self.dropped = 0  # unexported spans deleted (over otlp.max_queue, or unreadable)
-        self.failures = 0  # exports failed in a row
+        self.dropped = 0  # spans never exported: not stored, over otlp.max_queue, or unreadable
+        self.failures = 0  # attempts failed in a row
         self._count = threading.Lock()
-        self._sending = threading.Lock()  # one export at a time: a span is never in two requests
+        self._sending = threading.Lock()  # exports and trims: a span is never in two requests, nor trimmed in one
+        self._delivered: list[int] = []  # exported and not deleted yet (the database refused): never sent again
+        self._trim_due = False  # a span was stored: trim as soon as no export holds _sending
         self._wake, self._halt = threading.Event(), threading.Event()
         self._stop_by = math.inf
-        self._trim()  # a max_queue lowered since the last run applies at once
+        self._tidy()  # a max_queue lowered since the last run applies at once
+
+    def add(self, span: SpanRecord) -> None:
+        """Store the span of a decision that wrote no row; one the database refuses is logged and counted as
+        dropped: the decision stands without it."""
+        try:
+            self.store.add_span(span)
+        except SchedulerError as exc:
+            log.error("scheduler: span of decision %s not stored, dropped: %s", span.decision_id, exc)
+            self._drop(1)
 
     def queued(self) -> None:
         """A span was stored: keep the storage bounded, and send it soon."""
-        self._trim()
+        self._trim_due = True
+        self._trim_when_free()
         self._wake.set()
+
+    def _trim_when_free(self) -> None:
+        """Trim now if a span stored asked for it, unless an export (or a flush) holds the lock: whoever holds
+        it calls this again after releasing it.  A trim the database refuses waits for the next."""
+        while self._trim_due and self._sending.acquire(blocking=False):
+            try:
+                self._trim_due = False
+                self._tidy()
+            except SchedulerError as exc:
+                log.error("scheduler: stored ShardDecisionSpans not trimmed: %s", exc)
+            finally:
+                self._sending.release()
 
     def flush(self, timeout: float) -> bool:
         """Export what is stored now, within ``timeout`` seconds; True when none is left unexported."""
@@ -86,6 +112,7 @@ class SpanSender(threading.Thread):
             return self._send(deadline)
         finally:
             self._sending.release()
+            self._trim_when_free()
 
     def stop(self) -> None:
         """End the thread and shut the exporter down.  Unless exports are failing, what is stored is sent
@@ -101,6 +128,7 @@ class SpanSender(threading.Thread):
         while not self._halt.is_set():
             with self._sending:
                 self._send()
+            self._trim_when_free()
             if self.failures:  # a collector that is down is not asked sooner, whatever is stored meanwhile
                 self._halt.wait(self._delay())
                 continue
@@ -115,8 +143,12 @@ class SpanSender(threading.Thread):
         delay = min(RETRY_MAX_S, RETRY_INITIAL_S * 2.0 ** min(self.failures - 1, 16))
         return delay * (1.0 + self.rng.uniform(-JITTER, JITTER))
 
-    def _trim(self) -> None:
-        self._drop(self.store.trim_spans(self.cfg.max_queue, self.kept))
+    def _tidy(self) -> None:
+        """Delete the spans exported, then all but the newest ``otlp.max_queue`` (dropped); under ``_sending``."""
+        if self._delivered:
+            self.store.drop_spans(self._delivered)
+            self._delivered = []
+        self._drop(self.store.trim_spans(self.cfg.max_queue))
 
     def _drop(self, n: int) -> None:
         with self._count:
@@ -124,20 +156,39 @@ class SpanSender(threading.Thread):
 
     def _send(self, deadline: float = math.inf) -> bool:
         """Export stored spans oldest first, a batch at a time while ``deadline`` (monotonic) has not passed;
-        True when none is left.  A failed export ends it: its spans stay stored.  A stop ends it by its own
-        deadline too, also a send that began before it (a backlog of many requests)."""
+        True when none is left.  A failed attempt ends it: its spans stay stored.  A stop ends it by its own
+        deadline too, also a send that began before it (a backlog of many requests).  Under ``_sending``."""
         try:
+            self._tidy()  # first what an earlier attempt exported and could not delete
             while time.monotonic() < min(deadline, self._stop_by):
                 batch = self._batch()
                 if not batch:
+                    self._succeeded()
                     return True
-                if not self._export(batch):
-                    return False
+                if why := self._export(batch):
+                    return self._failed(logging.WARNING, f"OTLP export of {len(batch)} ShardDecisionSpan(s) failed "
+                                        f"({why}); they stay in {self.store.path} and are sent again with back-off")
+                self._delivered = [q for q, _ in batch]
+                self._tidy()
+                self._succeeded()
             return not self.store.pending_spans(1)
         except SchedulerError as exc:  # the database itself (disk full, closed at shutdown)
-            if not self._halt.is_set():
-                log.error("scheduler: ShardDecisionSpans not sent: %s", exc)
-            return False
+            if self._halt.is_set():
+                return False
+            return self._failed(logging.ERROR, f"ShardDecisionSpans not sent, or sent and not deleted (they are not "
+                                f"sent again), tried again with back-off: {exc}")
+
+    def _failed(self, level: int, why: str) -> bool:
+        """Count a failed attempt (the next one waits the back-off); the first of a streak logs ``why``."""
+        if not self.failures:
+            log.log(level, "scheduler: %s", why)
+        self.failures += 1
+        return False
+
+    def _succeeded(self) -> None:
+        if self.failures:
+            log.info("scheduler: sending ShardDecisionSpans works again")
+        self.failures = 0
 
     def _batch(self) -> list[tuple[int, ReadableSpan]]:
         """The oldest stored spans, rebuilt; one that cannot be rebuilt is deleted (counted as dropped)."""
@@ -157,21 +208,10 @@ class SpanSender(threading.Thread):
                 return batch
         return []
 
-    def _export(self, batch: list[tuple[int, ReadableSpan]]) -> bool:
+    def _export(self, batch: list[tuple[int, ReadableSpan]]) -> str | None:
+        """None when the exporter accepted ``batch``, else why not."""
         try:
             ok = self.exporter.export([s for _, s in batch]) is SpanExportResult.SUCCESS
         except Exception as exc:  # noqa: BLE001 - an exporter bug must cost a retry, not the thread
-            log.error("scheduler: span exporter raised %s", type(exc).__name__)
-            ok = False
-        if not ok:
-            if not self.failures:
-                log.warning("scheduler: OTLP export of %d ShardDecisionSpan(s) failed; they stay in %s and are "
-                            "sent again with back-off", len(batch), self.store.path)
-            self.failures += 1
-            return False
-        if self.failures:
-            log.info("scheduler: OTLP export of ShardDecisionSpans works again")
-        self.failures = 0
-        self.store.spans_exported([q for q, _ in batch], time.time())
-        self._trim()
-        return True
+            return f"the exporter raised {type(exc).__name__}"
+        return None if ok else "the exporter reported failure"

@@ -5,7 +5,8 @@ version=? AND state=?`` either wins (version + 1) or is refused with the shard, 
 actual state.  Each call is one transaction, so a crash leaves the last committed state only.
 
 A decision's ShardDecisionSpan is written in the transaction that writes the decision's row (or alone
-for a decision without one) and stays until the collector has accepted it, so no crash loses it.
+for a decision without one) and stays until the collector has accepted it, so no crash loses it; then
+it is deleted.
 The schema is versioned (``PRAGMA user_version``); opening a file applies the migrations it lacks.
 """
 
@@ -57,6 +58,15 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = ((
     created_ts REAL NOT NULL,               -- wall clock
     exported_ts REAL)                       -- NULL until the collector accepted it""",
     "CREATE INDEX spans_exported ON spans(exported_ts, seq)",
+), (  # exported spans are deleted, not kept: the table without exported_ts (no DROP COLUMN before SQLite 3.35)
+    """CREATE TABLE spans_unsent (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,  -- export order, oldest first
+    decision_id TEXT NOT NULL,
+    body TEXT NOT NULL,                     -- JSON: ids, times, attributes, events, links, status, resource
+    created_ts REAL NOT NULL)               -- wall clock""",
+    "INSERT INTO spans_unsent SELECT seq, decision_id, body, created_ts FROM spans WHERE exported_ts IS NULL",
+    "DROP TABLE spans",
+    "ALTER TABLE spans_unsent RENAME TO spans",
 ))
 SCHEMA_VERSION = len(_MIGRATIONS)
 _COLUMNS = ("id", "shard_id", "kind", "source_id", "gpus", "node", "state", "version", "step", "step_ts",
@@ -268,31 +278,22 @@ class PlacementStore:
             self._insert_span(db, span)
 
     def pending_spans(self, limit: int) -> list[tuple[int, str]]:
-        """The oldest ``limit`` spans not exported yet, as (seq, JSON body)."""
+        """The oldest ``limit`` spans stored (none is exported yet), as (seq, JSON body)."""
         with self._tx() as db:
-            return db.execute("SELECT seq, body FROM spans WHERE exported_ts IS NULL ORDER BY seq LIMIT ?",
-                              (limit,)).fetchall()
-
-    def spans_exported(self, seqs: list[int], ts: float) -> None:
-        with self._tx() as db:
-            db.executemany("UPDATE spans SET exported_ts=? WHERE seq=?", [(ts, q) for q in seqs])
+            return db.execute("SELECT seq, body FROM spans ORDER BY seq LIMIT ?", (limit,)).fetchall()
 
     def drop_spans(self, seqs: list[int]) -> None:
+        """Delete spans: exported, or never to be."""
         with self._tx() as db:
             db.executemany("DELETE FROM spans WHERE seq=?", [(q,) for q in seqs])
 
-    def trim_spans(self, pending: int, exported: int) -> int:
-        """Keep the newest ``pending`` unexported and ``exported`` exported spans; returns how many unexported
-        spans were deleted."""
+    def trim_spans(self, keep: int) -> int:
+        """Keep the newest ``keep`` spans; returns how many were deleted."""
         with self._tx() as db:
-            dropped = db.execute("DELETE FROM spans WHERE seq IN (SELECT seq FROM spans WHERE exported_ts IS NULL "
-                                 "ORDER BY seq DESC LIMIT -1 OFFSET ?)", (pending,)).rowcount
-            db.execute("DELETE FROM spans WHERE seq IN (SELECT seq FROM spans WHERE exported_ts IS NOT NULL "
-                       "ORDER BY seq DESC LIMIT -1 OFFSET ?)", (exported,))
-        return dropped
+            return db.execute("DELETE FROM spans WHERE seq IN (SELECT seq FROM spans ORDER BY seq DESC "
+                              "LIMIT -1 OFFSET ?)", (keep,)).rowcount
 
-    def span_counts(self) -> tuple[int, int]:
-        """(unexported, exported) spans kept."""
+    def span_backlog(self) -> int:
+        """Spans stored, waiting for export."""
         with self._tx() as db:
-            row = db.execute("SELECT COUNT(*) - COUNT(exported_ts), COUNT(exported_ts) FROM spans").fetchone()
-        return int(row[0]), int(row[1])
+            return int(db.execute("SELECT COUNT(*) FROM spans").fetchone()[0])

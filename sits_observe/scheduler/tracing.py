@@ -4,7 +4,7 @@ local ring of the same decisions (with their trace and span ids) for the API and
 A decision's span is made as data (:class:`~.store.SpanRecord`: ids, times, attributes, events, links,
 status, resource and scope) and written to ``scheduler.sqlite`` in the transaction that writes the
 decision's rows; :class:`~.span_outbox.SpanSender` hands the stored spans to the OTLP exporter
-(http/protobuf by default, grpc optional) and marks each exported only when the export succeeded.  Trace
+(http/protobuf by default, grpc optional) and deletes each only when its export succeeded.  Trace
 and span ids are derived from the decision id, so a span sent again after a crash or a failed export
 carries the same ids and a collector can de-duplicate.  The endpoint comes from ``otlp.endpoint``, else
 ``OTEL_EXPORTER_OTLP_ENDPOINT``; with neither, spans are not stored nor exported (the ring keeps their
@@ -124,7 +124,7 @@ class DecisionTracer:
                                     "host.name": host_name})
         self.resource = dict(resource.attributes)
         self.ring: deque[dict[str, Any]] = deque(maxlen=keep)
-        self.sender = None if exporter is None else SpanSender(store, exporter, cfg, keep)
+        self.sender = None if exporter is None else SpanSender(store, exporter, cfg)
         if self.sender is not None:
             self.sender.start()
 
@@ -139,8 +139,15 @@ class DecisionTracer:
     def span(self, d: Decision) -> SpanRecord | None:
         """The decision's span, ended now (wall clock), to store with the decision's rows; None when spans
         are not exported."""
-        if self.sender is None:
-            return None
+        return None if self.sender is None else self._span(d)
+
+    def add_span(self, d: Decision) -> None:
+        """Store the span of a decision that writes no row (a "no action"); one the database refuses is logged
+        and counted as dropped, and the decision stands."""
+        if self.sender is not None:
+            self.sender.add(self._span(d))
+
+    def _span(self, d: Decision) -> SpanRecord:
         now = time.time_ns()
         trace_id, span_id = decision_ids(d.id)
         links = ([_link("rca.verdict", d.verdict_id, {"link.kind": "rca.verdict", "rca.verdict.id": d.verdict_id})]

@@ -3,20 +3,25 @@
 A child process decides and is killed with SIGKILL before any export (the collector is down); a fresh
 scheduler on the same state_dir sends what it left to a local receiver decoding the real OTLP protobuf,
 with the ids the decisions had.  Failed or raising exports keep spans for the next attempt, with the same
-ids; storage stays bounded.
+ids; exported ones are deleted; storage stays bounded, and never by deleting a span in flight.  A span the
+database refuses (to store, to trim, to delete once exported) costs neither the decision nor a flood of
+copies at the collector.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +39,7 @@ from sits_observe.scheduler.config import OtlpConfig, SchedulerConfig
 from sits_observe.scheduler.engine import Scheduler
 from sits_observe.scheduler.store import PlacementStore, SpanRecord
 from sits_observe.scheduler.tracing import Decision, DecisionTracer, decision_ids
+from sits_observe.scheduler.triggers import Trigger
 from sits_observe.topology import preset
 
 SHARD = {"id": "tp2", "gpus": 2, "memory_per_gpu": 20 * GiB, "comm_intensity": 1.0, "placement": [0, 1]}
@@ -83,7 +89,7 @@ def test_spans_of_a_process_killed_before_export_are_sent_by_the_next_start(tmp_
                   actuator=LogActuator(), clock=lambda: 2000.0)
     try:
         assert s.tracer.flush()
-        assert s.store.span_counts() == (0, 2)
+        assert s.store.span_backlog() == 0
         (reshard,) = [p for p in s.store.placements("tp2") if p.kind == "reshard"]
     finally:
         s.close()
@@ -138,10 +144,10 @@ def test_failed_exports_keep_spans_and_send_them_again_with_the_same_ids(
     exporter.down = "raise"
     register(s, 1, start=1)
     assert not s.tracer.flush()
-    assert s.store.span_counts() == (2, 0) and s.tracer.dropped == 0
+    assert s.store.span_backlog() == 2 and s.tracer.dropped == 0
     exporter.down = None
     assert s.tracer.flush()
-    assert s.store.span_counts() == (0, 2)
+    assert s.store.span_backlog() == 0
     sent = {f"{sp.context.span_id:016x}": sp.attributes["shard.id"] for sp in exporter.accepted.get_finished_spans()}
     assert sent == {d["span_id"]: d["shard_id"] for d in s.decisions_state()["decisions"]}
     assert {i for t in exporter.tries for i in t} == set(sent)  # every try carried the same ids
@@ -150,17 +156,14 @@ def test_failed_exports_keep_spans_and_send_them_again_with_the_same_ids(
 
 def test_span_storage_is_bounded(make_scheduler: Callable[..., Scheduler]) -> None:
     exporter = FlakyExporter()
-    s = make_scheduler(exporter=exporter, otlp=OtlpConfig(schedule_delay=60, max_queue=3), decisions_kept=16)
+    s = make_scheduler(exporter=exporter, otlp=OtlpConfig(schedule_delay=60, max_queue=3))
     s.on_tick(frame(1000.0))
     register(s, 6)
-    assert s.store.span_counts() == (3, 0) and s.tracer.dropped == 3  # the oldest unexported ones go
+    assert s.store.span_backlog() == 3 and s.tracer.dropped == 3  # the oldest unexported ones go
     exporter.down = None
     assert s.tracer.flush()
     assert [sp.attributes["shard.id"] for sp in exporter.accepted.get_finished_spans()] == ["s3", "s4", "s5"]
-    for i in range(6, 26):
-        register(s, 1, start=i)
-        assert s.tracer.flush()
-    assert s.store.span_counts() == (0, 16) and s.tracer.dropped == 3  # exported ones: decisions_kept
+    assert s.store.span_backlog() == 0 and s.tracer.dropped == 3
 
 
 @pytest.mark.parametrize("broken", ["no ids", "resource not a mapping"])
@@ -179,7 +182,7 @@ def test_a_span_that_cannot_be_rebuilt_is_dropped_and_the_rest_sent(make_schedul
     s.on_tick(frame(1000.0))
     register(s, 1)
     assert s.tracer.flush()
-    assert s.store.span_counts() == (0, 1) and s.tracer.dropped == 1
+    assert s.store.span_backlog() == 0 and s.tracer.dropped == 1
     assert [sp.attributes["shard.id"] for sp in exporter.accepted.get_finished_spans()] == ["s0"]
 
 
@@ -232,7 +235,155 @@ def test_a_stop_while_a_backlog_is_sent_ends_within_the_export_timeout(tmp_path:
         assert not tracer.sender.is_alive()  # type: ignore[union-attr]  # nothing uses the store after the stop
         assert not exporter.shut_in_flight  # the exporter is shut down after its last export, not during it
         assert took < 1.5  # otlp.timeout (0.5 s) and the export in flight, with slack; not the 2 s the join allows
-        pending, exported = store.span_counts()
-        assert 0 < exporter.sent == exported and pending == 20 - exported  # the rest waits for the next start
+        assert 0 < exporter.sent and store.span_backlog() == 20 - exporter.sent  # the rest waits for the next start
     finally:
         store.close()
+
+
+def no_action(i: int) -> Decision:
+    return Decision(id=f"d{i}", ts=1000.0, name="shard.reshard", action="no_action", trigger="manual", reason="test",
+                    strategy="balanced")
+
+
+def spans_of(decided: list[Decision], state_dir: Path) -> list[SpanRecord]:
+    """The spans a tracer makes for ``decided``, to store as an earlier run would have."""
+    store = PlacementStore(state_dir)
+    maker = DecisionTracer(OtlpConfig(), "h", store, exporter=InMemorySpanExporter())
+    try:
+        return [span for d in decided if (span := maker.span(d)) is not None]
+    finally:
+        maker.close()
+        store.close()
+
+
+def refuse(path: Path, *ops: str) -> Callable[[], None]:
+    """Make the database refuse ``ops`` (INSERT, UPDATE, DELETE) on stored spans, as a full disk would; returns
+    the undo."""
+    with closing(sqlite3.connect(path, isolation_level=None)) as db:
+        for op in ops:
+            db.execute(f"CREATE TRIGGER refuse_{op} BEFORE {op} ON spans BEGIN "
+                       "SELECT RAISE(ABORT, 'database or disk is full'); END")
+
+    def undo() -> None:
+        with closing(sqlite3.connect(path, isolation_level=None)) as db:
+            for op in ops:
+                db.execute(f"DROP TRIGGER refuse_{op}")
+    return undo
+
+
+def stored(path: Path) -> int:
+    """Spans in the file, exported or not."""
+    with closing(sqlite3.connect(path)) as db:
+        return int(db.execute("SELECT COUNT(*) FROM spans").fetchone()[0])
+
+
+class GatedExporter(SpanExporter):
+    """Accepts every span; its first export waits for ``release``.  ``delivered``: span ids, in order."""
+
+    def __init__(self) -> None:
+        self.started, self.release = threading.Event(), threading.Event()
+        self.delivered: list[str] = []
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.started.set()
+        self.release.wait(10)
+        self.delivered += [f"{s.context.span_id:016x}" for s in spans]
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass
+
+
+def test_spans_in_flight_are_never_trimmed_and_dropped_counts_only_undelivered_ones(tmp_path: Path) -> None:
+    exporter = GatedExporter()
+    store = PlacementStore(tmp_path)
+    decided = [no_action(i) for i in range(7)]
+    name = {decision_ids(d.id)[1]: d.id for d in decided}
+    spans = spans_of(decided, tmp_path / "earlier")
+    for span in spans[:2]:  # left by an earlier run: the first request of the next start
+        store.add_span(span)
+    tracer = DecisionTracer(OtlpConfig(max_queue=2, schedule_delay=0.01), "h", store, exporter=exporter)
+    try:
+        assert exporter.started.wait(5)  # d0 and d1 in flight
+        for span, d in zip(spans[2:], decided[2:]):  # stored while they are: over max_queue
+            store.add_span(span)
+            tracer.record(d)
+        exporter.release.set()
+        assert tracer.flush()
+        assert [name[s] for s in exporter.delivered] == ["d0", "d1", "d5", "d6"]  # the newest max_queue waited
+        assert tracer.dropped == 3  # d2, d3, d4: each span was either delivered or dropped, never both
+        assert stored(store.path) == 0
+    finally:
+        tracer.close()
+        store.close()
+
+
+def test_spans_exported_but_not_removed_are_not_sent_again_and_back_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(span_outbox, "IDLE_CHECK_S", 0.01)  # a sender that counts no failure would look again soon
+    monkeypatch.setattr(span_outbox, "RETRY_INITIAL_S", 0.1)
+    caplog.set_level(logging.INFO, "sits_observe.scheduler")
+    exporter = FlakyExporter()
+    exporter.down = None
+    store = PlacementStore(tmp_path)
+    (span,) = spans_of([no_action(0)], tmp_path / "earlier")
+    store.add_span(span)  # left by an earlier run: sent at the start
+    heal = refuse(store.path, "UPDATE", "DELETE")  # the disk is full: an exported span cannot be marked nor deleted
+    tracer = DecisionTracer(OtlpConfig(schedule_delay=0.01), "h", store, exporter=exporter)
+    try:
+        time.sleep(0.7)  # attempts at about 0, 0.1 and 0.3 s (back-off), and maybe 0.7 s
+        assert exporter.tries == [[decision_ids("d0")[1]]]  # delivered once, not sent again while it stays stored
+        heal()
+        assert tracer.flush()
+        assert exporter.tries == [[decision_ids("d0")[1]]] and stored(store.path) == 0 and tracer.dropped == 0
+    finally:
+        tracer.close()
+        store.close()
+    problems = [r for r in caplog.records if r.levelno >= logging.WARNING and str(tmp_path) in r.getMessage()]
+    assert len(problems) == 1 and "disk is full" in problems[0].getMessage()  # once for the streak
+
+
+def test_exported_spans_are_not_kept(make_scheduler: Callable[..., Scheduler]) -> None:
+    exporter = FlakyExporter()
+    exporter.down = None
+    s = make_scheduler(exporter=exporter, otlp=OtlpConfig(schedule_delay=60))
+    s.on_tick(frame(1000.0))
+    register(s, 3)
+    assert s.tracer.flush()
+    assert len(exporter.accepted.get_finished_spans()) == 3 and stored(s.store.path) == 0
+
+
+def test_a_span_the_database_refuses_is_dropped_and_the_decision_stands(tmp_path: Path,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    annotations: list[Mapping[str, str]] = []
+    s = Scheduler(SchedulerConfig(), OtlpConfig(schedule_delay=60), preset("pcie-8"), tmp_path,
+                  exporter=FlakyExporter(), annotate=annotations.append, clock=lambda: 1000.0)
+    try:
+        refuse(s.store.path, "INSERT")
+        s.decider.decide(Trigger("verdict", "thermal_throttling", False, 1000.0, "GPU 3 throttles"))
+        (d,) = s.decisions_state()["decisions"]
+        assert (d["action"], d["reason"]) == ("no_action", "GPU 3 throttles")
+        assert annotations == [{"scheduler_action": "none", "scheduler_reason": "GPU 3 throttles",
+                                "scheduler_decision_id": d["id"]}]
+        assert s.decisions_state()["spans_dropped"] == 1
+        assert {m.name: m.value for m in s.metrics()}["sits_scheduler_spans_dropped_total"] == 1.0
+    finally:
+        s.close()
+    (line,) = [r for r in caplog.records if "disk is full" in r.getMessage()]
+    assert line.levelno == logging.ERROR and d["id"] in line.getMessage() and line.exc_info is None
+
+
+def test_a_trim_the_database_refuses_does_not_refuse_a_started_reshard(make_scheduler: Callable[..., Scheduler],
+                                                                       caplog: pytest.LogCaptureFixture) -> None:
+    exporter = FlakyExporter()
+    exporter.down = None
+    s = make_scheduler(exporter=exporter, otlp=OtlpConfig(schedule_delay=60, max_queue=1), shards=[SHARD])
+    s.on_tick(frame(1000.0))
+    assert s.tracer.flush()  # the adoption's span is sent; the sender waits for a decision, then 60 s
+    s.register_shard({"id": "s0", "gpus": 1, "memory_per_gpu": GiB, "placement": [7]})  # its span waits
+    refuse(s.store.path, "DELETE")  # the re-shard's span is one too many, and cannot be deleted
+    d = s.manual_reshard("tp2", "maintenance")
+    assert (d["action"], list(d["source_gpus"]), len(set(d["target_gpus"]) - {0, 1})) == ("migrate", [0, 1], 2)
+    assert [p.kind for p in s.store.placements("tp2", live=True)] == ["reshard"]  # it moved: launched, source retired
+    (line,) = [r for r in caplog.records if "disk is full" in r.getMessage()]
+    assert line.levelno == logging.ERROR and "not trimmed" in line.getMessage() and line.exc_info is None

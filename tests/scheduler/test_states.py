@@ -3,6 +3,7 @@ migrations of existing files."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from contextlib import closing
 from pathlib import Path
@@ -119,13 +120,13 @@ def test_a_file_from_before_schema_versions_is_migrated_keeping_its_rows(tmp_pat
         (p,) = store.placements()
         assert (p.shard_id, p.gpus, p.state, p.version, p.decision_id) == ("old", (0, 1), State.LAUNCHED, 4, "d0")
         store.add_span(SpanRecord("d1", {"name": "shard.reshard"}))
-        assert store.span_counts() == (1, 0)
+        assert store.span_backlog() == 1
     finally:
         store.close()
     assert user_version(tmp_path / DB_NAME) == SCHEMA_VERSION
     again = PlacementStore(tmp_path)  # an up-to-date file opens as it is
     try:
-        assert again.span_counts() == (1, 0) and len(again.placements()) == 1
+        assert again.span_backlog() == 1 and len(again.placements()) == 1
     finally:
         again.close()
 
@@ -136,3 +137,26 @@ def test_a_file_from_a_newer_version_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SchedulerError, match=f"scheduler.sqlite: schema version {SCHEMA_VERSION + 1} is newer than "
                                              f"this sits-observe knows \\({SCHEMA_VERSION}\\)"):
         PlacementStore(tmp_path)
+
+
+def test_a_version_2_file_keeps_its_unexported_spans_only(tmp_path: Path) -> None:
+    with closing(sqlite3.connect(tmp_path / DB_NAME)) as db, db:
+        db.executescript(UNVERSIONED + """
+            CREATE TABLE spans (seq INTEGER PRIMARY KEY AUTOINCREMENT, decision_id TEXT NOT NULL, body TEXT NOT NULL,
+                                created_ts REAL NOT NULL, exported_ts REAL);
+            CREATE INDEX spans_exported ON spans(exported_ts, seq);
+            INSERT INTO spans(decision_id, body, created_ts, exported_ts) VALUES ('sent', '{}', 1.0, 2.0),
+                ('waits', '{"name": "shard.reshard"}', 3.0, NULL), ('sent too', '{}', 4.0, 5.0);
+            PRAGMA user_version=2;
+        """)
+    store = PlacementStore(tmp_path)  # version 2 kept exported spans; nothing reads them
+    try:
+        assert store.pending_spans(10) == [(2, '{"name": "shard.reshard"}')]
+        store.add_span(SpanRecord("d1", {"name": "shard.assign"}))
+        assert [json.loads(body)["name"] for _, body in store.pending_spans(10)] == ["shard.reshard", "shard.assign"]
+    finally:
+        store.close()
+    assert user_version(tmp_path / DB_NAME) == SCHEMA_VERSION
+    with closing(sqlite3.connect(tmp_path / DB_NAME)) as db:
+        assert [c[1] for c in db.execute("PRAGMA table_info(spans)")] == ["seq", "decision_id", "body", "created_ts"]
+        assert db.execute("SELECT decision_id FROM spans ORDER BY seq").fetchall() == [("waits",), ("d1",)]
