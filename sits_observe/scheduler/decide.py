@@ -5,7 +5,8 @@ flight, no placement that fits, or (imbalance, saturation) none better than stay
 each make a "no action" decision saying why; otherwise the migration starts.  Every decision, the API's
 too, is recorded: a log line, ``sits_scheduler_decisions_total``, its span (stored with the decision's
 rows, or alone for a "no action": one the database refuses then is logged and counted as dropped, and the
-decision stands) and the tracer's ring.
+decision stands) and the tracer's ring.  A decision that wrote a row then prunes old placements; a prune the
+database refuses is logged and retried at the next such decision: housekeeping fails no decision.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from ..errors import SchedulerError
 from ..topology import Topology
 from .choose import avoid, pick_shard
 from .config import SchedulerConfig
@@ -128,5 +130,8 @@ class Decider:
         log.info("scheduler: %s %s shard=%s gpus=%s->%s: %s", d.name, d.action, d.shard_id or "-",
                  list(d.source_gpus), list(d.target_gpus), d.reason)
         if d.placement_id is not None:
-            self.store.prune(HISTORY_PER_SHARD)
+            try:
+                self.store.prune(HISTORY_PER_SHARD)
+            except SchedulerError as exc:  # disk full: the decision's rows are stored, its migration under way
+                log.error("scheduler: old placements not pruned (retried at the next decision): %s", exc)
         return self.tracer.record(d)

@@ -1,8 +1,12 @@
-"""Triggers: verdict streaks, imbalance and saturation windows, hysteresis, cooldown, non-fixable causes."""
+"""Triggers: verdict streaks, imbalance and saturation windows, hysteresis, cooldown, non-fixable causes; a
+migration stands when the database refuses to prune old placements."""
 
 from __future__ import annotations
 
+import logging
+import sqlite3
 from collections.abc import Callable
+from contextlib import closing
 
 import numpy as np
 import pytest
@@ -11,8 +15,10 @@ from sched_helpers import PendingActuator, frame, live_gpus
 from sits_observe.frame import GPU_FIELD_INDEX, GPU_FIELDS, Frame, numa_cpu_sample
 from sits_observe.errors import SchedulerError
 from sits_observe.rca.verdict import Verdict
+from sits_observe.scheduler import decide
 from sits_observe.scheduler.config import SchedulerConfig
 from sits_observe.scheduler.engine import Scheduler
+from sits_observe.scheduler.states import TERMINAL, State
 from sits_observe.scheduler.triggers import Sustained, Triggers, culprits
 from sits_observe.topology import preset
 
@@ -237,3 +243,26 @@ def test_a_persisting_condition_is_explained_once(make_scheduler: Callable[..., 
             if d["trigger"] != "adopt"]
     assert sorted(made) == [("imbalance", "load_imbalance", "no_action"),
                             ("saturation", "gpu_memory_saturation", "no_action")]
+
+
+def test_a_prune_the_database_refuses_does_not_fail_a_started_migration(make_scheduler: Callable[..., Scheduler],
+                                                                        monkeypatch: pytest.MonkeyPatch,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(decide, "HISTORY_PER_SHARD", 0)  # every retired placement is history to prune
+    s = make_scheduler(verdict_consecutive=1)
+    _place_two(s)
+    with closing(sqlite3.connect(s.store.path, isolation_level=None)) as db:  # the disk is full: no row is deleted
+        db.execute("CREATE TRIGGER refuse_delete BEFORE DELETE ON placements BEGIN "
+                   "SELECT RAISE(ABORT, 'database or disk is full'); END")
+    s.on_verdict(verdict("thermal_throttling", 0.9, 1000.0, gpus=(0,)))
+    s.on_tick(frame(1000.0, BUSY))
+    d = s.decisions_state()["decisions"][0]
+    assert (d["trigger"], d["action"], d["shard_id"]) == ("verdict", "migrate", "a")
+    assert live_gpus(s)["a"] == ("launched", list(d["target_gpus"]))  # it moved (log actuator: acked at once)
+    assert [p.state for p in s.store.placements("a")] == [State.RETIRED, State.LAUNCHED]  # not pruned, yet
+    (line,) = [r for r in caplog.records if "disk is full" in r.getMessage()]
+    assert line.levelno == logging.ERROR and "not pruned" in line.getMessage() and line.exc_info is None
+    with closing(sqlite3.connect(s.store.path, isolation_level=None)) as db:
+        db.execute("DROP TRIGGER refuse_delete")
+    assert s.manual_reshard("b", "maintenance")["action"] == "migrate"
+    assert not [p for p in s.store.placements() if p.state in TERMINAL]  # the next decision pruned both shards
