@@ -13,7 +13,7 @@ from typing import Any
 
 from ..argtypes import FRACTION, NON_NEGATIVE_INT, POSITIVE_INT, PROBABILITY, float_in, int_at_least
 from ..errors import ConfigError, ModelError
-from .config import SHIPPED_MODEL
+from .config import MIN_CONFIDENCE, SHIPPED_MODEL
 
 __all__ = ["register"]
 
@@ -132,7 +132,8 @@ def register(sub: Any) -> None:
     e.add_argument("--model", default=str(SHIPPED_MODEL), help="model file")
     e.add_argument("--dataset", required=True, help="test dataset directory")
     e.add_argument("--train", help="dataset to fit the baselines on (default: the model's training data)")
-    e.add_argument("--min-confidence", type=PROBABILITY, default=0.6, help="below this a verdict is `unknown`")
+    e.add_argument("--min-confidence", type=PROBABILITY, default=MIN_CONFIDENCE,
+                   help=f"below this a verdict is `unknown` (default {MIN_CONFIDENCE}, as rca.min_confidence)")
     e.add_argument("--threads", type=POSITIVE_INT, default=2)
     e.add_argument("--json", action="store_true", help="print one JSON object")
     e.set_defaults(func=_eval)

@@ -17,6 +17,7 @@ from rich.table import Table
 from ..errors import ConfigError
 from . import dataset as dsmod
 from .baselines import ThresholdBaseline, TreeBaseline, summaries
+from .config import MIN_CONFIDENCE
 from .dataset import Dataset, Windows
 from .metrics import expected_calibration_error, scores
 from .model import RcaModel
@@ -62,7 +63,7 @@ def _scored(y: np.ndarray, pred: np.ndarray, classes: list[str], after: np.ndarr
     return out
 
 
-def evaluate(model: RcaModel, test: Dataset, train: Dataset, min_confidence: float = 0.6,
+def evaluate(model: RcaModel, test: Dataset, train: Dataset, min_confidence: float = MIN_CONFIDENCE,
              margin: int | None = None, stride: int = 1, threads: int = 2, fit_cap: int = 30000) -> dict[str, Any]:
     """Score the model and the two baselines on ``test``; ``margin`` defaults to the training margin."""
     if margin is None:

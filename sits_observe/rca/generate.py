@@ -94,9 +94,11 @@ def draw_variation(seed: int, topology: str) -> tuple[HostVariation, float, floa
 
     The GPUs' full-power steady temperature lands uniformly in 60-85 C (below the 87 C slowdown, as on a
     warm but working box), half the hosts run a power limit of 60-95 % of TDP, other work takes 0-15 %
-    of the CPUs.
+    of the CPUs, half route requests by session (prefix-cache affinity: 50-100 % of them go to their
+    session's replica whatever its load, the rest to the least-loaded one).
     """
     rng = np.random.default_rng([seed, 13])
+    routing = np.random.default_rng([seed, 17])  # its own stream: the other draws stay as they were
     spec = spec_for(preset(topology).gpus[0].model)
     inlet = float(rng.uniform(-6.0, 8.0))
     full = float(rng.uniform(60.0, 85.0))
@@ -105,8 +107,11 @@ def draw_variation(seed: int, topology: str) -> tuple[HostVariation, float, floa
         resistance_scale=round(max(0.3, (full - spec.inlet - inlet) / (spec.resistance * spec.tdp)), 3),
         power_limit=round(float(rng.uniform(0.6, 0.95)), 3) if rng.random() < 0.5 else 1.0,
         background_cpu=round(float(rng.uniform(0.0, 0.15)), 3),
+        affinity=round(float(routing.uniform(0.5, 1.0)), 3) if routing.random() < 0.5 else 0.0,
     )
     prompt, output = np.exp(rng.uniform(np.log(1 / 3), np.log(3.0), 2))
+    if routing.random() < 1 / 3:  # a short-answer application: few requests in flight at a time
+        output = float(np.exp(routing.uniform(np.log(1 / 12), np.log(1 / 3))))
     return var, float(prompt), float(output)
 
 

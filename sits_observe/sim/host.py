@@ -104,6 +104,7 @@ class SimulatedHost:
         self._pending = sorted(self.scenario.faults, key=lambda f: f.onset)
         net_seed, dev_seed = np.random.SeedSequence(cfg.seed).spawn(2)
         self._net_rng = np.random.default_rng(net_seed)
+        self._route_rng = np.random.default_rng([cfg.seed, 29])  # session-affine routing (variation.affinity)
         self._sampler = StageSampler(layout, np.random.default_rng(dev_seed))
         self._gpu = GpuModel(self.topology, variation)
         self._cores_busy = np.zeros(len(self._numa_cores))
@@ -268,7 +269,8 @@ class SimulatedHost:
                 log.info("sim: shard %s now on GPUs %s", sid, m.target)
 
     def _arrivals(self, t0: float, t1: float, eff: Effects, frame: Frame) -> None:
-        """Replay the trace for ``[t0, t1)`` and route each request to the least-loaded shard."""
+        """Replay the trace for ``[t0, t1)`` and route each request to the least-loaded shard, or, for the
+        ``variation.affinity`` share, to its session's shard (a uniform draw) whatever its load."""
         for workload in self.workloads:
             rate = self._rate * max(eff.surge.get(None, 1.0), eff.surge.get(workload, 1.0))
             tau0 = self._tau[workload]
@@ -279,8 +281,11 @@ class SimulatedHost:
             shards = [s for s in self._shards.values() if s.placement.workload == workload]
             load = [s.engine.outstanding for s in shards]
             choice = np.empty(len(taus), dtype=np.int64)
+            affine = (self._route_rng.random(len(taus)) < self.variation.affinity if self.variation.affinity > 0
+                      else np.zeros(len(taus), dtype=bool))
             for i in range(len(taus)):
-                j = min(range(len(load)), key=load.__getitem__)
+                j = (int(self._route_rng.integers(len(load))) if affine[i]
+                     else min(range(len(load)), key=load.__getitem__))
                 choice[i] = j
                 load[j] += 1
             for j, s in enumerate(shards):

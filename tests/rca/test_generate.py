@@ -70,8 +70,16 @@ def test_vary_makes_each_entity_a_different_healthy_host(tmp_path: Path) -> None
         assert h == {**asdict(var), "prompt_scale": round(prompt, 3), "output_scale": round(output, 3)}
         full_power = spec.inlet + var.inlet_offset + spec.resistance * var.resistance_scale * spec.tdp
         assert 60 <= full_power <= 85.01 and 0.6 <= var.power_limit <= 1 and 0 <= var.background_cpu <= 0.15
-        assert 1 / 3 <= prompt <= 3 and 1 / 3 <= output <= 3
+        assert 1 / 3 <= prompt <= 3 and 1 / 12 <= output <= 3
+        assert var.affinity == 0.0 or 0.5 <= var.affinity <= 1.0
     assert hosts["nvswitch-8-conv-s600"] != hosts["nvswitch-8-conv-s601"]
     ds = dataset.read(out)
     temps = [np.nanmedian(e.values[-120:, ds.features.index("gpu.temperature_celsius.max")]) for e in ds.entities]
     assert abs(temps[0] - temps[1]) > 1.0  # the cooling draw shows in what the daemon would read
+
+
+def test_vary_draws_session_routing_and_short_answers_on_a_share_of_hosts() -> None:
+    draws = [draw_variation(seed, "nvswitch-8") for seed in range(200)]
+    affine = np.mean([var.affinity > 0 for var, _, _ in draws])
+    short = np.mean([output < 1 / 3 for _, _, output in draws])
+    assert 0.4 < affine < 0.6 and 0.25 < short < 0.42  # half route by session, a third answer briefly

@@ -72,3 +72,25 @@ def test_background_cpu_work_shows_in_host_cpu(layout, nominal):
     diff = busy.host_window("cpu_utilization_ratio", 120).mean() - nominal.host_window("cpu_utilization_ratio", 120).mean()
     assert diff == pytest.approx(0.1, abs=0.02)
     assert np.array_equal(_gpu(busy, "utilization_ratio") > 0, _gpu(nominal, "utilization_ratio") > 0)
+
+
+def _idle_beside_busy(store: SeriesStore, last: int) -> float:
+    """Share of ticks in which a serving pair sits idle while another is busy."""
+    util = store.gpu_window("utilization_ratio", last)[:, BUSY]
+    pairs = np.stack([util[:, 0:2].max(1), util[:, 2:4].max(1), util[:, 4:6].max(1)], axis=1)
+    return float(((pairs.min(1) < 0.1) & (pairs.max(1) > 0.5)).mean())
+
+
+def test_session_affinity_leaves_a_replica_idle_beside_busy_ones_at_the_same_load(layout):
+    def run(variation: HostVariation) -> SeriesStore:
+        sim = SimulatedHost(SimConfig(scenario="quiet", seed=5, rate=0.3), layout, variation=variation)
+        store = SeriesStore(layout, history=600)
+        run_until(sim, store, 600)
+        return store
+
+    balanced, sticky = run(NOMINAL), run(HostVariation(affinity=1.0))
+    assert _idle_beside_busy(sticky, 540) > 2 * _idle_beside_busy(balanced, 540) + 0.02
+    served = [float(s.hist_window("e2e", "chat", 540).sum()) for s in (balanced, sticky)]
+    assert served[1] == pytest.approx(served[0], rel=0.1)  # the same requests, only placed differently
+    assert np.array_equal(run(HostVariation(affinity=0.0)).gpu_window("utilization_ratio", 540),
+                          balanced.gpu_window("utilization_ratio", 540), equal_nan=True)
