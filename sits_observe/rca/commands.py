@@ -13,7 +13,7 @@ from typing import Any
 
 from ..argtypes import FRACTION, NON_NEGATIVE_INT, POSITIVE_INT, PROBABILITY, float_in, int_at_least
 from ..errors import ConfigError, ModelError
-from .config import MIN_CONFIDENCE, SHIPPED_MODEL
+from .config import HEALTHY_MIN_CONFIDENCE, MIN_CONFIDENCE, SHIPPED_MODEL
 
 __all__ = ["register"]
 
@@ -97,7 +97,8 @@ def register(sub: Any) -> None:
     d.add_argument("--rates", type=_rates, default=(1.0,), help="request-rate multipliers, one per entity in turn")
     d.add_argument("--bursty", action="store_true", help="switch each entity's arrivals off and on by the minute")
     d.add_argument("--vary", action="store_true",
-                   help="vary each entity's cooling, power limit, CPU load and prompt/output lengths like a fleet's hosts")
+                   help="vary each entity's cooling, power limit, CPU load, request routing and prompt/output lengths "
+                        "like a fleet's hosts")
     d.set_defaults(func=_dataset)
 
     t = cmds.add_parser("train", help="train the LSTM on a dataset directory")
@@ -133,7 +134,10 @@ def register(sub: Any) -> None:
     e.add_argument("--dataset", required=True, help="test dataset directory")
     e.add_argument("--train", help="dataset to fit the baselines on (default: the model's training data)")
     e.add_argument("--min-confidence", type=PROBABILITY, default=MIN_CONFIDENCE,
-                   help=f"below this a verdict is `unknown` (default {MIN_CONFIDENCE}, as rca.min_confidence)")
+                   help=f"a fault cause below this is `unknown` (default {MIN_CONFIDENCE}, as rca.min_confidence)")
+    e.add_argument("--healthy-min-confidence", type=PROBABILITY, default=HEALTHY_MIN_CONFIDENCE,
+                   help=f"a healthy verdict below this is `unknown` (default {HEALTHY_MIN_CONFIDENCE}, "
+                        "as rca.healthy_min_confidence)")
     e.add_argument("--threads", type=POSITIVE_INT, default=2)
     e.add_argument("--json", action="store_true", help="print one JSON object")
     e.set_defaults(func=_eval)
@@ -218,7 +222,8 @@ def _eval(args: argparse.Namespace) -> int:
         model = RcaModel.load(args.model)
         test = dataset.read(args.dataset)
         model.columns(test.features, source=str(args.dataset))  # fail on missing features before fitting baselines
-    report = evaluate(model, test, load_train(model, args.train), args.min_confidence, threads=args.threads)
+    report = evaluate(model, test, load_train(model, args.train), args.min_confidence, threads=args.threads,
+                      healthy_min_confidence=args.healthy_min_confidence)
     report["model"] = args.model
     if args.json:
         print(json.dumps(report, sort_keys=True))

@@ -8,13 +8,15 @@ from pydantic import Field
 
 from ..section import Section
 
-__all__ = ["MIN_CONFIDENCE", "SHIPPED_MODEL", "RcaConfig"]
+__all__ = ["HEALTHY_MIN_CONFIDENCE", "MIN_CONFIDENCE", "SHIPPED_MODEL", "RcaConfig"]
 
 # The model shipped in the repository (``models/rca-lstm.pt``), used when ``rca.model`` is not set.
 SHIPPED_MODEL = Path(__file__).resolve().parents[2] / "models" / "rca-lstm.pt"
-# The default operating point: the lowest of 0.5-0.9 at which the shipped model keeps macro-F1 >= 0.90 and
-# calls at most 1 % of healthy windows faulty on both development OOD sets (models/README.md).
+# The default operating point (models/README.md, "Operating point"): a fault cause is named from 0.9, the
+# lowest of 0.5-0.9 at which the shipped model keeps macro-F1 >= 0.90 and calls at most 1 % of healthy
+# windows faulty on both development OOD sets; a healthy verdict from 0.6, as before that choice.
 MIN_CONFIDENCE = 0.9
+HEALTHY_MIN_CONFIDENCE = 0.6
 
 
 class RcaConfig(Section):
@@ -22,7 +24,10 @@ class RcaConfig(Section):
     model: str | None = Field(None, description="model file; default: the shipped models/rca-lstm.pt")
     every_ticks: int = Field(60, ge=1, le=86400, description="classify every N ticks when no SLO burns")
     burn_every_ticks: int = Field(5, ge=1, le=3600, description="classify every N ticks while an SLO burns")
-    min_confidence: float = Field(MIN_CONFIDENCE, ge=0.0, le=1.0, description="below this the verdict is `unknown`")
+    min_confidence: float = Field(MIN_CONFIDENCE, ge=0.0, le=1.0,
+                                  description="a fault cause below this confidence is `unknown`")
+    healthy_min_confidence: float = Field(HEALTHY_MIN_CONFIDENCE, ge=0.0, le=1.0,
+                                          description="a healthy verdict below this confidence is `unknown`")
     top_features: int = Field(5, ge=1, le=64, description="features reported per verdict")
     keep_verdicts: int = Field(10000, ge=10, le=10_000_000, description="verdicts kept in SQLite")
     threads: int = Field(1, ge=1, le=64, description="CPU threads torch may use for inference")

@@ -147,7 +147,7 @@ class RcaEngine:
         proba = m.proba(raw[None], base[None])[0]
         self._proba = {c: float(p) for c, p in zip(m.classes, proba)}
         k = int(proba.argmax())
-        cause = str(m.decide(proba[None], self.cfg.min_confidence)[0])
+        cause = str(m.decide(proba[None], self.cfg.min_confidence, self.cfg.healthy_min_confidence)[0])
         if cause in (HEALTHY, UNKNOWN):
             return Verdict(cause, round(float(proba[k]), 4), ts, trigger=trigger)
         ex = explain(m, raw, base, k, store, self.cfg.top_features)
@@ -203,7 +203,8 @@ class RcaEngine:
             "validation_macro_f1": m.metrics.get("validation", {}).get("macro_f1"),
         }
         return {"enabled": m is not None, "error": self.error, "model": model,
-                "min_confidence": self.cfg.min_confidence, "latest_probabilities": dict(self._proba),
+                "min_confidence": self.cfg.min_confidence, "healthy_min_confidence": self.cfg.healthy_min_confidence,
+                "latest_probabilities": dict(self._proba),
                 "verdicts": self.log.recent(limit)}
 
     def close(self) -> None:

@@ -17,7 +17,7 @@ from rich.table import Table
 from ..errors import ConfigError
 from . import dataset as dsmod
 from .baselines import ThresholdBaseline, TreeBaseline, summaries
-from .config import MIN_CONFIDENCE
+from .config import HEALTHY_MIN_CONFIDENCE, MIN_CONFIDENCE
 from .dataset import Dataset, Windows
 from .metrics import expected_calibration_error, scores
 from .model import RcaModel
@@ -64,8 +64,10 @@ def _scored(y: np.ndarray, pred: np.ndarray, classes: list[str], after: np.ndarr
 
 
 def evaluate(model: RcaModel, test: Dataset, train: Dataset, min_confidence: float = MIN_CONFIDENCE,
-             margin: int | None = None, stride: int = 1, threads: int = 2, fit_cap: int = 30000) -> dict[str, Any]:
-    """Score the model and the two baselines on ``test``; ``margin`` defaults to the training margin."""
+             margin: int | None = None, stride: int = 1, threads: int = 2, fit_cap: int = 30000,
+             healthy_min_confidence: float = HEALTHY_MIN_CONFIDENCE) -> dict[str, Any]:
+    """Score the model (at the operating point ``min_confidence`` / ``healthy_min_confidence``, as
+    :meth:`RcaModel.decide`) and the two baselines on ``test``; ``margin`` defaults to the training margin."""
     if margin is None:
         margin = int(model.training.get("options", {}).get("margin", 0))
     cols = model.columns(test.features, source=f"{test.path or 'dataset'}")
@@ -77,7 +79,7 @@ def evaluate(model: RcaModel, test: Dataset, train: Dataset, min_confidence: flo
     proba = model_proba(model, win, cols)
     lstm_s = time.perf_counter() - t0
     after = test.after_fault(win)
-    lstm = _scored(win.y, model.decide(proba, min_confidence), classes, after)
+    lstm = _scored(win.y, model.decide(proba, min_confidence, healthy_min_confidence), classes, after)
     known = np.isin(win.y, model.classes)
     yidx = np.array([model.classes.index(c) if c in model.classes else -1 for c in win.y])
     lstm["ece"] = expected_calibration_error(proba[known], yidx[known])
@@ -101,6 +103,7 @@ def evaluate(model: RcaModel, test: Dataset, train: Dataset, min_confidence: flo
         "window": model.window,
         "windows": len(win),
         "min_confidence": min_confidence,
+        "healthy_min_confidence": healthy_min_confidence,
         "margin": margin,
         "classes": classes,
         "lstm": lstm,

@@ -7,8 +7,9 @@ never labeled).  Entity ``k`` replays the trace at ``rates[k % len(rates)]``; wi
 are also switched off and on (a two-state Markov chain per minute: off about a fifth of the time, on
 minutes keep 30-100 % of their requests), so one trace yields many load levels and idle spells.  With
 ``vary`` each host also differs from the nominal box the way healthy hosts of one fleet differ
-(:func:`draw_variation`): cooling, power limit, other CPU work, and its traffic's prompt and output
-lengths (each scaled by one log-uniform factor in [1/3, 3]).
+(:func:`draw_variation`): cooling, power limit, other CPU work, session-affine routing on half the
+hosts, and its traffic's prompt and output lengths (each scaled by one log-uniform factor in [1/3, 3],
+except that a third of the hosts answer briefly, their output factor drawn from [1/12, 1/3]).
 Frames go into a SeriesStore and the features are read back with ``store.window(FEATURES, ...)``,
 exactly as the daemon reads them; labels come from the simulator's fault log (ground truth, on the
 source clock).
@@ -95,7 +96,10 @@ def draw_variation(seed: int, topology: str) -> tuple[HostVariation, float, floa
     The GPUs' full-power steady temperature lands uniformly in 60-85 C (below the 87 C slowdown, as on a
     warm but working box), half the hosts run a power limit of 60-95 % of TDP, other work takes 0-15 %
     of the CPUs, half route requests by session (prefix-cache affinity: 50-100 % of them go to their
-    session's replica whatever its load, the rest to the least-loaded one).
+    session's replica whatever its load, the rest to the least-loaded one).  Prompt and output lengths
+    are each scaled by a log-uniform factor in [1/3, 3], except that a third of the hosts answer briefly
+    (output factor in [1/12, 1/3]).  The routing and short-answer draws come from their own stream, so
+    every other draw is the same as without them.
     """
     rng = np.random.default_rng([seed, 13])
     routing = np.random.default_rng([seed, 17])  # its own stream: the other draws stay as they were

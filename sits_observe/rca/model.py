@@ -25,7 +25,7 @@ from torch import nn
 from ..errors import ModelError
 from .dataset import DEFAULT_BASELINE, Baseline, fill_forward
 from .features import OPTIONAL_FEATURES
-from .verdict import UNKNOWN
+from .verdict import HEALTHY, UNKNOWN
 
 __all__ = ["FORMAT", "Normalizer", "RcaModel", "RcaNet", "encode"]
 
@@ -171,10 +171,15 @@ class RcaModel:
         e = np.exp(lg)
         return e / e.sum(axis=1, keepdims=True)
 
-    def decide(self, proba: np.ndarray, min_confidence: float) -> np.ndarray:
-        """Class name per row, ``unknown`` where the top probability is below ``min_confidence``."""
-        names = np.asarray(self.classes, dtype=object)[proba.argmax(axis=1)]
-        return np.where(proba.max(axis=1) >= min_confidence, names, UNKNOWN)
+    def decide(self, proba: np.ndarray, min_confidence: float, healthy_min_confidence: float | None = None
+               ) -> np.ndarray:
+        """Class name per row: ``unknown`` where the top class is a fault cause below ``min_confidence``, or
+        ``healthy`` below ``healthy_min_confidence`` (default: ``min_confidence`` too)."""
+        top = proba.argmax(axis=1)
+        names = np.asarray(self.classes, dtype=object)[top]
+        floor = min_confidence if healthy_min_confidence is None else healthy_min_confidence
+        healthy = self.classes.index(HEALTHY) if HEALTHY in self.classes else -1
+        return np.where(proba.max(axis=1) >= np.where(top == healthy, floor, min_confidence), names, UNKNOWN)
 
     # ---- file ----------------------------------------------------------------------------------
 

@@ -3,9 +3,10 @@
 Two hosts of the same SKU run at different temperatures (rack position, inlet air, fan curves), some
 have a lower power limit set (``nvidia-smi -pl``), each runs its own share of other work on its
 CPUs, and some route requests by session (prefix-cache affinity) rather than to the least-loaded
-replica, so one replica can sit idle while the others queue.  None of this is a fault, so a root-cause model trained on one nominal box learns to call a warm
-GPU "thermal" or a power-capped one "saturated"; the dataset generator (``rca dataset --vary``) draws a
-:class:`HostVariation` per simulated host so that such levels are seen on healthy hosts too.
+replica, so one replica can sit idle while the others queue.  None of this is a fault, so a root-cause
+model trained on one nominal box learns to call a warm GPU "thermal" or a power-capped one "saturated";
+the dataset generator (``rca dataset --vary``) draws a :class:`HostVariation` per simulated host so that
+such levels are seen on healthy hosts too.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ __all__ = ["HostVariation", "NOMINAL"]
 
 @dataclass(frozen=True, slots=True)
 class HostVariation:
-    """Departures from the preset's GPU spec and CPU load (the defaults change nothing)."""
+    """Departures from the preset's GPU spec, CPU load and request routing (the defaults change nothing)."""
 
     inlet_offset: float = 0.0  # deg C added to the inlet air temperature
     resistance_scale: float = 1.0  # factor on the die-to-air thermal resistance

@@ -72,6 +72,19 @@ def test_the_shipped_model_takes_the_optional_features_as_empty_columns() -> Non
     assert list(shipped.decide(proba, 0.6)) == ["healthy", "healthy"]  # a typical host without them is healthy
 
 
+def test_a_fault_cause_needs_more_confidence_than_a_healthy_verdict(tiny_model: RcaModel) -> None:
+    classes = list(tiny_model.classes)
+    proba = np.full((3, len(classes)), 0.0)
+    fault = next(i for i, c in enumerate(classes) if c != "healthy")
+    proba[0, classes.index("healthy")] = proba[1, fault] = 0.7  # both under 0.9, over 0.6
+    proba[2, fault] = 0.95
+    for p in proba:
+        p[p == 0] = (1 - p.max()) / (len(classes) - 1)
+    assert list(tiny_model.decide(proba, 0.9, 0.6)) == ["healthy", "unknown", classes[fault]]
+    assert list(tiny_model.decide(proba, 0.9)) == ["unknown", "unknown", classes[fault]]  # one floor for all
+    assert list(tiny_model.decide(proba, 0.6)) == ["healthy", classes[fault], classes[fault]]
+
+
 @pytest.mark.parametrize("damage,needle", [
     (lambda b: b[: len(b) // 2], "truncated, corrupt"),
     (lambda b: b"not a model at all\n", "truncated, corrupt"),
