@@ -27,7 +27,8 @@ class RcaConfig(Section):
     min_confidence: float = Field(MIN_CONFIDENCE, ge=0.0, le=1.0,
                                   description="a fault cause below this confidence is `unknown`")
     healthy_min_confidence: float = Field(HEALTHY_MIN_CONFIDENCE, ge=0.0, le=1.0,
-                                          description="a healthy verdict below this confidence is `unknown`")
+                                          description="a healthy verdict below this confidence is `unknown` "
+                                                      "(capped at min_confidence)")
     top_features: int = Field(5, ge=1, le=64, description="features reported per verdict")
     keep_verdicts: int = Field(10000, ge=10, le=10_000_000, description="verdicts kept in SQLite")
     threads: int = Field(1, ge=1, le=64, description="CPU threads torch may use for inference")

@@ -143,7 +143,8 @@ def render(report: dict[str, Any], console: Console) -> None:
             row.append(f"{pc['precision']:.2f}/{pc['recall']:.2f}/{pc['f1']:.2f}")
         per.add_row(*row)
     console.print(per)
-    summ = Table(title="Summary")
+    summ = Table(title=f"Summary (the LSTM names a fault cause from {report['min_confidence']:g} and healthy from "
+                       f"{report['healthy_min_confidence']:g}, else unknown)")
     for col in ("system", "macro-F1", "accuracy", "healthy FP rate", "  after a fault", "  steady", "unknown rate"):
         summ.add_column(col, justify="right" if col != "system" else "left")
     for name, s in systems.items():

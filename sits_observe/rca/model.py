@@ -174,10 +174,11 @@ class RcaModel:
     def decide(self, proba: np.ndarray, min_confidence: float, healthy_min_confidence: float | None = None
                ) -> np.ndarray:
         """Class name per row: ``unknown`` where the top class is a fault cause below ``min_confidence``, or
-        ``healthy`` below ``healthy_min_confidence`` (default: ``min_confidence`` too)."""
+        ``healthy`` below ``healthy_min_confidence`` (default: ``min_confidence`` too; never above it, as
+        calling a host healthy never needs more confidence than naming a cause)."""
         top = proba.argmax(axis=1)
         names = np.asarray(self.classes, dtype=object)[top]
-        floor = min_confidence if healthy_min_confidence is None else healthy_min_confidence
+        floor = min_confidence if healthy_min_confidence is None else min(healthy_min_confidence, min_confidence)
         healthy = self.classes.index(HEALTHY) if HEALTHY in self.classes else -1
         return np.where(proba.max(axis=1) >= np.where(top == healthy, floor, min_confidence), names, UNKNOWN)
 

@@ -203,6 +203,28 @@ def test_sighup_applies_a_smaller_keep_verdicts_at_once(tmp_path: Path, tiny_mod
     assert engine.log.count() == 10
 
 
+def test_the_api_shows_both_floors_and_sighup_applies_a_new_healthy_floor(tmp_path: Path, tiny_model: RcaModel,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "m.pt"
+    tiny_model.save(path)
+    daemon, engine = _daemon(tmp_path, path, every=5)
+    client = create_app(daemon, ui=False).test_client()
+    state = client.get("/api/v1/verdicts").get_json()
+    assert (state["min_confidence"], state["healthy_min_confidence"]) == (0.9, 0.6)
+    classes = list(tiny_model.classes)
+    proba = np.full(len(classes), 0.3 / (len(classes) - 1), dtype=np.float32)
+    proba[classes.index("healthy")] = 0.7  # healthy, but not sure of it
+    monkeypatch.setattr(RcaModel, "proba", lambda self, raw, base: proba[None])
+    raw = np.zeros((tiny_model.window, len(tiny_model.features)), dtype=np.float32)
+    base = np.zeros(len(tiny_model.features), dtype=np.float32)
+    assert engine.classify(raw, base, 1000.0, "periodic").cause == "healthy"
+    cfg = _config(tmp_path, path, every=5)
+    engine.reload(cfg.model_copy(update={"rca": cfg.rca.model_copy(update={"healthy_min_confidence": 0.8})}))
+    assert client.get("/api/v1/verdicts").get_json()["healthy_min_confidence"] == 0.8
+    assert engine.classify(raw, base, 1001.0, "periodic").cause == "unknown"
+    engine.close()
+
+
 def test_a_store_shorter_than_the_models_window_turns_rca_off(tmp_path: Path, tiny_model: RcaModel,
                                                              caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "m.pt"

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
+from rich.console import Console
 
 from sits_observe.errors import ModelError
 from sits_observe.rca.config import SHIPPED_MODEL
 from sits_observe.rca.dataset import Dataset
-from sits_observe.rca.evaluate import evaluate, model_proba
+from sits_observe.rca.evaluate import evaluate, model_proba, render
 from sits_observe.rca.features import OPTIONAL_FEATURES
 from sits_observe.rca.model import RcaModel
 
@@ -19,7 +21,7 @@ from sits_observe.rca.model import RcaModel
 def test_learns_far_above_chance_and_beats_nothing_but_itself(tiny_model: RcaModel,
                                                             synth: Callable[..., Dataset]) -> None:
     test = synth(seed=7, steps=1500)
-    report = evaluate(tiny_model, test, synth(), min_confidence=0.0)
+    report = evaluate(tiny_model, test, synth(), min_confidence=0.0, healthy_min_confidence=0.0)  # no abstaining
     # four classes, chance macro-F1 about 0.25
     assert report["lstm"]["macro_f1"] > 0.85
     assert set(report["baselines"]) == {"thresholds", "gbt"}
@@ -33,6 +35,10 @@ def test_learns_far_above_chance_and_beats_nothing_but_itself(tiny_model: RcaMod
         assert whole == pytest.approx(system["healthy_fp_rate"], abs=2e-4)
     val = tiny_model.metrics["validation"]
     assert val["macro_f1"] > 0.8 and 0.25 <= tiny_model.temperature <= 10
+    assert (report["min_confidence"], report["healthy_min_confidence"]) == (0.0, 0.0)
+    console = Console(record=True, width=200)
+    render({**report, "min_confidence": 0.9, "healthy_min_confidence": 0.6}, console)  # the table says at which floors
+    assert "names a fault cause from 0.9 and healthy from 0.6" in " ".join(console.export_text().split())
 
 
 def test_file_round_trip_gives_the_same_probabilities(tmp_path: Path, tiny_model: RcaModel,
@@ -83,6 +89,10 @@ def test_a_fault_cause_needs_more_confidence_than_a_healthy_verdict(tiny_model: 
     assert list(tiny_model.decide(proba, 0.9, 0.6)) == ["healthy", "unknown", classes[fault]]
     assert list(tiny_model.decide(proba, 0.9)) == ["unknown", "unknown", classes[fault]]  # one floor for all
     assert list(tiny_model.decide(proba, 0.6)) == ["healthy", classes[fault], classes[fault]]
+    assert list(tiny_model.decide(proba, 0.65, 0.8)) == ["healthy", classes[fault], classes[fault]]  # capped
+    # a model without a healthy class holds every class to the fault floor
+    renamed = dataclasses.replace(tiny_model, classes=tuple(f"cause_{i}" for i in range(len(classes))))
+    assert list(renamed.decide(proba, 0.9, 0.6)) == ["unknown", "unknown", f"cause_{fault}"]
 
 
 @pytest.mark.parametrize("damage,needle", [
