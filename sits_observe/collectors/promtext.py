@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ..errors import CollectorError
 from .config import basic_auth, redact
+from .resolve import LookupTimedOut, resolve
 
 __all__ = ["Series", "PageParser", "fetch_page", "redact", "MAX_PAGE_BYTES"]
 
@@ -40,11 +41,11 @@ def fetch_page(url: str, timeout: float) -> str:
     """GET ``url`` within ``timeout`` seconds in all; CollectorError naming the (redacted) URL and the reason.
 
     ``user:password@`` in the URL goes as HTTP basic auth (urllib would read it as part of the host), and
-    not on to where a redirect points.  Every wait on the server (connecting, the TLS handshake, sending,
-    each read of the status line, headers and body, and the same again after a redirect) is given what is
-    left of the one timeout, so a server trickling bytes cannot hold the tick; at most
-    :data:`MAX_PAGE_BYTES` of the body is read.  Resolving the host name is not bounded, and each address
-    of a host with several is given what was left when connecting began.
+    not on to where a redirect points.  Every wait (looking the host name up, connecting to each of its
+    addresses in turn, the TLS handshake, sending, each read of the status line, headers and body, and the
+    same again after a redirect) is given what is left of the one timeout, so neither a server trickling
+    bytes nor a DNS resolver that does not answer can hold the tick (see :mod:`.resolve`); at most
+    :data:`MAX_PAGE_BYTES` of the body is read.
     """
     deadline = _Deadline(timeout)
     auth = basic_auth(url)
@@ -65,6 +66,9 @@ def fetch_page(url: str, timeout: float) -> str:
             exc if isinstance(exc, OSError) else type(exc).__name__)
         if isinstance(reason, TimeoutError):  # every socket timeout is what was left of the deadline
             raise _too_slow(url, timeout) from exc
+        if isinstance(reason, LookupTimedOut):
+            raise CollectorError(f"{url}: the host name {reason.host!r} did not resolve within the {timeout:g} s "
+                                 "timeout (is the DNS resolver answering?)") from exc
         raise CollectorError(f"{url}: cannot fetch the metrics page: {reason}") from exc
 
 
@@ -123,9 +127,31 @@ class _Connection(http.client.HTTPConnection):
     deadline: _Deadline
 
     def connect(self) -> None:
-        self.timeout = self.deadline.left()  # socket.create_connection gives each address of the host this
+        self._create_connection = self._open  # http.client's hook; socket.create_connection's lookup has no timeout
         super().connect()
         self.sock.settimeout(self.deadline.left())  # sending; and ssl gives a TLS handshake this in all
+
+    def _open(self, address: tuple[str, int], _timeout: float | None,
+              source_address: tuple[str, int] | None) -> socket.socket:
+        """socket.create_connection, with the lookup and each address's connect given what is left of the deadline.
+
+        Only the socket goes to the looked-up address: HTTPSConnection checks the certificate against, and sends
+        as SNI, the host name itself."""
+        host, port = address
+        error = OSError(f"no address to connect to for {host!r}")
+        for family, kind, proto, _, addr in resolve(host, port, self.deadline.left()):
+            left = self.deadline.left()  # a TimeoutError once the deadline has passed: no next address then
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.settimeout(left)
+                if source_address:
+                    sock.bind(source_address)
+                sock.connect(addr)
+                return sock
+            except OSError as exc:
+                sock.close()
+                error = exc
+        raise error
 
     def response_class(self, sock: socket.socket, *args: Any, **kwargs: Any) -> http.client.HTTPResponse:
         # http.client makes each response (a proxy's CONNECT answer too) by calling this

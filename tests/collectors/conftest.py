@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 import sys
 import threading
 from collections.abc import Iterator
@@ -25,10 +26,10 @@ def fake() -> FakeNvml:
 
 
 class PageServer:
-    """Serves ``pages[path]`` (text) on 127.0.0.1 at a free port; ``status[path]`` overrides 200;
-    ``redirect[path]`` answers 302 to that URL."""
+    """Serves ``pages[path]`` (text) on 127.0.0.1 at a free port (over TLS with ``tls``); ``status[path]``
+    overrides 200; ``redirect[path]`` answers 302 to that URL."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
         self.pages: dict[str, str] = {}
         self.status: dict[str, int] = {}
         self.redirect: dict[str, str] = {}
@@ -57,11 +58,14 @@ class PageServer:
                 pass
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        if tls is not None:
+            self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True)
+        self.scheme = "http" if tls is None else "https"
         self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
         self.thread.start()
 
     def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}{path}"
+        return f"{self.scheme}://127.0.0.1:{self.httpd.server_address[1]}{path}"
 
     def close(self) -> None:
         self.httpd.shutdown()

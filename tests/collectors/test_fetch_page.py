@@ -1,20 +1,51 @@
-"""fetch_page against misbehaving servers: trickled headers or body, an oversized page, a redirect to another host."""
+"""fetch_page against misbehaving servers and resolvers: trickled headers or body, an oversized page, a redirect to
+another host, a DNS resolver that does not answer; and TLS checked against the host name."""
 
 from __future__ import annotations
 
 import base64
 import re
+import shutil
 import socket
+import ssl
+import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
-from conftest import PageServer
+from conftest import DATA, PageServer
 
 from sits_observe.collectors import promtext
 from sits_observe.collectors.promtext import fetch_page
+from sits_observe.collectors.resolve import MAX_LOOKUPS
+from sits_observe.collectors.sources import build_sources
+from sits_observe.config import parse
+from sits_observe.daemon import Daemon, WallClock
 from sits_observe.errors import CollectorError
+from sits_observe.frame import Frame
+
+_GETADDRINFO = socket.getaddrinfo
+
+
+def _in_thread(call: Callable[[], object], wait: float) -> tuple[object, float]:
+    """What ``call`` returned or raised, and the seconds it took; the test fails if ``call`` runs past ``wait`` s."""
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except Exception as exc:  # noqa: BLE001 (checked by the caller, in the test's thread)
+            outcome.append(exc)
+
+    t0 = time.monotonic()
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(wait)
+    assert not thread.is_alive(), f"still waiting after {wait:g} s"
+    return outcome[0], time.monotonic() - t0
 
 
 def _trickling_server(sent: bytes, trickled: bytes) -> Iterator[int]:
@@ -69,21 +100,9 @@ def test_a_trickled_page_fails_at_the_timeout_in_all(trickle: int) -> None:
 
 def test_trickled_header_lines_fail_at_the_timeout_in_all(trickled_headers: int) -> None:
     # the status line and headers come a byte at a time: a per-read timeout alone would wait about 15 s
-    outcome: list[object] = []
-
-    def fetch() -> None:
-        try:
-            outcome.append(fetch_page(f"http://scraper:s3cret@127.0.0.1:{trickled_headers}/metrics", timeout=1.0))
-        except Exception as exc:  # noqa: BLE001 (checked below, in the test's thread)
-            outcome.append(exc)
-
-    t0 = time.monotonic()
-    thread = threading.Thread(target=fetch, daemon=True)
-    thread.start()
-    thread.join(5)
-    assert not thread.is_alive(), "fetch_page still waiting for the header lines after 5 s"
-    assert time.monotonic() - t0 < 1.5
-    [exc] = outcome
+    exc, took = _in_thread(lambda: fetch_page(f"http://scraper:s3cret@127.0.0.1:{trickled_headers}/metrics",
+                                              timeout=1.0), 5)
+    assert took < 1.5
     assert isinstance(exc, CollectorError)
     assert re.fullmatch(r"http://127\.0\.0\.1:\d+/metrics: the metrics page did not arrive within the 1 s timeout",
                         str(exc))
@@ -109,3 +128,133 @@ def test_credentials_do_not_follow_a_redirect_to_another_server(pages: PageServe
         assert other.hits["/collect"] == 1 and other.auth["/collect"] is None
     finally:
         other.close()
+
+
+class HungResolver:
+    """socket.getaddrinfo whose lookups of names under ``.hung.test`` get no answer until :meth:`release`, then
+    127.0.0.1; literal addresses (AI_NUMERICHOST) and other names are answered as usual."""
+
+    def __init__(self) -> None:
+        self.released = threading.Event()
+        self._lock = threading.Lock()
+        self.waiting = 0  # lookups without an answer yet
+        self.most = 0  # the most that were waiting at once
+
+    def getaddrinfo(self, host: str, port: Any, family: int = 0, kind: int = 0, proto: int = 0,
+                    flags: int = 0) -> list[Any]:
+        if flags & socket.AI_NUMERICHOST or not host.endswith(".hung.test"):
+            return _GETADDRINFO(host, port, family, kind, proto, flags)
+        with self._lock:
+            self.waiting += 1
+            self.most = max(self.most, self.waiting)
+        try:
+            self.released.wait(60)
+        finally:
+            with self._lock:
+                self.waiting -= 1
+        return _GETADDRINFO("127.0.0.1", port, family, kind, proto, flags)
+
+
+@pytest.fixture
+def hung(monkeypatch: pytest.MonkeyPatch) -> Iterator[HungResolver]:
+    resolver = HungResolver()
+    monkeypatch.setattr(socket, "getaddrinfo", resolver.getaddrinfo)
+    yield resolver
+    resolver.released.set()
+    for _ in range(100):  # the lookups left waiting end (before the next test patches getaddrinfo)
+        if resolver.waiting == 0:
+            break
+        time.sleep(0.05)
+
+
+def test_a_hung_name_lookup_fails_its_source_at_the_timeout_and_the_others_still_read(
+        tmp_path: Path, pages: PageServer, hung: HungResolver) -> None:
+    pages.pages["/vllm"] = (DATA / "vllm_page1.txt").read_text()
+    cfg = parse({"state_dir": str(tmp_path), "servers": [
+        {"kind": "vllm", "url": "http://vllm-0.hung.test:8000/metrics", "workload": "stuck", "timeout": 1.0},
+        {"kind": "vllm", "url": pages.url("/vllm"), "workload": "chat"}]}, env={})
+    daemon = Daemon(config=cfg, clock=WallClock(1.0))
+    daemon.sources += build_sources(cfg, daemon.layout)
+    try:
+        frame, took = _in_thread(daemon.tick, 5)  # before the lookup had a deadline: held until the resolver answers
+        assert took < 1.5 and isinstance(frame, Frame)
+        assert frame.errors["vllm:stuck"] == (
+            "CollectorError: http://vllm-0.hung.test:8000/metrics: the host name 'vllm-0.hung.test' did not resolve "
+            "within the 1 s timeout (is the DNS resolver answering?)")
+        assert frame.workload_gauges[("running_requests", "chat")] == 12
+    finally:
+        daemon.close()
+
+
+def test_hung_lookups_hold_a_few_threads_however_often_they_are_asked(pages: PageServer, hung: HungResolver) -> None:
+    pages.pages["/metrics"] = "up 1\n"
+    port = pages.httpd.server_address[1]
+    threads = threading.active_count()
+    for _ in range(10):  # one host, asked every tick while its lookup hangs: still one lookup
+        exc, took = _in_thread(lambda: fetch_page(f"http://vllm-0.hung.test:{port}/metrics", timeout=0.1), 2)
+        assert isinstance(exc, CollectorError) and "did not resolve" in str(exc) and took < 0.5
+    assert hung.waiting == 1
+    for i in range(3 * MAX_LOOKUPS):  # ever new hosts (a redirect can name any): at most MAX_LOOKUPS lookups
+        exc, took = _in_thread(lambda i=i: fetch_page(f"http://vllm-{i}.hung.test:{port}/metrics", timeout=0.1), 2)
+        assert isinstance(exc, CollectorError) and took < 0.5
+    assert str(exc) == (f"http://vllm-{3 * MAX_LOOKUPS - 1}.hung.test:{port}/metrics: cannot fetch the metrics page: "
+                        f"cannot look up 'vllm-{3 * MAX_LOOKUPS - 1}.hung.test': {MAX_LOOKUPS} earlier lookups are "
+                        "still waiting on the DNS resolver")
+    assert hung.most == MAX_LOOKUPS
+    assert threading.active_count() - threads <= MAX_LOOKUPS
+    hung.released.set()
+    # the resolver answers again: the next fetch looks the name up afresh (no failure was remembered)
+    assert fetch_page(f"http://vllm-0.hung.test:{port}/metrics", timeout=5.0) == "up 1\n"
+
+
+def test_a_literal_address_is_not_looked_up(pages: PageServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    lookups: list[tuple[str, bool]] = []  # (host, whether asked from a thread other than the fetching one)
+    fetching = threading.current_thread()
+
+    def getaddrinfo(host: str, *args: Any) -> list[Any]:
+        lookups.append((host, threading.current_thread() is not fetching))
+        return _GETADDRINFO(host, *args)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    pages.pages["/metrics"] = "up 1\n"
+    assert fetch_page(pages.url("/metrics"), timeout=5.0) == "up 1\n"
+    assert ("127.0.0.1", True) not in lookups
+    assert fetch_page(pages.url("/metrics").replace("127.0.0.1", "localhost"), timeout=5.0) == "up 1\n"
+    assert ("localhost", True) in lookups
+
+
+@pytest.fixture(scope="module")
+def localhost_cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A self-signed certificate for the name ``localhost`` (not for 127.0.0.1), and its key."""
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command")
+    where = tmp_path_factory.mktemp("tls")
+    cert, key = where / "cert.pem", where / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                    "-days", "2", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True, timeout=60)
+    return cert, key
+
+
+def test_https_checks_the_certificate_against_the_host_name(localhost_cert: tuple[Path, Path],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    cert, key = localhost_cert
+    served = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    served.load_cert_chain(cert, key)
+    names: list[str | None] = []
+
+    def sni(_sock: ssl.SSLObject, name: str | None, _ctx: ssl.SSLContext) -> None:
+        names.append(name)
+
+    served.sni_callback = sni
+    monkeypatch.setattr(ssl, "_create_default_https_context", lambda: ssl.create_default_context(cafile=str(cert)))
+    server = PageServer(tls=served)
+    try:
+        server.pages["/metrics"] = "up 1\n"
+        # connected to an address looked up for localhost; the certificate checked, and SNI sent, for the name
+        assert fetch_page(server.url("/metrics").replace("127.0.0.1", "localhost"), timeout=5.0) == "up 1\n"
+        assert names == ["localhost"]
+        with pytest.raises(CollectorError, match=r"certificate is not valid for '127\.0\.0\.1'"):
+            fetch_page(server.url("/metrics"), timeout=5.0)
+    finally:
+        server.close()
