@@ -77,6 +77,16 @@ class SimClock:
         return self.interval
 
 
+CLOSE_TIMEOUT = 30.0  # seconds :meth:`Daemon.close` waits for the parts (systemd's stop timeout is 90 s)
+
+
+def _close_one(close: Callable[[], object], failed: list[Exception]) -> None:
+    try:
+        close()
+    except Exception as exc:  # closing one part must not keep the others open; reported by Daemon.close
+        failed.append(exc)
+
+
 @dataclass
 class _Health:
     errors: int = 0
@@ -111,7 +121,6 @@ class Daemon:
         self.last_tick_wall: float | None = None
         self.stop_event = threading.Event()
         self._reload_loader: Callable[[], Config | None] | None = None  # SIGHUP's, applied between ticks
-        self._lock = threading.Lock()
 
     # ---- one tick ------------------------------------------------------------------------------
 
@@ -163,7 +172,7 @@ class Daemon:
         while not self.stop_event.is_set():
             self.tick()
             loader, self._reload_loader = self._reload_loader, None
-            if loader is not None:
+            if loader is not None and not self.stop_event.is_set():  # stopping: the next start reads the file
                 self._reload_with(loader)
             next_at += self.clock.wall_interval
             now = time.monotonic()
@@ -173,14 +182,32 @@ class Daemon:
                 next_at = now
             self.stop_event.wait(max(0.0, next_at - now))
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> bool:
+        """Close every source and consumer, all at once (none calls another once the ticks have stopped),
+        waiting at most ``timeout`` seconds (default :data:`CLOSE_TIMEOUT`); True when each closed.  One
+        that raises or hangs is logged and keeps no other open; one still closing when the time is up is
+        left to its (daemon) thread, so shutdown never waits on it."""
+        closing: list[tuple[str, threading.Thread, list[Exception]]] = []
         for part in [*self.sources, *self.consumers]:
             close = getattr(part, "close", None)
             if close is not None:
-                try:
-                    close()
-                except Exception as exc:  # closing one part must not keep the others open
-                    log.warning("closing %s failed: %s", getattr(part, "name", part), exc)
+                name = str(getattr(part, "name", part))
+                failed: list[Exception] = []
+                thread = threading.Thread(target=_close_one, args=(close, failed), name=f"close-{name}", daemon=True)
+                thread.start()
+                closing.append((name, thread, failed))
+        timeout = CLOSE_TIMEOUT if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        closed = True
+        for name, thread, failed in closing:
+            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                log.error("closing %s did not finish within %g s; going on without it", name, timeout)
+                closed = False
+            elif failed:
+                log.warning("closing %s failed: %s: %s", name, type(failed[0]).__name__, failed[0])
+                closed = False
+        return closed
 
     def request_reload(self, loader: Callable[[], Config | None]) -> None:
         """From a signal handler: load and apply the config with ``loader`` after the tick in progress (a

@@ -8,14 +8,18 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from .argtypes import NON_NEGATIVE_INT, POSITIVE_FLOAT
 from .config import ENV_OVERRIDES, Config, load, parse
+
+if TYPE_CHECKING:
+    from .daemon import Daemon
 
 __all__ = ["register", "serve"]
 
@@ -95,39 +99,76 @@ def _demo_config(args: argparse.Namespace) -> Config:
     return parse(data, args.config or "<demo>")
 
 
+class _Later:
+    """The WSGI application the server is bound with before the daemon exists; it serves only once ``app``
+    is set."""
+
+    app: Callable[..., Any]
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        return self.app(environ, start_response)
+
+
 def serve(cfg: Config, *, duration: float | None = None, reload: Callable[[], Config] | None = None,
           demo: bool = False) -> int:
     """Build the daemon, serve HTTP, tick until SIGTERM/SIGINT or ``duration``; SIGHUP reloads the config
-    with ``reload`` (nothing to reload without one)."""
+    with ``reload`` (nothing to reload without one).  Signals that come while the daemon starts are acted on
+    once it runs.  Returns 0 after a clean drain, 1 when a part did not close (it raised, or hung past
+    :data:`~sits_observe.daemon.CLOSE_TIMEOUT`); a second SIGTERM/SIGINT exits at once with 128 + its number."""
     from .export.http import Server, create_app
     from .wiring import build_daemon
 
     _setup_logging(cfg)
-    daemon = build_daemon(cfg)
-    host, port = cfg.listen_addr
-    server = Server(create_app(daemon), host, port)
-    server.start()
-    base = f"http://{f'[{host}]' if ':' in host else host}:{server.port}"  # an IPv6 address in brackets
-    print(f"sits-observe {'demo' if demo else 'daemon'} serving {base}/metrics  API {base}/api/v1/status  "
-          f"UI {base}/", file=sys.stderr, flush=True)
-    if demo:
-        print(f"  simulated host: topology {cfg.sim.topology}, scenario {cfg.sim.scenario}, speed {cfg.sim.speed:g}x,"
-              f" state in {cfg.state_dir}", file=sys.stderr, flush=True)
+    stop, hup = threading.Event(), threading.Event()
+    built: list[Daemon] = []
 
     def on_term(signum: int, _frame: Any) -> None:
+        if stop.is_set():
+            log.error("signal %d again: exiting now, without waiting for the drain", signum)
+            os._exit(128 + signum)
         log.info("signal %d: draining and exiting", signum)
-        daemon.stop_event.set()
+        stop.set()
 
     def on_hup(_signum: int, _frame: Any) -> None:
         if reload is not None:
-            daemon.request_reload(reload)
+            if built:
+                built[0].request_reload(reload)
+            else:
+                hup.set()
 
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, on_term)
-    signal.signal(signal.SIGHUP, on_hup)
+    previous = {sig: signal.signal(sig, handler)
+                for sig, handler in ((signal.SIGTERM, on_term), (signal.SIGINT, on_term), (signal.SIGHUP, on_hup))}
     try:
-        daemon.run(duration=duration)
+        # the port first: a second copy started by mistake is refused before it touches the state (the
+        # scheduler re-sends the steps in flight when it starts)
+        app = _Later()
+        host, port = cfg.listen_addr
+        server = Server(app, host, port)
+        try:
+            daemon = build_daemon(cfg)
+        except BaseException:
+            server.close()
+            raise
+        daemon.stop_event = stop
+        built.append(daemon)
+        if hup.is_set() and reload is not None:
+            daemon.request_reload(reload)
+        try:
+            app.app = create_app(daemon)
+            server.start()
+            base = f"http://{f'[{host}]' if ':' in host else host}:{server.port}"  # an IPv6 address in brackets
+            print(f"sits-observe {'demo' if demo else 'daemon'} serving {base}/metrics  API {base}/api/v1/status  "
+                  f"UI {base}/", file=sys.stderr, flush=True)
+            if demo:
+                print(f"  simulated host: topology {cfg.sim.topology}, scenario {cfg.sim.scenario}, "
+                      f"speed {cfg.sim.speed:g}x, state in {cfg.state_dir}", file=sys.stderr, flush=True)
+            daemon.run(duration=duration)
+        finally:
+            try:
+                server.close()
+            finally:
+                closed = daemon.close()
+        return 0 if closed else 1
     finally:
-        server.close()
-        daemon.close()
-    return 0
+        for sig, handler in previous.items():  # None: one not set from Python, which cannot be put back
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)

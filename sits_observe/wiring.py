@@ -44,8 +44,16 @@ def build_daemon(config: Config) -> Daemon:
     else:
         clock = WallClock(config.tick_interval)
     daemon = Daemon(config=config, clock=clock)
-    _add_sources(daemon)
-    _add_consumers(daemon)
+    try:
+        _add_sources(daemon)
+        _add_consumers(daemon)
+    except BaseException:
+        # a part that cannot start after others did: close those (probes attached, state databases open);
+        # the scheduler joins the consumers only after the classifier, which may be the part that failed
+        if daemon.scheduler is not None and daemon.scheduler not in daemon.consumers:
+            daemon.consumers.append(daemon.scheduler)
+        daemon.close()
+        raise
     return daemon
 
 

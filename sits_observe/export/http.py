@@ -118,7 +118,8 @@ def create_app(daemon: Daemon, *, ui: bool = True) -> Flask:
 class Server:
     """waitress on the configured address, in a daemon thread; port in use -> ConfigError."""
 
-    def __init__(self, app: Flask, host: str, port: int, threads: int = 8) -> None:
+    def __init__(self, app: Callable[..., Any], host: str, port: int, threads: int = 8) -> None:
+        """Binds now (``app``: any WSGI application); serves from :meth:`start`."""
         from waitress.server import create_server
 
         try:
@@ -143,6 +144,9 @@ class Server:
         from waitress import wasyncore
 
         srv = self._server
-        srv.trigger.pull_trigger(lambda: wasyncore.close_all(srv._map))  # type: ignore[union-attr]
-        self._thread.join(timeout=3)
+        if self._thread.is_alive():
+            srv.trigger.pull_trigger(lambda: wasyncore.close_all(srv._map))  # type: ignore[union-attr]
+            self._thread.join(timeout=3)
+        else:  # never started (the daemon failed to build): no loop polls the sockets
+            wasyncore.close_all(srv._map)  # type: ignore[union-attr]
         srv.task_dispatcher.shutdown()  # type: ignore[union-attr]

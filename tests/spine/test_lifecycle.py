@@ -1,0 +1,238 @@
+"""Start-up and shutdown: a part that hangs or raises while closing, a part that fails to start after others
+did, a port in use, a second signal, and signals that arrive while the daemon is still starting."""
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sits_observe.config import parse
+from sits_observe.daemon import Daemon, SimClock, WallClock
+from sits_observe.errors import ConfigError
+
+DEMO_DEFAULTS = Path(__file__).parents[2] / "sits_observe" / "demo.yaml"
+
+# Runs the CLI with one part's close (the simulated host's) hanging and the close budget given as argv[1];
+# when argv[2] is "slow-build" the daemon takes 3 s to build, saying "building" first.
+HANGING = textwrap.dedent("""
+    import sys, threading, time
+    from sits_observe import daemon, wiring
+    from sits_observe.sim.host import SimulatedHost
+
+    def hang(self):
+        print("closing the simulator", file=sys.stderr, flush=True)
+        threading.Event().wait()
+
+    SimulatedHost.close = hang
+    daemon.CLOSE_TIMEOUT = float(sys.argv[1])
+    if sys.argv[2] == "slow-build":
+        build = wiring.build_daemon
+
+        def slow(cfg):
+            print("building", file=sys.stderr, flush=True)
+            time.sleep(3)
+            return build(cfg)
+
+        wiring.build_daemon = slow
+    from sits_observe.cli import main
+    sys.exit(main(sys.argv[3:]))
+""")
+
+
+class Hangs:
+    name = "hangs"
+
+    def __init__(self):
+        self.release = threading.Event()
+
+    def close(self):
+        self.release.wait()
+
+
+class Raises:
+    name = "raises"
+
+    def close(self):
+        raise RuntimeError("disk went away")
+
+
+class Closes:
+    name = "closes"
+    closed = False
+
+    def close(self):
+        self.closed = True
+
+
+def test_a_close_that_hangs_or_raises_neither_blocks_shutdown_nor_keeps_the_others_open(tmp_path, caplog):
+    daemon = Daemon(config=parse({"state_dir": str(tmp_path)}, env={}), clock=WallClock(1.0))
+    hangs, closes = Hangs(), Closes()
+    daemon.sources += [hangs, Raises()]
+    daemon.consumers.append(closes)
+    try:
+        t0 = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="sits_observe.daemon"):
+            assert daemon.close(timeout=0.5) is False
+        assert time.monotonic() - t0 < 5
+    finally:
+        hangs.release.set()
+    assert closes.closed
+    assert "closing hangs did not finish within 0.5 s" in caplog.text
+    assert "closing raises failed: RuntimeError: disk went away" in caplog.text
+    assert Daemon(config=parse({"state_dir": str(tmp_path)}, env={}), clock=WallClock(1.0)).close() is True
+
+
+def _demo_config(tmp_path, **extra):
+    data = {**yaml.safe_load(DEMO_DEFAULTS.read_text()), "state_dir": str(tmp_path / "state"),
+            "sim": {"scenario": "quiet"}, **extra}
+    return parse(data, env={})
+
+
+def test_a_part_failing_to_start_closes_the_parts_started_before_it(tmp_path, monkeypatch):
+    from sits_observe import wiring
+    from sits_observe.rca import engine as rca_engine
+    from sits_observe.scheduler.engine import Scheduler
+    from sits_observe.slo.evaluate import SloEngine
+
+    closed = []
+    for cls in (SloEngine, Scheduler):
+        monkeypatch.setattr(cls, "close", lambda self, real=cls.close: (closed.append(type(self).__name__), real(self)))
+
+    def broken(*args, **kwargs):
+        raise ConfigError("rca.model: cannot read it")
+
+    monkeypatch.setattr(rca_engine, "RcaEngine", broken)
+    with pytest.raises(ConfigError, match="rca.model"):
+        wiring.build_daemon(_demo_config(tmp_path, rca={"enabled": True}))
+    assert sorted(closed) == ["Scheduler", "SloEngine"]
+
+
+def test_a_port_in_use_is_refused_before_the_state_is_touched(tmp_path, monkeypatch):
+    from sits_observe import runtime, wiring
+
+    built = []
+    monkeypatch.setattr(wiring, "build_daemon", lambda cfg: built.append(cfg))
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGHUP)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        cfg = _demo_config(tmp_path, listen=f"127.0.0.1:{s.getsockname()[1]}")
+        with pytest.raises(ConfigError, match="is in use"):
+            runtime.serve(cfg)
+    assert built == []  # the scheduler would have re-sent its steps in flight, next to the running copy
+    after = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGHUP)
+    assert after == before  # serve() leaves the caller's handlers as it found them
+
+
+def test_a_daemon_that_fails_to_build_releases_the_port(tmp_path, free_port, monkeypatch):
+    from sits_observe import runtime, wiring
+
+    def broken(cfg):
+        raise ConfigError("rca.model: cannot read it")
+
+    monkeypatch.setattr(wiring, "build_daemon", broken)
+    port = free_port()
+    with pytest.raises(ConfigError, match="rca.model"):
+        runtime.serve(_demo_config(tmp_path, listen=f"127.0.0.1:{port}"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+
+
+def test_a_reload_pending_when_a_stop_arrives_is_not_applied(tmp_path):
+    cfg = parse({"state_dir": str(tmp_path), "gpu": {"backend": "none"}}, env={})
+    daemon = Daemon(config=cfg, clock=SimClock(1.0, 100.0, start=1000.0))
+    loaded = []
+
+    class StopsMidTick:  # SIGHUP, then SIGTERM, both during one tick
+        name = "stops"
+
+        def collect(self, frame):
+            daemon.request_reload(lambda: loaded.append(1) or cfg)
+            daemon.stop_event.set()
+
+    daemon.sources.append(StopsMidTick())
+    daemon.run(duration=5)
+    assert loaded == []
+    daemon.close()
+
+
+def _start(tmp_path, free_port, budget, *, slow_build=False):
+    port = free_port()
+    err = tmp_path / "stderr"
+    (tmp_path / "c.yaml").touch()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HANGING, str(budget), "slow-build" if slow_build else "-",
+         "demo", "--scenario", "quiet", "--listen", f"127.0.0.1:{port}", "--config", str(tmp_path / "c.yaml")],
+        stdout=subprocess.DEVNULL, stderr=err.open("w"), env={**os.environ, "SITS_STATE_DIR": str(tmp_path / "s")})
+    return proc, port, err
+
+
+def _wait_for(err, text, proc, deadline=60):
+    end = time.monotonic() + deadline
+    while text not in err.read_text():
+        assert proc.poll() is None and time.monotonic() < end, err.read_text()
+        time.sleep(0.1)
+
+
+def test_sigterm_exits_within_the_close_budget_when_a_part_hangs(tmp_path, free_port, wait_ready):
+    proc, port, err = _start(tmp_path, free_port, 1.0)
+    try:
+        wait_ready(port, proc)
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = err.read_text()
+    assert rc == 1, text
+    assert "closing sim did not finish within 1 s" in text and "Traceback" not in text
+
+
+def test_a_second_signal_exits_at_once_while_a_part_hangs_closing(tmp_path, free_port, wait_ready):
+    proc, port, err = _start(tmp_path, free_port, 600)
+    try:
+        wait_ready(port, proc)
+        proc.send_signal(signal.SIGINT)
+        _wait_for(err, "closing the simulator", proc)
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 128 + signal.SIGINT, err.read_text()
+    assert "exiting now" in err.read_text()
+
+
+def test_sighup_while_starting_is_applied_once_started(tmp_path, free_port, wait_ready):
+    proc, port, err = _start(tmp_path, free_port, 1.0, slow_build=True)
+    try:
+        _wait_for(err, "building", proc)
+        proc.send_signal(signal.SIGHUP)  # the default action would end the process
+        wait_ready(port, proc)
+        _wait_for(err, "SIGHUP: config reloaded", proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)
+
+
+def test_sigterm_while_starting_stops_the_daemon_once_built(tmp_path, free_port):
+    proc, _port, err = _start(tmp_path, free_port, 1.0, slow_build=True)
+    try:
+        _wait_for(err, "building", proc)
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = err.read_text()
+    assert rc == 1 and "closing sim did not finish within 1 s" in text, text  # built, then closed (sim hangs)
