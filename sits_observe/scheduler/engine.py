@@ -8,6 +8,7 @@ fails steps past their timeout, and hands fired triggers to the :class:`~.decide
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import threading
@@ -285,6 +286,8 @@ class Scheduler:
                 self._ensure(spec, "config")
 
     def close(self) -> None:
-        self.actuator.close()
-        self.tracer.close()
-        self.store.close()
+        """Stop the actuator, the span sender and the store; each step runs even if an earlier one raised."""
+        with contextlib.ExitStack() as steps:  # run last-in first-out
+            steps.callback(self.store.close)
+            steps.callback(self.tracer.close)
+            steps.callback(self.actuator.close)

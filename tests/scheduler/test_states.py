@@ -160,3 +160,22 @@ def test_a_version_2_file_keeps_its_unexported_spans_only(tmp_path: Path) -> Non
     with closing(sqlite3.connect(tmp_path / DB_NAME)) as db:
         assert [c[1] for c in db.execute("PRAGMA table_info(spans)")] == ["seq", "decision_id", "body", "created_ts"]
         assert db.execute("SELECT decision_id FROM spans ORDER BY seq").fetchall() == [("waits",), ("d1",)]
+
+
+def test_close_closes_the_store_and_the_span_sender_even_if_the_actuator_raises(make_scheduler) -> None:
+    s = make_scheduler()
+    calls: list[str] = []
+
+    def boom() -> None:
+        calls.append("actuator")
+        raise RuntimeError("actuator close failed")
+
+    s.actuator.close = boom  # type: ignore[method-assign]
+    tracer_close = s.tracer.close
+    s.tracer.close = lambda: (calls.append("tracer"), tracer_close())[1]  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="actuator close failed"):
+        s.close()
+    assert calls == ["actuator", "tracer"]
+    with pytest.raises(sqlite3.ProgrammingError):  # the database is closed too
+        s.store._db.execute("SELECT 1")
+    s.actuator.close = lambda: None  # type: ignore[method-assign]  # the fixture closes it again
