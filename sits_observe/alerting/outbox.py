@@ -107,6 +107,9 @@ class Outbox:
         self._lock = threading.Lock()
         try:
             self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=10)
+        except sqlite3.Error as exc:
+            raise AlertingError(f"alert outbox {self.path}: {exc}; check state_dir") from exc
+        try:
             self._db.execute("PRAGMA journal_mode=WAL")
             # FULL: a queued alert survives power loss before the SLO state that says it was announced
             self._db.execute("PRAGMA synchronous=FULL")
@@ -116,6 +119,7 @@ class Outbox:
                 row = (uuid.uuid4().hex[:12],)
                 self._db.execute("INSERT INTO meta VALUES ('instance', ?)", row)
         except sqlite3.Error as exc:
+            self._db.close()  # a damaged file: leave no connection open behind the error
             raise AlertingError(f"alert outbox {self.path}: {exc}; check state_dir") from exc
         self.instance: str = row[0]
 

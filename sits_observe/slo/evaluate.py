@@ -80,10 +80,14 @@ class SloEngine:
         self.plan = plan = Plan(self.specs)
         self.state = SloState(Path(state_dir) / "slo.db", [s.name for s in self.specs],
                               [s.sli_key() for s in self.specs], plan.levels.res)
-        self.ring = WindowRing(len(self.specs), plan.levels)
-        self._restore()
-        if dispatcher is None and alerting is not None and alerting.receivers:
-            dispatcher = Dispatcher(alerting, Path(state_dir))
+        try:
+            self.ring = WindowRing(len(self.specs), plan.levels)
+            self._restore()
+            if dispatcher is None and alerting is not None and alerting.receivers:
+                dispatcher = Dispatcher(alerting, Path(state_dir))
+        except BaseException:  # a damaged slo.db or outbox.db: leave no database open behind the error
+            self.state.close()
+            raise
         self.dispatcher = dispatcher
         self.last: Evaluation | None = None
         self.recent: deque[Alert] = deque(maxlen=RECENT_KEPT)

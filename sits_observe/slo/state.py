@@ -61,13 +61,20 @@ class SloState:
         self._lock = threading.Lock()
         try:
             self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise SloError(f"SLO state {self.path}: {exc}; check state_dir") from exc
+        try:
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.executescript(_SCHEMA)
+            with self._tx() as db:
+                self._reconcile(db, sli_keys, json.dumps([float(r) for r in levels]))
         except sqlite3.Error as exc:
+            self.db.close()
             raise SloError(f"SLO state {self.path}: {exc}; check state_dir") from exc
-        with self._tx() as db:
-            self._reconcile(db, sli_keys, json.dumps([float(r) for r in levels]))
+        except BaseException:
+            self.db.close()
+            raise
 
     def _tx(self) -> AbstractContextManager[sqlite3.Connection]:
         return transaction(self.db, self._lock, lambda e: SloError(f"SLO state {self.path}: {e}"))

@@ -145,3 +145,26 @@ def test_a_clean_restart_keeps_the_events_since_the_last_slot_edge(tmp_path):
     assert [(w["window"], w["good"], w["total"]) for w in restarted.slos_state()[0]["windows"]] == want
     through.close()
     restarted.close()
+
+
+def test_a_damaged_state_or_outbox_file_leaves_no_database_open(tmp_path, receiver, monkeypatch):
+    import sqlite3
+
+    opened = []
+    connect = sqlite3.connect
+    monkeypatch.setattr(sqlite3, "connect", lambda *a, **k: opened.append(connect(*a, **k)) or opened[-1])
+    cfg = config_for(tmp_path, receiver.url)
+    state_dir = tmp_path / "state"
+    state_dir.mkdir(exist_ok=True)
+    (state_dir / "slo.db").write_bytes(b"not a database" * 100)
+    cfg = cfg.model_copy(update={"state_dir": str(state_dir)})
+    with pytest.raises(SloError, match="slo.db"):
+        SloEngine.from_config(cfg)
+    (state_dir / "slo.db").unlink()
+    (state_dir / "outbox.db").write_bytes(b"not a database" * 100)
+    with pytest.raises(Exception, match="outbox.db"):
+        SloEngine.from_config(cfg)
+    assert opened
+    for db in opened:  # every connection the failed starts made is closed
+        with pytest.raises(sqlite3.ProgrammingError):
+            db.execute("SELECT 1")
