@@ -1,9 +1,11 @@
 """The daemon: sources -> Frame -> SeriesStore -> consumers, one tick at a time.
 
 A source or consumer that raises is counted (``sits_source_errors_total{source}``) and logged once per
-change of state; it never stops the loop.  Timestamps come from the daemon's clock: wall time for real
-hosts, simulated time (advancing ``tick_interval`` per tick, ``speed`` ticks per wall interval) for the
-simulator, so every window downstream is measured on the source clock.
+change of state; it never stops the loop.  Each source collects into a Frame of its own, checked before it
+joins the tick's, so one writing malformed data fails the same way, alone; a tick the store still cannot
+take is counted as ``store`` and skipped, the ticks stored before kept.  Timestamps come from the daemon's
+clock: wall time for real hosts, simulated time (advancing ``tick_interval`` per tick, ``speed`` ticks per
+wall interval) for the simulator, so every window downstream is measured on the source clock.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from . import __version__
 from .config import Config
-from .errors import SitsError, StillDown
+from .errors import SitsError, StillDown, StoreError
 from .frame import BucketLayout, Frame, Sample
 from .store import SeriesStore
 from .topology import Topology
@@ -129,13 +131,41 @@ class Daemon:
         ts = self.clock.next_ts()
         frame = Frame(ts=ts, interval=self.clock.elapsed(ts))
         for src in self.sources:
-            self._guard(src.name, lambda s=src: s.collect(frame), frame)
-        self.store.ingest(frame)
+            self._collect(src, frame)
+        try:
+            self.store.ingest(frame)
+        except Exception as exc:  # not one source's data (each part was checked): this tick is lost, no other
+            self._failed("store", exc, frame)
+        else:
+            if "store" in self.health:  # listed once it has failed
+                self._ok("store")
         for con in self.consumers:
             self._guard(con.name, lambda c=con: c.on_tick(frame, self.store), None)
         self.tick_seconds.observe(time.perf_counter() - t0)
         self.last_tick_wall = time.time()
         return frame
+
+    def _collect(self, src: Any, frame: Frame) -> None:
+        """Collect ``src`` into a Frame of its own and add that to the tick's when the store can take it:
+        malformed data (:meth:`SeriesStore.check`) fails this source for the tick, not the tick.
+        What a source wrote before raising is kept, as it always was, when it is well-formed."""
+        part = Frame(ts=frame.ts, interval=frame.interval)
+        bad: str | None = None
+
+        def collect() -> None:
+            nonlocal bad
+            try:
+                src.collect(part)
+            finally:
+                bad = self.store.check(part)
+            if bad is not None:
+                raise StoreError(f"malformed data, none of it kept: {bad}")
+
+        self._guard(src.name, collect, part)
+        if bad is None:
+            frame.merge(part)
+        else:
+            frame.errors.update(part.errors)
 
     def _guard(self, name: str, call: Any, frame: Frame | None) -> None:
         h = self.health.setdefault(name, _Health())
@@ -146,14 +176,22 @@ class Daemon:
                 frame.errors[name] = h.last_error or str(exc)
             return
         except Exception as exc:  # a source or consumer failing must never stop the loop
-            msg = f"{type(exc).__name__}: {exc}"
-            h.errors += 1
-            if frame is not None:
-                frame.errors[name] = msg
-            if h.last_error != msg:
-                log.warning("%s failed: %s (counting in sits_source_errors_total; will go on)", name, msg)
-            h.last_error = msg
+            self._failed(name, exc, frame)
             return
+        self._ok(name)
+
+    def _failed(self, name: str, exc: Exception, frame: Frame | None) -> None:
+        h = self.health.setdefault(name, _Health())
+        msg = f"{type(exc).__name__}: {exc}"
+        h.errors += 1
+        if frame is not None:
+            frame.errors[name] = msg
+        if h.last_error != msg:
+            log.warning("%s failed: %s (counting in sits_source_errors_total; will go on)", name, msg)
+        h.last_error = msg
+
+    def _ok(self, name: str) -> None:
+        h = self.health[name]
         if h.last_error is not None:
             log.info("%s recovered", name)
         h.last_error = None

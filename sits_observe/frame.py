@@ -241,3 +241,36 @@ class Frame:
     def add_counter(self, name: str, workload: str, delta: float) -> None:
         key = (name, workload)
         self.counters[key] = self.counters.get(key, 0.0) + float(delta)
+
+    def add_gauge(self, key: tuple[str, str], value: float) -> None:
+        """A workload gauge from one more replica: counts add up, a ``*_ratio`` keeps the highest."""
+        prev = self.workload_gauges.get(key)
+        self.workload_gauges[key] = (value if prev is None
+                                     else max(prev, value) if key[0].endswith("_ratio") else prev + value)
+
+    def merge(self, part: Frame) -> None:
+        """Add another source's part of this tick (taking its objects, not copies): histograms and
+        counters add up, a workload gauge from several replicas adds up (a ``*_ratio`` keeps the
+        highest), GPU data and host values replace, samples and errors are added."""
+        if not self.hists:
+            self.hists = part.hists
+        else:
+            for key, delta in part.hists.items():
+                cur = self.hists.get(key)
+                if cur is None:
+                    self.hists[key] = delta
+                else:
+                    cur.counts += delta.counts
+                    cur.sum += delta.sum
+        if part.gpu is not None:
+            self.gpu = part.gpu
+        self.host.update(part.host)
+        for key, value in part.workload_gauges.items():
+            self.add_gauge(key, value)
+        if not self.counters:
+            self.counters = part.counters
+        else:
+            for key, value in part.counters.items():
+                self.counters[key] = self.counters.get(key, 0.0) + value
+        self.samples += part.samples
+        self.errors.update(part.errors)

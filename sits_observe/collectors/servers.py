@@ -125,12 +125,6 @@ def _label_key(labels: dict[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(labels.items()) if k != "le")
 
 
-def _add_gauge(frame: Frame, key: tuple[str, str], value: float, ratio: bool) -> None:
-    """Another replica of the workload: counts add up, a ratio keeps the highest replica's."""
-    prev = frame.workload_gauges.get(key)
-    frame.workload_gauges[key] = value if prev is None else (max(prev, value) if ratio else prev + value)
-
-
 class ServerSource:
     """One vLLM or Triton server (``servers[i]`` in the config)."""
 
@@ -214,7 +208,7 @@ class ServerSource:
             entries = self._entries(series, name)
             if entries:
                 values = [v for _, v in entries]
-                _add_gauge(frame, (gauge, wl), float(np.mean(values) if mean else np.sum(values)), mean)
+                frame.add_gauge((gauge, wl), float(np.mean(values) if mean else np.sum(values)))
         for name, counter in VLLM_COUNTERS:
             self._counter(series, name, frame, counter)
 
@@ -258,7 +252,7 @@ class ServerSource:
             self._counter(series, name, frame, counter)
         pending = self._total(series, "nv_inference_pending_request_count")
         if pending is not None:
-            _add_gauge(frame, ("queue_depth", wl), pending, False)
+            frame.add_gauge(("queue_depth", wl), pending)
         for name, stage in TRITON_STAGES:
             d = self._increase(series, name)
             if d is None or not ok or d <= 0:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, KeysView
 
 __all__ = ["KeyTable"]
 
@@ -27,6 +27,10 @@ class KeyTable:
         self._rows[key] = r
         self._by_first.setdefault(key[0], []).append(r)
         return r
+
+    def has_all(self, keys: KeysView[tuple[str, str]]) -> bool:
+        """Whether every key (a dict's keys) already has a column; one pass in C."""
+        return keys <= self._rows.keys()
 
     def rows_for(self, first: str, second: str | None = None) -> list[int]:
         if second is None:

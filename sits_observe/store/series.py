@@ -13,7 +13,9 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from ..errors import StoreError
 from ..frame import GPU_FIELD_INDEX, GPU_FIELDS, HOST_FIELDS, BucketLayout, Frame, GpuFrame, GpuInfo, Sample
+from .check import malformed
 from .keys import KeyTable
 from .quantiles import mean_rows, quantile_rows
 
@@ -55,21 +57,52 @@ class SeriesStore:
     # ---- writing -------------------------------------------------------------------------------
 
     def ingest(self, frame: Frame) -> None:
-        """Append one tick."""
+        """Append one tick.  A frame the store cannot take (the daemon checks each source's part first, see
+        :meth:`check`) raises :class:`StoreError` and is kept as a tick without data, so the row a failed
+        write began is never read as data and the ticks before it stay as they were (cumulative totals keep
+        what was added before the failure)."""
         with self._lock:
             t = self._n % self.history
-            self._ts[t] = frame.ts
-            self._interval[t] = frame.interval
-            self._ingest_hists(t, frame)
-            self._ingest_scalars(t, frame)
-            self._host[t] = np.nan
-            for name, value in frame.host.items():
-                i = HOST_INDEX.get(name)
-                if i is not None:
-                    self._host[t, i] = value
-            self._ingest_gpu(t, frame.gpu)
-            self._samples = list(frame.samples)
-            self._n += 1
+            try:
+                self._write(t, frame)
+            except Exception as exc:
+                self._blank(t, frame)
+                raise StoreError(f"tick not stored, kept without data: {type(exc).__name__}: {exc}") from exc
+            finally:
+                self._n += 1
+
+    def check(self, frame: Frame) -> str | None:
+        """What in ``frame`` this store could not take, named (see :mod:`.check`); None when it can take it all.
+        Call it from the thread that ingests (it reads the key tables without the lock)."""
+        return malformed(frame, self.layout.n, (self.hists, self.gauges, self.counters), self._gpu_info)
+
+    def _write(self, t: int, frame: Frame) -> None:
+        self._ts[t] = frame.ts
+        self._interval[t] = frame.interval
+        self._ingest_hists(t, frame)
+        self._ingest_scalars(t, frame)
+        self._host[t] = np.nan
+        for name, value in frame.host.items():
+            i = HOST_INDEX.get(name)
+            if i is not None:
+                self._host[t, i] = value
+        self._ingest_gpu(t, frame.gpu)
+        self._samples = list(frame.samples)
+
+    def _blank(self, t: int, frame: Frame) -> None:
+        for ring, value in ((self._ts, frame.ts), (self._interval, frame.interval)):
+            try:
+                ring[t] = value
+            except (TypeError, ValueError):
+                ring[t] = np.nan
+        self._hcounts[t] = 0
+        self._hsum[t] = 0.0
+        self._gauges[t] = np.nan
+        self._counters[t] = 0.0
+        self._host[t] = np.nan
+        self._gpu[t] = np.nan
+        self._gpu_healthy = None
+        self._samples = []
 
     def _ingest_hists(self, t: int, frame: Frame) -> None:
         self._hcounts[t] = 0

@@ -1,13 +1,17 @@
 """The tick loop: a failing source is counted and logged once, never stops the others or a scrape."""
 
+import copy
 import logging
 
 import numpy as np
+import pytest
 
+from sits_observe.collectors.servers import ServerSource
 from sits_observe.config import parse
 from sits_observe.daemon import Daemon, WallClock
 from sits_observe.errors import CollectorError, StillDown
 from sits_observe.export.http import create_app
+from sits_observe.frame import GPU_FIELDS, BucketLayout, GpuFrame, GpuInfo, HistDelta
 
 
 class Good:
@@ -103,3 +107,243 @@ def test_a_late_tick_covers_the_time_since_the_last_one():
     assert clock.elapsed(100.0) == 1.0 and clock.elapsed(101.0) == 1.0
     assert clock.elapsed(104.0) == 3.0  # a source held the tick up for 2 s: its deltas cover 3 s
     assert clock.elapsed(104.2) == 1.0  # an early tick still counts one interval
+
+
+BUCKETS = BucketLayout(parse({}, env={}).store.snapped()).n  # the default layout's
+GPUS = (GpuInfo(0, "GPU-0", "NVIDIA H100", "00000000:01:00.0"), GpuInfo(1, "GPU-1", "NVIDIA H100", "00000000:02:00.0"))
+
+
+def _gpu(values=None, healthy=None):
+    g = GpuFrame.empty(GPUS)
+    return GpuFrame(GPUS, g.values if values is None else values, g.healthy if healthy is None else healthy)
+
+
+class Writes:
+    """A source that writes ``write(frame)``, and a counter, which must go with it when the write is bad."""
+
+    def __init__(self, name, write):
+        self.name = name
+        self.write = write
+
+    def collect(self, frame):
+        frame.add_counter("requests_total", self.name, 5)
+        self.write(frame)
+
+
+def _set(attr, value):  # a copy each time: nothing a test writes is shared with the next
+    return lambda frame: setattr(frame, attr, copy.deepcopy(value))
+
+
+def _put(attr, key, value):
+    return lambda frame: getattr(frame, attr).__setitem__(key, copy.deepcopy(value))
+
+
+def _hist(counts, total=0.1):
+    return _put("hists", ("e2e", "chat"), HistDelta(counts, total))
+
+
+MALFORMED = {  # what a source writes -> what the error names
+    "gpu values of the wrong shape": (_set("gpu", _gpu(np.zeros((2, 3)))),
+                                      "gpu.values is a float64 array of shape (2, 3)"),
+    "gpu values for another GPU count": (_set("gpu", _gpu(np.zeros((3, len(GPU_FIELDS))))), "gpu.values"),
+    "gpu values that are strings": (_set("gpu", _gpu(np.full((2, len(GPU_FIELDS)), "hot"))), "gpu.values"),
+    "gpu values that are objects": (_set("gpu", _gpu(np.full((2, len(GPU_FIELDS)), None, dtype=object))), "gpu.values"),
+    "an infinite gpu value": (_set("gpu", _gpu(np.full((2, len(GPU_FIELDS)), np.inf))), "infinity"),
+    "gpu health of the wrong shape": (_set("gpu", _gpu(healthy=np.ones(3, dtype=bool))), "gpu.healthy"),
+    "gpu data that is not a GpuFrame": (_set("gpu", np.zeros((2, len(GPU_FIELDS)))), "not a GpuFrame"),
+    "a host value that is a string": (_put("host", "cpu_utilization_ratio", "busy"), "host['cpu_utilization_ratio']"),
+    "a NaN host value": (_put("host", "memory_used_bytes", float("nan")), "host['memory_used_bytes'] is nan"),
+    "an infinite host value": (_put("host", "memory_used_bytes", float("inf")), "not a finite number"),
+    "a host value that is None": (_put("host", "memory_used_bytes", None), "not a finite number"),
+    "a NaN counter delta": (_put("counters", ("request_errors_total", "chat"), float("nan")), "counters"),
+    "a gauge keyed by a bare name": (_put("workload_gauges", "queue_depth", 1.0), "workload_gauges key 'queue_depth'"),
+    "a gauge that is a string": (_put("workload_gauges", ("queue_depth", "chat"), "4"), "workload_gauges"),
+    "a bucket index past the layout": (lambda f: f.add_hist("e2e", "chat", np.ones(99, np.uint64), 0.1), "99"),
+    "histogram counts of another length": (_hist(np.ones(99, np.uint64)), "uint64 array of shape (99,)"),
+    "a histogram of signed counts": (_hist(np.ones(BUCKETS, np.int64)), f"not {BUCKETS} uint64 bucket counts"),
+    "a histogram with a NaN sum": (_hist(np.ones(BUCKETS, np.uint64), float("nan")), "hists[('e2e', 'chat')].sum"),
+    "a histogram keyed by a stage index": (_put("hists", (99, "chat"), HistDelta(np.ones(BUCKETS, np.uint64), 0.1)),
+                                           "hists key (99, 'chat')"),
+    "a sample that is not a Sample": (lambda f: f.samples.append(("sits_x", 1.0)), "sample"),
+}
+
+
+@pytest.mark.parametrize("case", MALFORMED)
+def test_a_source_writing_malformed_data_fails_alone_and_the_tick_is_stored(tmp_path, case):
+    write, named = MALFORMED[case]
+    cfg = parse({"state_dir": str(tmp_path)}, env={})
+    daemon = Daemon(config=cfg, clock=WallClock(1.0))
+    assert daemon.layout.n == BUCKETS
+    daemon.sources += [Writes("bad", write), Good(daemon.layout)]
+    client = create_app(daemon, ui=False).test_client()
+    frame = daemon.tick()
+    assert frame.errors["bad"].startswith("StoreError: malformed data, none of it kept: ")
+    assert named in frame.errors["bad"]
+    assert daemon.store.ticks == 1 and daemon.store.host_latest() == {"cpu_utilization_ratio": 0.25}
+    assert daemon.store.hist_window("e2e", "chat").sum() == 3
+    assert daemon.store.gpu_latest() is None and daemon.store.counter_totals() == []  # none of "bad"'s data
+    body = client.get("/metrics").data.decode()
+    assert 'sits_source_errors_total{source="bad"} 1.0' in body and 'sits_source_up{source="bad"} 0.0' in body
+    assert 'sits_source_up{source="good"} 1.0' in body
+    assert 'sits_stage_latency_seconds_count{stage="e2e",workload="chat"} 3.0' in body
+    assert "sits_host_cpu_utilization_ratio 0.25" in body
+
+
+class GoodGpu:
+    name = "gpu"
+
+    def collect(self, frame):
+        frame.gpu = _gpu()
+        frame.gpu.set(1, "power_watts", 300.0)
+
+
+def test_bad_gpu_and_host_sources_beside_good_ones_in_the_same_ticks(tmp_path, caplog):
+    cfg = parse({"state_dir": str(tmp_path)}, env={})
+    daemon = Daemon(config=cfg, clock=WallClock(1.0))
+    daemon.sources += [Good(daemon.layout), Writes("bad-gpu", MALFORMED["gpu values of the wrong shape"][0]),
+                       GoodGpu(), Writes("bad-host", MALFORMED["a host value that is a string"][0])]
+    client = create_app(daemon, ui=False).test_client()
+    with caplog.at_level(logging.WARNING, logger="sits_observe.daemon"):
+        for _ in range(3):
+            frame = daemon.tick()
+    # the bad GPU source came before the good one and the bad host value after the good one: neither counts
+    assert frame.gpu is not None and frame.gpu.values.shape == (2, len(GPU_FIELDS))
+    assert frame.host == {"cpu_utilization_ratio": 0.25}
+    assert daemon.store.ticks == 3
+    assert daemon.store.gpu_window("power_watts")[:, 1].tolist() == [300.0, 300.0, 300.0]
+    assert daemon.store.host_window("cpu_utilization_ratio").tolist() == [0.25, 0.25, 0.25]
+    assert len([r for r in caplog.records if "bad-gpu failed: StoreError" in r.message]) == 1
+    assert len([r for r in caplog.records if "bad-host failed: StoreError" in r.message]) == 1
+    body = client.get("/metrics").data.decode()
+    for name in ("bad-gpu", "bad-host"):
+        assert f'sits_source_errors_total{{source="{name}"}} 3.0' in body
+        assert f'sits_source_up{{source="{name}"}} 0.0' in body
+    assert 'sits_source_up{source="gpu"} 1.0' in body and 'sits_source_up{source="good"} 1.0' in body
+    assert 'sits_gpu_power_watts{gpu="1"' in body
+    assert 'sits_stage_latency_seconds_count{stage="e2e",workload="chat"} 9.0' in body
+    assert "sits_host_cpu_utilization_ratio 0.25" in body
+    assert 'workload="bad-gpu"' not in body and 'workload="bad-host"' not in body
+    status = client.get("/api/v1/status").get_json()
+    assert {s["name"]: s["healthy"] for s in status["sources"]} == {
+        "bad-gpu": False, "bad-host": False, "gpu": True, "good": True}
+
+
+class WritesThenRaises:
+    name = "half"
+
+    def collect(self, frame):
+        frame.host["memory_used_bytes"] = 1e9
+        raise CollectorError("/proc/stat: gone")
+
+
+def test_what_a_source_wrote_before_raising_is_kept_as_before(tmp_path):
+    cfg = parse({"state_dir": str(tmp_path)}, env={})
+    daemon = Daemon(config=cfg, clock=WallClock(1.0))
+    daemon.sources += [WritesThenRaises(), Good(daemon.layout)]
+    frame = daemon.tick()
+    assert frame.errors["half"] == "CollectorError: /proc/stat: gone"
+    assert daemon.store.host_latest() == {"memory_used_bytes": 1e9, "cpu_utilization_ratio": 0.25}
+    assert daemon.health["half"].errors == 1
+
+
+REPLICA_PAGE = """# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{{model_name="m"}} {running}
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{{model_name="m"}} {kv}
+"""
+
+
+class Replica:
+    def __init__(self, server, running, kv):
+        self.name = server.name
+        self.server = server
+        self.page = REPLICA_PAGE.format(running=running, kv=kv)
+
+    def collect(self, frame):
+        self.server.read(self.page, frame)
+
+
+def test_replicas_of_one_workload_still_add_up_across_sources(tmp_path):
+    cfg = parse({"state_dir": str(tmp_path), "servers": [
+        {"kind": "vllm", "url": "http://127.0.0.1:1/metrics", "workload": "chat"},
+        {"kind": "vllm", "url": "http://127.0.0.1:2/metrics", "workload": "chat"}]}, env={})
+    daemon = Daemon(config=cfg, clock=WallClock(1.0))
+    daemon.sources += [Replica(ServerSource(cfg.servers[0], daemon.layout), 3, 0.3),
+                       Replica(ServerSource(cfg.servers[1], daemon.layout), 2, 0.5),
+                       Good(daemon.layout), Good(daemon.layout)]
+    frame = daemon.tick()
+    assert frame.workload_gauges == {("running_requests", "chat"): 5.0, ("kv_cache_usage_ratio", "chat"): 0.5}
+    assert sorted(daemon.store.gauge_latest()) == [("kv_cache_usage_ratio", "chat", 0.5),
+                                                   ("running_requests", "chat", 5.0)]
+    assert daemon.store.hist_window("e2e", "chat").sum() == 6  # two sources' histograms add up
+
+
+def test_a_tick_the_store_cannot_take_is_counted_and_skipped_the_stored_ticks_kept(tmp_path, caplog, monkeypatch):
+    cfg = parse({"state_dir": str(tmp_path)}, env={})
+    daemon = Daemon(config=cfg, clock=WallClock(1.0))
+    daemon.sources += [Good(daemon.layout), GoodGpu()]
+    client = create_app(daemon, ui=False).test_client()
+    for _ in range(2):
+        daemon.tick()
+    assert 'source="store"' not in client.get("/metrics").data.decode()  # listed once it has failed
+    store_gpu = daemon.store._ingest_gpu
+
+    def broken(t, gpu):  # not one source's data: the store itself fails half-way through a tick
+        raise MemoryError("no room")
+
+    monkeypatch.setattr(daemon.store, "_ingest_gpu", broken)
+    with caplog.at_level(logging.INFO, logger="sits_observe.daemon"):
+        frame = daemon.tick()  # does not raise
+        assert frame.errors["store"].startswith("StoreError: tick not stored, kept without data: ")
+        assert "MemoryError: no room" in frame.errors["store"]
+        body = client.get("/metrics").data.decode()
+        assert 'sits_source_errors_total{source="store"} 1.0' in body and 'sits_source_up{source="store"} 0.0' in body
+        monkeypatch.setattr(daemon.store, "_ingest_gpu", store_gpu)
+        daemon.tick()
+    logged = [r for r in caplog.records if r.name == "sits_observe.daemon"]
+    assert [r.levelname for r in logged] == ["WARNING", "INFO"]  # one line for the failed tick
+    assert logged[0].message.startswith("store failed: StoreError: tick not stored")
+    assert logged[1].message == "store recovered"
+    assert 'sits_source_up{source="store"} 1.0' in client.get("/metrics").data.decode()
+    # the two ticks before are as they were; the failed one is a tick without data, never half of one
+    assert daemon.store.ticks == 4 and np.isfinite(daemon.store.ts()).all()
+    assert daemon.store.hist_window("e2e", "chat").sum(axis=1).tolist() == [3, 3, 0, 3]
+    assert daemon.store.host_window("cpu_utilization_ratio").tolist()[:2] == [0.25, 0.25]
+    assert np.isnan(daemon.store.host_window("cpu_utilization_ratio")[2])
+    power = daemon.store.gpu_window("power_watts")[:, 1]
+    assert power[[0, 1, 3]].tolist() == [300.0, 300.0, 300.0] and np.isnan(power[2])
+
+
+class GoesBad:
+    """Writes well-formed series for a tick, so the store knows their keys, then ``write`` on the same keys."""
+
+    name = "goes-bad"
+
+    def __init__(self, layout, write):
+        self.layout, self.write, self.ticks = layout, write, 0
+
+    def collect(self, frame):
+        self.ticks += 1
+        frame.add_values("e2e", "chat", np.array([0.5]), self.layout)
+        frame.workload_gauges[("queue_depth", "chat")] = 2.0
+        frame.add_counter("requests_total", "chat", 1)
+        if self.ticks == 2:
+            self.write(frame)
+
+
+@pytest.mark.parametrize("case", ["histogram counts of another length", "a histogram of signed counts",
+                                  "a histogram with a NaN sum", "a NaN counter delta", "a gauge that is a string",
+                                  "gpu values of the wrong shape"])
+def test_malformed_data_under_keys_the_store_already_holds_is_caught_too(tmp_path, case):
+    write, named = MALFORMED[case]
+    cfg = parse({"state_dir": str(tmp_path)}, env={})
+    daemon = Daemon(config=cfg, clock=WallClock(1.0))
+    daemon.sources += [GoodGpu(), GoesBad(daemon.layout, write)]
+    assert "goes-bad" not in daemon.tick().errors
+    frame = daemon.tick()
+    assert named in frame.errors["goes-bad"] and daemon.health["goes-bad"].errors == 1
+    assert daemon.store.hist_window("e2e", "chat").sum(axis=1).tolist() == [1, 0]
+    assert daemon.store.counter_window("requests_total", "chat").tolist() == [1.0, 0.0]
+    assert daemon.store.gpu_window("power_watts")[:, 1].tolist() == [300.0, 300.0]
+    frame = daemon.tick()  # and it recovers
+    assert "goes-bad" not in frame.errors and daemon.store.hist_window("e2e", "chat").sum() == 2

@@ -1,0 +1,145 @@
+"""What the store can take: the first malformed thing in a source's part of a Frame, named.
+
+The daemon collects each source into a Frame of its own and checks it here before adding it to the
+tick's, so a source writing a wrong-shaped GPU array, a value that is not a finite number or a key of
+the wrong kind fails that source for the tick (``sits_source_errors_total{source}``), never the
+store's ingest, the other sources or a scrape.  NaN is allowed only in GPU arrays (a field not
+available) and in samples (exported as is).
+
+This runs every tick, so each field is first tested in bulk: keys the store already holds (one set
+test), value types as a set and one sum for finiteness, the bucket counts' dtype and length (one cheap
+loop), one vectorised test of the GPU array.  Only a field failing that is walked entry by entry, to
+name what is wrong (or to find it fine after all, e.g. a sum that overflowed).  About 0.1 us per
+histogram series.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from operator import attrgetter
+
+import numpy as np
+
+from ..frame import GPU_FIELDS, Frame, GpuFrame, GpuInfo, Sample
+from .keys import KeyTable
+
+__all__ = ["malformed"]
+
+_REAL = (float, int, np.floating, np.integer)
+_REAL_TYPES = {float, int, np.float64, np.float32, np.int64, np.int32, np.uint64, np.uint32}
+_U64 = np.dtype(np.uint64)
+_value = attrgetter("value")
+_sum = attrgetter("sum")
+
+
+def _real(v: object) -> bool:
+    return isinstance(v, _REAL) and not isinstance(v, bool)
+
+
+def _finite(v: object) -> bool:
+    return _real(v) and math.isfinite(v)  # type: ignore[arg-type]
+
+
+def _pair(key: object) -> bool:
+    return type(key) is tuple and len(key) == 2 and isinstance(key[0], str) and isinstance(key[1], str)
+
+
+def _what(v: object) -> str:
+    if isinstance(v, np.ndarray):
+        return f"a {v.dtype} array of shape {v.shape}"
+    return f"{v!r} ({type(v).__name__})"
+
+
+def _all_finite(values: Iterable[object]) -> bool:
+    """Fast, and only ever True when every value is a finite real number (False: look closer)."""
+    values = list(values)
+    try:
+        return set(map(type, values)) <= _REAL_TYPES and math.isfinite(sum(values))  # type: ignore[arg-type]
+    except OverflowError:
+        return False
+
+
+def _scalars(field: str, items: Mapping[object, object], pairs: bool, table: KeyTable | None) -> str | None:
+    known = table.has_all(items.keys()) if table is not None else not pairs and set(map(type, items)) <= {str}
+    if known and _all_finite(items.values()):
+        return None
+    for key, value in items.items():
+        if not (_pair(key) if pairs else isinstance(key, str)):
+            return f"{field} key {key!r} is not {'a (name, workload) pair of strings' if pairs else 'a string'}"
+        if not _finite(value):
+            return f"{field}[{key!r}] is {_what(value)}, not a finite number"
+    return None
+
+
+def _hists(frame: Frame, buckets: int, table: KeyTable | None) -> str | None:
+    hists = frame.hists
+    try:
+        if table is not None and table.has_all(hists.keys()):
+            for d in hists.values():
+                c = d.counts
+                if c.dtype is not _U64 or c.ndim != 1 or len(c) != buckets:
+                    break
+            else:
+                if math.isfinite(sum(map(_sum, hists.values()))):
+                    return None
+    except (AttributeError, TypeError, ValueError, OverflowError):  # not a HistDelta, counts not an array: named below
+        pass
+    shape = (buckets,)
+    for key, d in hists.items():
+        if not _pair(key):
+            return f"hists key {key!r} is not a (stage, workload) pair of strings"
+        c, total = getattr(d, "counts", None), getattr(d, "sum", None)
+        if c is None or total is None:
+            return f"hists[{key!r}] is {_what(d)}, not a HistDelta"
+        if type(c) is not np.ndarray or c.shape != shape or c.dtype != _U64:
+            return f"hists[{key!r}].counts is {_what(c)}, not {buckets} uint64 bucket counts"
+        if not _finite(total):
+            return f"hists[{key!r}].sum is {_what(total)}, not a finite number of seconds"
+    return None
+
+
+def _gpu(gpu: object, known: tuple[GpuInfo, ...]) -> str | None:
+    if gpu is None:
+        return None
+    if not isinstance(gpu, GpuFrame):
+        return f"gpu is {_what(gpu)}, not a GpuFrame"
+    info = gpu.info
+    if info is not known and (type(info) is not tuple or not all(isinstance(i, GpuInfo) for i in info)):
+        return f"gpu.info is {_what(info)}, not a tuple of GpuInfo"
+    n = len(info)
+    v, h = gpu.values, gpu.healthy
+    if type(v) is not np.ndarray or v.shape != (n, len(GPU_FIELDS)) or v.dtype.kind not in "fiu":
+        return f"gpu.values is {_what(v)}, not real numbers of shape ({n}, {len(GPU_FIELDS)})"
+    if v.dtype.kind == "f" and np.isinf(v).any():
+        return "gpu.values holds an infinity (NaN marks a field that is not available)"
+    if type(h) is not np.ndarray or h.shape != (n,) or h.dtype != np.bool_:
+        return f"gpu.healthy is {_what(h)}, not {n} booleans"
+    return None
+
+
+def _samples(samples: object) -> str | None:
+    if type(samples) is not list:
+        return f"samples is {_what(samples)}, not a list"
+    if set(map(type, samples)) <= {Sample} and set(map(type, map(_value, samples))) <= _REAL_TYPES:
+        return None
+    for s in samples:
+        if not isinstance(s, Sample) or not _real(s.value):
+            return f"sample {s!r} is not a Sample with a number"
+    return None
+
+
+def malformed(frame: Frame, buckets: int, tables: tuple[KeyTable, KeyTable, KeyTable] | None = None,
+              gpu_info: tuple[GpuInfo, ...] = ()) -> str | None:
+    """What in ``frame`` a store with ``buckets`` buckets could not take (the first thing found, named), or
+    None.  ``tables`` (the store's histogram, gauge and counter keys) and ``gpu_info`` (its GPUs) are what
+    it already holds: keys and GPUs found there need no closer look."""
+    hists, gauges, counters = tables or (None, None, None)
+    try:
+        return (_hists(frame, buckets, hists) or _gpu(frame.gpu, gpu_info)
+                or _scalars("host", frame.host, False, None)
+                or _scalars("workload_gauges", frame.workload_gauges, True, gauges)
+                or _scalars("counters", frame.counters, True, counters)
+                or _samples(frame.samples))
+    except Exception as exc:  # noqa: BLE001 - e.g. a dict replaced by something else, a value whose test raises
+        return f"cannot be checked: {type(exc).__name__}: {exc}"
