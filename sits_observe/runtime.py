@@ -130,11 +130,12 @@ def serve(cfg: Config, *, duration: float | None = None, reload: Callable[[], Co
         stop.set()
 
     def on_hup(_signum: int, _frame: Any) -> None:
-        if reload is not None:
-            if built:
-                built[0].request_reload(reload)
-            else:
-                hup.set()
+        if reload is None:
+            log.warning("SIGHUP: started without a config file, nothing to reload")
+        elif built:
+            built[0].request_reload(reload)
+        else:
+            hup.set()
 
     previous = {sig: signal.signal(sig, handler)
                 for sig, handler in ((signal.SIGTERM, on_term), (signal.SIGINT, on_term), (signal.SIGHUP, on_hup))}

@@ -236,3 +236,16 @@ def test_sigterm_while_starting_stops_the_daemon_once_built(tmp_path, free_port)
             proc.kill()
     text = err.read_text()
     assert rc == 1 and "closing sim did not finish within 1 s" in text, text  # built, then closed (sim hangs)
+
+
+def test_sighup_without_a_config_file_says_there_is_nothing_to_reload(tmp_path, free_port, monkeypatch, caplog):
+    from sits_observe import runtime, wiring
+
+    def build(cfg):  # SIGHUP while the daemon builds, then the build fails: no daemon runs
+        os.kill(os.getpid(), signal.SIGHUP)
+        raise ConfigError("rca.model: cannot read it")
+
+    monkeypatch.setattr(wiring, "build_daemon", build)
+    with pytest.raises(ConfigError):
+        runtime.serve(_demo_config(tmp_path, listen=f"127.0.0.1:{free_port()}"), reload=None)
+    assert "SIGHUP: started without a config file, nothing to reload" in caplog.text
