@@ -79,7 +79,7 @@ class SimClock:
         return self.interval
 
 
-CLOSE_TIMEOUT = 30.0  # seconds :meth:`Daemon.close` waits for the parts (systemd's stop timeout is 90 s)
+CLOSE_TIMEOUT = 10.0  # seconds :meth:`Daemon.close` waits for the parts (inside the shipped unit's TimeoutStopSec=15)
 
 
 def _close_one(close: Callable[[], object], failed: list[Exception]) -> None:

@@ -1,3 +1,3 @@
-"""Alert delivery: payload formats, the durable SQLite outbox and the per-receiver sender threads."""
+"""Alert delivery: payload formats, the durable SQLite outbox, the dispatcher and the per-receiver sender threads."""
 
 __all__: list[str] = []

@@ -6,7 +6,7 @@ is final, and so is a URL that http.client refuses (the config check already doe
 moves to the outbox's ``failed`` table with the reason.  A kept-alive connection the receiver closed
 while idle is replaced at once, not counted as a failed attempt.  Webhook and Slack
 receivers get one alert per request; Alertmanager up to ``max_batch`` (its API takes a list; the
-:mod:`.dispatch` re-queues firing alerts for it every ``resend_interval``, as Prometheus does).
+dispatcher (:mod:`.dispatch`) re-queues firing alerts for it every ``resend_interval``, as Prometheus does).
 Logs and errors name receivers, never their URL or secret.
 """
 

@@ -122,7 +122,8 @@ class _Reader(io.RawIOBase):
 
 
 class _Connection(http.client.HTTPConnection):
-    """An HTTP connection bounded by one deadline: connecting, sending and every read of the response."""
+    """An HTTP connection bounded by one deadline: the host name lookup, connecting, sending and every read of
+    the response."""
 
     deadline: _Deadline
 

@@ -119,8 +119,7 @@ class SchedulerConfig(Section):
     step_timeout: float = Field(600.0, gt=0, description="seconds to wait for an actuator to ack a step")
     exact_limit: int = Field(20000, ge=1, description="candidate sets up to which placement searches exhaustively")
     seeds: int = Field(32, ge=1, le=4096, description="seed GPUs for the greedy search on large topologies")
-    decisions_kept: int = Field(256, ge=16, le=100000,
-                                description="decisions kept in memory for the API/UI")
+    decisions_kept: int = Field(256, ge=16, le=100000, description="decisions kept in memory for the API/UI")
     shards: list[ShardSpec] = Field(default_factory=list, description="shards registered at start-up")
 
     @field_validator("actuator")

@@ -1,9 +1,9 @@
 """In-daemon SLO evaluation: a Consumer (``name = "slo"``) and a metrics provider.
 
 Each tick the engine adds the Frame's good/total events of every SLO to its window rings
-(:mod:`.window`, on the source clock ``frame.ts``), computes the error ratio and burn rate of every
-alert window and the error budget left over the SLO window, and decides per SLO which burn tier
-fires: a tier is active when its long and short windows both burn faster than its factor and the short
+(:mod:`.window`, on the source clock ``frame.ts``), computes (:mod:`.plan`) the error ratio and burn
+rate of every alert window and the error budget left over the SLO window, and decides per SLO which
+burn tier fires: a tier is active when its long and short windows both burn faster than its factor and the short
 window saw at least ``min_rate`` events/s.  A tier's condition is kept through dips of up to its
 ``keep_firing_for`` (the flap guard), so a brief dip near the threshold does not flap.  Only the
 fastest kept tier fires: slower ones are held (a firing one resolves at once) while a faster one is
