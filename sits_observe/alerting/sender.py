@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import http.client
 import logging
-import math
 import random
 import socket
 import threading
@@ -24,6 +23,7 @@ from collections import Counter
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
+from ..backoff import backoff_delay
 from ..collectors.config import basic_auth
 from ..errors import AlertingError
 from .config import BackoffConfig, ReceiverConfig
@@ -133,10 +133,7 @@ class Sender(threading.Thread):
 
     def _delay(self, attempts: int, after: float | None) -> float:
         b = self.backoff
-        steps = attempts - 1  # multiplier**steps overflows a float after ~1,000 attempts at the default 2
-        at_max = b.multiplier > 1 and steps >= math.log(b.max / b.initial, b.multiplier)
-        delay = b.max if at_max else min(b.max, b.initial * b.multiplier ** steps)
-        delay *= 1.0 + self.rng.uniform(-b.jitter, b.jitter)
+        delay = backoff_delay(attempts, b.initial, b.max, b.multiplier, b.jitter, self.rng)
         return min(b.max, max(delay, after or 0.0))
 
     def _note(self, batch: Sequence[Message], outcome: str, reason: str | None) -> None:

@@ -28,6 +28,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
+from ..backoff import backoff_delay
 from ..errors import SchedulerError
 from .config import OtlpConfig
 from .store import PlacementStore, SpanRecord
@@ -140,8 +141,7 @@ class SpanSender(threading.Thread):
                 self._send(self._stop_by)
 
     def _delay(self) -> float:
-        delay = min(RETRY_MAX_S, RETRY_INITIAL_S * 2.0 ** min(self.failures - 1, 16))
-        return delay * (1.0 + self.rng.uniform(-JITTER, JITTER))
+        return backoff_delay(self.failures, RETRY_INITIAL_S, RETRY_MAX_S, 2.0, JITTER, self.rng)
 
     def _tidy(self) -> None:
         """Delete the spans exported, then all but the newest ``otlp.max_queue`` (dropped); under ``_sending``."""
