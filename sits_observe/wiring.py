@@ -47,11 +47,7 @@ def build_daemon(config: Config) -> Daemon:
     try:
         _add_sources(daemon)
         _add_consumers(daemon)
-    except BaseException:
-        # a part that cannot start after others did: close those (probes attached, state databases open);
-        # the scheduler joins the consumers only after the classifier, which may be the part that failed
-        if daemon.scheduler is not None and daemon.scheduler not in daemon.consumers:
-            daemon.consumers.append(daemon.scheduler)
+    except BaseException:  # a part that cannot start after others did: close those (probes, state databases)
         daemon.close()
         raise
     return daemon
@@ -102,6 +98,7 @@ def _add_consumers(daemon: Daemon) -> None:
         daemon.scheduler = Scheduler(cfg.scheduler, cfg.otlp, daemon.topology, cfg.state_dir, sim=daemon.sim,
                                      annotate=lambda notes: _annotate_firing(daemon, notes),
                                      alerts=lambda: _firing_names(daemon))
+        daemon.consumers.append(daemon.scheduler)
     if cfg.rca.enabled:
         from .rca.engine import RcaEngine
 
@@ -109,9 +106,8 @@ def _add_consumers(daemon: Daemon) -> None:
                                firing=lambda: _firing_names(daemon),
                                annotate=daemon.slo.annotate if daemon.slo else None,
                                on_verdict=daemon.scheduler.on_verdict if daemon.scheduler else None)
-        daemon.consumers.append(daemon.rca)
-    if daemon.scheduler is not None:  # after the classifier: this tick's verdicts are seen this tick
-        daemon.consumers.append(daemon.scheduler)
+        # before the scheduler: it sees this tick's verdicts this tick
+        daemon.consumers.insert(len(daemon.consumers) - (daemon.scheduler is not None), daemon.rca)
 
 
 def _firing_names(daemon: Daemon) -> list[str]:
