@@ -1,6 +1,7 @@
 """Start-up and shutdown: a part that hangs or raises while closing, a part that fails to start after others
 did, a port in use, a second signal, and signals that arrive while the daemon is still starting."""
 
+import contextlib
 import logging
 import os
 import signal
@@ -165,7 +166,9 @@ def test_a_reload_pending_when_a_stop_arrives_is_not_applied(tmp_path):
     daemon.close()
 
 
-def _start(tmp_path, free_port, budget, *, slow_build=False):
+@contextlib.contextmanager
+def _started(tmp_path, free_port, budget, *, slow_build=False):
+    """The daemon in a child process (its simulator's close hangs ``budget`` s); killed if still running after."""
     port = free_port()
     err = tmp_path / "stderr"
     (tmp_path / "c.yaml").touch()
@@ -173,7 +176,12 @@ def _start(tmp_path, free_port, budget, *, slow_build=False):
         [sys.executable, "-c", HANGING, str(budget), "slow-build" if slow_build else "-",
          "demo", "--scenario", "quiet", "--listen", f"127.0.0.1:{port}", "--config", str(tmp_path / "c.yaml")],
         stdout=subprocess.DEVNULL, stderr=err.open("w"), env={**os.environ, "SITS_STATE_DIR": str(tmp_path / "s")})
-    return proc, port, err
+    try:
+        yield proc, port, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)
 
 
 def _wait_for(err, text, proc, deadline=60):
@@ -184,56 +192,39 @@ def _wait_for(err, text, proc, deadline=60):
 
 
 def test_sigterm_exits_within_the_close_budget_when_a_part_hangs(tmp_path, free_port, wait_ready):
-    proc, port, err = _start(tmp_path, free_port, 1.0)
-    try:
+    with _started(tmp_path, free_port, 1.0) as (proc, port, err):
         wait_ready(port, proc)
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     text = err.read_text()
     assert rc == 1, text
     assert "closing sim did not finish within 1 s" in text and "Traceback" not in text
 
 
 def test_a_second_signal_exits_at_once_while_a_part_hangs_closing(tmp_path, free_port, wait_ready):
-    proc, port, err = _start(tmp_path, free_port, 600)
-    try:
+    with _started(tmp_path, free_port, 600) as (proc, port, err):
         wait_ready(port, proc)
         proc.send_signal(signal.SIGINT)
         _wait_for(err, "closing the simulator", proc)
         proc.send_signal(signal.SIGINT)
         rc = proc.wait(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert rc == 128 + signal.SIGINT, err.read_text()
     assert "exiting now" in err.read_text()
 
 
 def test_sighup_while_starting_is_applied_once_started(tmp_path, free_port, wait_ready):
-    proc, port, err = _start(tmp_path, free_port, 1.0, slow_build=True)
-    try:
+    with _started(tmp_path, free_port, 1.0, slow_build=True) as (proc, port, err):
         _wait_for(err, "building", proc)
         proc.send_signal(signal.SIGHUP)  # the default action would end the process
         wait_ready(port, proc)
         _wait_for(err, "SIGHUP: config reloaded", proc)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=10)
 
 
 def test_sigterm_while_starting_stops_the_daemon_once_built(tmp_path, free_port):
-    proc, _port, err = _start(tmp_path, free_port, 1.0, slow_build=True)
-    try:
+    with _started(tmp_path, free_port, 1.0, slow_build=True) as (proc, _port, err):
         _wait_for(err, "building", proc)
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     text = err.read_text()
     assert rc == 1 and "closing sim did not finish within 1 s" in text, text  # built, then closed (sim hangs)
 
