@@ -85,15 +85,19 @@ def link_context(kind: str, ident: str) -> SpanContext:
     return SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
 
 
-def decision_ids(decision_id: str) -> tuple[str, str]:
-    """(trace id, span id) in hex of a decision's span, derived as links are (``shard.decision:<id>``)."""
-    trace_id, span_id = _derived("shard.decision", decision_id)
+def _hex(kind: str, ident: str) -> tuple[str, str]:
+    trace_id, span_id = _derived(kind, ident)
     return f"{trace_id:032x}", f"{span_id:016x}"
 
 
+def decision_ids(decision_id: str) -> tuple[str, str]:
+    """(trace id, span id) in hex of a decision's span, derived as links are (``shard.decision:<id>``)."""
+    return _hex("shard.decision", decision_id)
+
+
 def _link(kind: str, ident: str, attributes: dict[str, Any]) -> dict[str, Any]:
-    trace_id, span_id = _derived(kind, ident)
-    return {"trace_id": f"{trace_id:032x}", "span_id": f"{span_id:016x}", "attributes": attributes}
+    trace_id, span_id = _hex(kind, ident)
+    return {"trace_id": trace_id, "span_id": span_id, "attributes": attributes}
 
 
 def make_exporter(cfg: OtlpConfig, env: Mapping[str, str]) -> SpanExporter | None:
