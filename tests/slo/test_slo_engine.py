@@ -27,6 +27,7 @@ def test_restart_remembers_budget_and_firing_alert(tmp_path, receiver):
     before = engine.slos_state()[0]["error_budget"]["remaining_ratio"]
     assert before < 0  # 15 % of a 1h window's events were bad against a 1 % budget
     assert wait(lambda: len(receiver.accepted()) == 1)
+    assert wait(lambda: engine.dispatcher.outbox.depth() == {})  # recorded as delivered: a close now cuts nothing off
     engine.close()
 
     engine = SloEngine.from_config(cfg)  # same state_dir: a restart
@@ -50,6 +51,7 @@ def test_restart_remembers_budget_and_firing_alert(tmp_path, receiver):
     engine.on_tick(feed.frame(0.0))
     assert engine.firing == [None] and feed.ts == held_at + 11
     assert wait(lambda: len(receiver.accepted()) == 2)
+    assert wait(lambda: engine.dispatcher.outbox.depth() == {})
     engine.close()
 
     got = receiver.accepted()
