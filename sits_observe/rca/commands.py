@@ -115,10 +115,16 @@ def register(sub: Any) -> None:
                    help="share of training windows whose level inputs are hidden (default 0.5)")
     t.add_argument("--optional-dropout", type=FRACTION,
                    help="share of training windows in which each group of the features not every host has (NVML "
-                        "per-process fields; servers' backlogs) is marked missing (default 0.25)")
+                        "per-process fields; servers' backlogs) is marked missing (default 0)")
+    t.add_argument("--fallback-dropout", type=FRACTION,
+                   help="train a second network with that share instead, for windows lacking a group of those "
+                        "features (default 0.25); 0 = none")
     t.add_argument("--request-causes", type=_names,
                    help="causes that act on requests: their windows with no request in flight are left out of "
                         "training (default network_ingress,scheduler_stall,gpu_memory_pressure; '' = none)")
+    t.add_argument("--relative-only", type=_names,
+                   help="features the network sees only against the host's own baseline, never as levels "
+                        "(default gpu.sm_clock_hertz.mean: a busy GPU's clock depends on its model; '' = none)")
     t.add_argument("--average-from", type=NON_NEGATIVE_INT,
                    help="average the weights of this epoch to the last (default 4); 0 = early stopping instead")
     t.add_argument("--stride", type=POSITIVE_INT, help="train on every N-th window (default 8)")
@@ -168,8 +174,9 @@ def _train(args: argparse.Namespace) -> int:
     from . import dataset
     from .train import TrainOptions, train
 
-    names = ("window", "epochs", "hidden", "dropout", "summary", "level_dropout", "optional_dropout", "average_from",
-             "stride", "batch", "margin", "seed", "threads", "request_causes")
+    names = ("window", "epochs", "hidden", "dropout", "summary", "level_dropout", "optional_dropout",
+             "fallback_dropout", "average_from", "stride", "batch", "margin", "seed", "threads", "request_causes",
+             "relative_only")
     given = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
     _check_out(Path(args.out), directory=False)
     ds = dataset.read(args.dataset)
@@ -179,16 +186,22 @@ def _train(args: argparse.Namespace) -> int:
                           f"{'are not causes' if len(unknown) > 1 else 'is not a cause'} in "
                           f"{Path(args.dataset) / dataset.LABELS} (it has {', '.join(ds.classes()[1:]) or 'none'}); "
                           "name causes from it, or '' for none")
+    foreign = [f for f in given.get("relative_only", ()) if f not in ds.features]
+    if foreign:
+        raise ConfigError(f"--relative-only: {', '.join(map(repr, foreign))} "
+                          f"{'are not features' if len(foreign) > 1 else 'is not a feature'} of "
+                          f"{Path(args.dataset) / dataset.METRICS}; name its columns, or '' for none")
     opts = replace(TrainOptions(), **given)
     cols = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             TextColumn("{task.fields[info]}")]
     err = Console(stderr=True)
     with Progress(*cols, console=err, disable=not err.is_terminal) as bar:
         task = bar.add_task("epoch 1", total=None, info="")
+        epochs = opts.epochs * (2 if opts.fallback_dropout else 1)  # the fallback network's epochs follow
 
         def report(epoch: int, done: int, total: int, info: dict[str, float]) -> None:
             text = "  ".join(f"{k} {v:.4f}" for k, v in info.items())
-            bar.update(task, description=f"epoch {epoch}/{opts.epochs}", completed=done, total=total,
+            bar.update(task, description=f"epoch {epoch}/{epochs}", completed=done, total=total,
                        **({"info": text} if text else {}))
             if info and not err.is_terminal:
                 print(f"epoch {epoch}: {text}", file=sys.stderr)
@@ -198,7 +211,9 @@ def _train(args: argparse.Namespace) -> int:
         f"sits-observe rca train --dataset {args.dataset} --out {args.out} --window {opts.window} "
         f"--epochs {opts.epochs} --hidden {opts.hidden[0]},{opts.hidden[1]} --dropout {opts.dropout} "
         f"--summary {opts.summary} --level-dropout {opts.level_dropout} --optional-dropout {opts.optional_dropout} "
+        f"--fallback-dropout {opts.fallback_dropout} "
         f"--average-from {opts.average_from} --request-causes '{','.join(opts.request_causes)}' "
+        f"--relative-only '{','.join(opts.relative_only)}' "
         f"--stride {opts.stride} --batch {opts.batch} --margin {opts.margin} --seed {opts.seed} "
         f"--threads {opts.threads}")
     model.save(args.out)

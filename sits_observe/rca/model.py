@@ -7,6 +7,12 @@ three groups of ``F`` inputs: that level, the same compressed value minus the ho
 (:func:`sits_observe.rca.dataset.rolling_baseline`; "high for this host"), and a missing indicator.  The model file is a
 ``torch.save`` dict of plain values and tensors, loaded with ``weights_only=True``; it records feature
 names, normalization, window, classes, the temperature fitted on validation data and the metrics reached.
+
+A model may carry a *fallback*: a second network with the same features, trained with the optional
+features (:data:`~sits_observe.rca.features.OPTIONAL_GROUPS`) hidden at random.  A window in which a whole
+optional group is missing (a host without NVML's per-process fields or without configured servers, or
+none of its replicas with a backlog) is scored by the fallback; every other window by the main network,
+which was trained with all features present and leans on them fully.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from torch import nn
 
 from ..errors import ModelError
 from .dataset import DEFAULT_BASELINE, Baseline, fill_forward
-from .features import OPTIONAL_FEATURES
+from .features import OPTIONAL_FEATURES, OPTIONAL_GROUPS
 from .verdict import HEALTHY, UNKNOWN
 
 __all__ = ["FORMAT", "Normalizer", "RcaModel", "RcaNet", "encode"]
@@ -74,10 +80,12 @@ class Normalizer:
         return cls(*(np.asarray(d[k], dtype=np.float32) for k in ("scale", "mean", "std")))
 
 
-def encode(raw: np.ndarray, base: np.ndarray, norm: Normalizer, hide_level: np.ndarray | None = None) -> np.ndarray:
+def encode(raw: np.ndarray, base: np.ndarray, norm: Normalizer, hide_level: np.ndarray | None = None,
+           relative_only: np.ndarray | None = None) -> np.ndarray:
     """``(B, W, F)`` raw windows (NaN = missing) and ``(B, F)`` baselines -> ``(B, W, 3F)`` network input.
 
     ``hide_level`` (``(B,)`` bool, training only): those windows get the typical level (0) as level inputs.
+    ``relative_only`` (``(F,)`` bool): those features always do, and are seen only against the baseline.
     """
     filled, missing = fill_forward(np.asarray(raw, dtype=np.float32))
     with np.errstate(all="ignore"):
@@ -85,6 +93,8 @@ def encode(raw: np.ndarray, base: np.ndarray, norm: Normalizer, hide_level: np.n
         rel = norm.compress(filled) - norm.compress(np.asarray(base, dtype=np.float32))[:, None, :]
     if hide_level is not None:
         level[hide_level] = 0.0
+    if relative_only is not None:
+        level[..., relative_only] = 0.0
     rel = np.clip(np.nan_to_num(rel, nan=0.0), -CLIP, CLIP)
     return np.concatenate([level, rel, missing.astype(np.float32)], axis=-1).astype(np.float32)
 
@@ -134,13 +144,21 @@ class RcaModel:
     temperature: float = 1.0
     metrics: dict[str, Any] = field(default_factory=dict)
     training: dict[str, Any] = field(default_factory=dict)
+    fallback: RcaModel | None = None
+    relative_only: tuple[str, ...] = ()  # features whose level the network never sees (:func:`encode`)
 
     @classmethod
     def new(cls, features: Sequence[str], classes: Sequence[str], window: int, hidden: Sequence[int],
-            dropout: float, norm: Normalizer, baseline: Baseline = DEFAULT_BASELINE, summary: int = 0) -> RcaModel:
+            dropout: float, norm: Normalizer, baseline: Baseline = DEFAULT_BASELINE, summary: int = 0,
+            relative_only: Sequence[str] = ()) -> RcaModel:
         net = RcaNet(3 * len(features), hidden, len(classes), dropout, summary)
         return cls(tuple(features), tuple(classes), int(window), (int(hidden[0]), int(hidden[1])),
-                   float(dropout), norm, net, int(summary), baseline)
+                   float(dropout), norm, net, int(summary), baseline,
+                   relative_only=tuple(f for f in relative_only if f in features))
+
+    def level_free(self) -> np.ndarray | None:
+        """``(F,)`` bool mask of :attr:`relative_only` for :func:`encode`; None when there are none."""
+        return np.isin(self.features, self.relative_only) if self.relative_only else None
 
     def columns(self, available: Sequence[str], source: str = "dataset") -> np.ndarray:
         """Indices of the model's features in ``available``; ModelError listing any that are missing."""
@@ -160,16 +178,32 @@ class RcaModel:
         out = []
         with torch.inference_mode():
             for i in range(0, len(raw), batch):
-                x = encode(raw[i:i + batch], base[i:i + batch], self.norm)
+                x = encode(raw[i:i + batch], base[i:i + batch], self.norm, relative_only=self.level_free())
                 out.append(self.net(torch.from_numpy(x)).numpy())
         return np.concatenate(out) if out else np.zeros((0, len(self.classes)), np.float32)
 
     def proba(self, raw: np.ndarray, base: np.ndarray) -> np.ndarray:
-        """Calibrated class probabilities ``(B, C)``."""
+        """Calibrated class probabilities ``(B, C)``; windows lacking an optional group go to the fallback."""
+        out = self._own_proba(raw, base)
+        if self.fallback is not None and (lacking := self.lacking(raw)).any():
+            out[lacking] = self.fallback._own_proba(raw[lacking], base[lacking])
+        return out
+
+    def _own_proba(self, raw: np.ndarray, base: np.ndarray) -> np.ndarray:
         lg = self.logits(raw, base) / self.temperature
         lg = lg - lg.max(axis=1, keepdims=True)
         e = np.exp(lg)
         return e / e.sum(axis=1, keepdims=True)
+
+    def lacking(self, raw: np.ndarray) -> np.ndarray:
+        """``(B,)``: windows (model feature order) in which every feature of some optional group is missing
+        at every step."""
+        out = np.zeros(len(raw), dtype=bool)
+        for group in OPTIONAL_GROUPS:
+            cols = [j for j, f in enumerate(self.features) if f in group]
+            if cols:
+                out |= np.isnan(raw[..., cols]).all(axis=(1, 2))
+        return out
 
     def decide(self, proba: np.ndarray, min_confidence: float, healthy_min_confidence: float | None = None
                ) -> np.ndarray:
@@ -185,6 +219,19 @@ class RcaModel:
     # ---- file ----------------------------------------------------------------------------------
 
     def save(self, path: str | Path) -> None:
+        blob = self._blob()
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(p.name + ".tmp")
+        try:
+            torch.save(blob, tmp)
+            tmp.replace(p)
+        except BaseException:  # a full disk, an interrupt: leave no half-written file behind
+            with suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            raise
+
+    def _blob(self) -> dict[str, Any]:
         meta = {
             "format": FORMAT,
             "features": list(self.features),
@@ -193,22 +240,17 @@ class RcaModel:
             "hidden": list(self.hidden),
             "dropout": self.dropout,
             "summary": self.summary,
+            "relative_only": list(self.relative_only),
             "norm": self.norm.to_dict(),
             "baseline": {"horizon": self.baseline.horizon, "every": self.baseline.every},
             "temperature": float(self.temperature),
             "metrics": self.metrics,
             "training": self.training,
         }
-        p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(p.name + ".tmp")
-        try:
-            torch.save({"meta": meta, "state": self.net.state_dict()}, tmp)
-            tmp.replace(p)
-        except BaseException:  # a full disk, an interrupt: leave no half-written file behind
-            with suppress(OSError):
-                tmp.unlink(missing_ok=True)
-            raise
+        blob: dict[str, Any] = {"meta": meta, "state": self.net.state_dict()}
+        if self.fallback is not None:
+            blob["fallback"] = self.fallback._blob()
+        return blob
 
     @classmethod
     def load(cls, path: str | Path) -> RcaModel:
@@ -224,6 +266,18 @@ class RcaModel:
         except Exception as exc:  # torch raises RuntimeError, UnpicklingError, EOFError, ... for bad files
             raise ModelError(f"{p}: not a readable model file: truncated, corrupt or not made by "
                              f"`sits-observe rca train` (torch said {type(exc).__name__}); {hint}") from exc
+        model = cls._from_blob(blob, p, hint)
+        if "fallback" in blob:
+            model.fallback = cls._from_blob(blob["fallback"], p, hint)
+            fb = model.fallback
+            if (fb.features, fb.classes, fb.window, fb.baseline) != (model.features, model.classes, model.window,
+                                                                      model.baseline):
+                raise ModelError(f"{p}: the fallback network's features, classes, window or baseline differ from "
+                                 f"the main network's; {hint}")
+        return model
+
+    @classmethod
+    def _from_blob(cls, blob: Any, p: Path, hint: str) -> RcaModel:
         try:
             if not isinstance(blob, dict) or not isinstance(blob.get("meta"), dict):
                 raise TypeError("not a model file's mapping")
@@ -233,7 +287,8 @@ class RcaModel:
             model = cls.new(meta["features"], meta["classes"], meta["window"], meta["hidden"],
                             meta["dropout"], Normalizer.from_dict(meta["norm"]),
                             Baseline(int(meta["baseline"]["horizon"]), int(meta["baseline"]["every"])),
-                            int(meta.get("summary", 0)))  # files from before the summary branch have none
+                            int(meta.get("summary", 0)),  # files from before the summary branch have none
+                            [str(f) for f in meta.get("relative_only", ())])
             n = len(model.features)
             if int(meta["window"]) < 2 or any(len(getattr(model.norm, k)) != n for k in ("scale", "mean", "std")):
                 raise ValueError(f"window {meta['window']} or normalisation sizes do not fit {n} features")

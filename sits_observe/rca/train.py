@@ -3,19 +3,23 @@
 Validation data are whole time blocks (every ``val_every``-th block of ``8 * window`` steps); windows
 that straddle a train/validation boundary are dropped, so no training window overlaps a validation one.
 
-Three regularizers aim at hosts unlike the training hosts.  *Level dropout*: each training window's level
+Four regularizers aim at hosts unlike the training hosts.  *Level dropout*: each training window's level
 inputs are replaced, with probability ``level_dropout``, by the typical level (0 after normalization), so
 the network must also name a cause from the host-relative inputs alone and leans less on levels that
-differ between healthy hosts.  *Weight averaging* (stochastic weight averaging, Izmailov et al. 2018):
+differ between healthy hosts; the ``relative_only`` features' levels are always replaced.  *Weight averaging* (stochastic weight averaging, Izmailov et al. 2018):
 with ``average_from`` > 0 the model is the mean of the weights at the end of epochs ``average_from`` to
 ``epochs``; one epoch's weights vary a lot in how they carry over to another kind of host, their mean
 much less.  With ``average_from`` = 0, early stopping keeps the epoch with the lowest (class-weighted)
 validation loss instead.  *Optional-feature dropout*: the features not every host has
 (:data:`~sits_observe.rca.features.OPTIONAL_GROUPS`: NVML's per-process fields, absent with the DCGM
 backend or without configured workloads; servers' backlogs joined to their GPUs, absent without
-configured local servers) are, group by group and each in a share ``optional_dropout`` of the training
-windows, marked missing for the whole window, so the network also learns to name causes without them.
-The softmax temperature is then fitted on the validation windows (minimum negative log-likelihood), so
+configured local servers) are, group by group and each in a share of the training windows, marked
+missing for the whole window.  The main network is trained with ``optional_dropout`` (default 0: it
+sees every feature, and leans on the backlogs that name a stalled loop); a second network, the
+fallback for windows lacking an optional group, with ``fallback_dropout`` (default 0.25), so it also
+names causes without them.  A single network trained with 0.25 learns to name a stall from other
+signs as well, and those carried over worse to other hosts.
+Each network's softmax temperature is then fitted on the validation windows (minimum negative log-likelihood), so
 confidences are calibrated.
 """
 
@@ -57,12 +61,16 @@ class TrainOptions:
     threads: int = 2
     min_confidence: float = 0.6
     level_dropout: float = 0.5
-    optional_dropout: float = 0.25
+    optional_dropout: float = 0.0
+    fallback_dropout: float = 0.25
     average_from: int = 4
     baseline: Baseline = DEFAULT_BASELINE
     # causes that act on requests: a window of one with no request in flight at any step shows nothing of
     # it, and would teach the network that an idle host may be faulty (left out of training, not scoring)
     request_causes: tuple[str, ...] = ("network_ingress", "scheduler_stall", "gpu_memory_pressure")
+    # features seen only against the host's own baseline: the SM clock a busy, healthy GPU runs at depends
+    # on its model and clock settings (training boxes 1571 MHz, the PCIe box 1402), and read as throttled
+    relative_only: tuple[str, ...] = ("gpu.sm_clock_hertz.mean",)
 
 
 class Progress(Protocol):
@@ -123,10 +131,11 @@ def _accumulate(average: dict[str, torch.Tensor], state: dict[str, torch.Tensor]
 
 
 def train(ds: Dataset, opts: TrainOptions = TrainOptions(), progress: Progress | None = None) -> RcaModel:
-    """Train, early-stop and calibrate on ``ds``; metrics and options are recorded in the model."""
+    """Train, early-stop and calibrate on ``ds``; metrics and options are recorded in the model.
+
+    With ``fallback_dropout`` > 0 and optional features in ``ds``, a second network (the fallback, for
+    windows lacking an optional group) is trained the same way with those groups hidden at that rate."""
     t0 = time.perf_counter()
-    torch.manual_seed(opts.seed)
-    rng = np.random.default_rng(opts.seed)
     torch.set_num_threads(opts.threads)
     win = ds.windows(opts.window, opts.stride, opts.margin, opts.baseline)
     classes = ds.classes()
@@ -144,20 +153,46 @@ def train(ds: Dataset, opts: TrainOptions = TrainOptions(), progress: Progress |
         raise ConfigError(f"{where}: {what}; a classifier needs at least two classes: label the faulty stretches "
                           "(entity,start,end,cause) and leave healthy time unlabeled")
     train_w, val_w = win.subset(tr), win.subset(va)
+    rows = np.unique((train_w.ends[:, None] - np.arange(opts.window)[None, :]).ravel())
+    norm = Normalizer.fit(win.data[rows])
+    optional = [cols for group in OPTIONAL_GROUPS
+                if len(cols := np.array([j for j, f in enumerate(ds.features) if f in group], dtype=np.int64))]
+    model, run = _fit(ds, classes, norm, train_w, val_w, opts, opts.optional_dropout, optional, progress, 0)
+    if opts.fallback_dropout and optional:
+        model.fallback, _ = _fit(ds, classes, norm, train_w, val_w, opts, opts.fallback_dropout, optional, progress,
+                                 opts.epochs)
+    y_va = np.array([classes.index(c) for c in val_w.y])
+    proba = model.proba(val_w.batch(), val_w.bases())
+    val = scores(val_w.y, model.decide(proba, opts.min_confidence), classes)
+    val["ece"] = expected_calibration_error(proba, y_va)
+    val["argmax_macro_f1"] = scores(val_w.y, model.decide(proba, 0.0), classes)["macro_f1"]
+    model.metrics = {"validation": val}
+    model.training = {
+        "dataset": ds.path, "options": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(opts).items()},
+        "train_windows": len(train_w), "val_windows": len(val_w), **run,
+        "fallback": model.fallback is not None, "seconds": round(time.perf_counter() - t0, 1),
+        "torch": str(torch.__version__),
+    }
+    return model
+
+
+def _fit(ds: Dataset, classes: list[str], norm: Normalizer, train_w: Windows, val_w: Windows, opts: TrainOptions,
+         optional_dropout: float, optional: list[np.ndarray], progress: Progress | None, shown: int
+         ) -> tuple[RcaModel, dict[str, Any]]:
+    """One network, trained and calibrated (epochs reported from ``shown`` + 1)."""
+    torch.manual_seed(opts.seed)
+    rng = np.random.default_rng(opts.seed)
     cidx = {c: i for i, c in enumerate(classes)}
     y_tr = np.array([cidx[c] for c in train_w.y])
     y_va = np.array([cidx[c] for c in val_w.y])
-    rows = np.unique((train_w.ends[:, None] - np.arange(opts.window)[None, :]).ravel())
-    model = RcaModel.new(ds.features, classes, opts.window, opts.hidden, opts.dropout, Normalizer.fit(win.data[rows]),
-                         opts.baseline, opts.summary)
+    model = RcaModel.new(ds.features, classes, opts.window, opts.hidden, opts.dropout, norm, opts.baseline,
+                         opts.summary, opts.relative_only)
     optim = torch.optim.AdamW(model.net.parameters(), lr=opts.lr, weight_decay=1e-4)
     loss_fn = nn.CrossEntropyLoss(weight=_class_weights(y_tr, len(classes)))
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(optim, T_max=max(opts.epochs, 1))
     best: dict[str, Any] = {"loss": float("inf"), "state": None, "epoch": 0}
     average: dict[str, torch.Tensor] = {}
     drop_rng = np.random.default_rng(opts.seed + 1)
-    optional = [cols for group in OPTIONAL_GROUPS
-                if len(cols := np.array([j for j, f in enumerate(ds.features) if f in group], dtype=np.int64))]
     batches = (len(train_w) + opts.batch - 1) // opts.batch
     epoch = 0
     for epoch in range(1, opts.epochs + 1):
@@ -168,9 +203,9 @@ def train(ds: Dataset, opts: TrainOptions = TrainOptions(), progress: Progress |
             idx = order[b * opts.batch:(b + 1) * opts.batch]
             hide = drop_rng.random(len(idx)) < opts.level_dropout if opts.level_dropout else None
             raw, base = train_w.batch(idx), train_w.bases(idx)
-            for cols in optional if opts.optional_dropout else ():
-                _hide(raw, base, cols, opts.optional_dropout, drop_rng)
-            x = torch.from_numpy(encode(raw, base, model.norm, hide))
+            for cols in optional if optional_dropout else ():
+                _hide(raw, base, cols, optional_dropout, drop_rng)
+            x = torch.from_numpy(encode(raw, base, model.norm, hide, model.level_free()))
             loss = loss_fn(model.net(x), torch.from_numpy(y_tr[idx]))
             optim.zero_grad()
             loss.backward()
@@ -178,7 +213,7 @@ def train(ds: Dataset, opts: TrainOptions = TrainOptions(), progress: Progress |
             optim.step()
             total += loss.item() * len(idx)
             if progress:
-                progress(epoch, b + 1, batches, {})
+                progress(shown + epoch, b + 1, batches, {})
         sched.step()
         val_logits = torch.from_numpy(model.logits(val_w.batch(), val_w.bases()))
         val_loss = float(loss_fn(val_logits, torch.from_numpy(y_va)))
@@ -189,22 +224,12 @@ def train(ds: Dataset, opts: TrainOptions = TrainOptions(), progress: Progress |
         if opts.average_from and epoch >= opts.average_from:
             _accumulate(average, model.net.state_dict(), epoch - opts.average_from + 1)
         if progress:
-            progress(epoch, batches, batches, {"loss": total / len(train_w), "val_loss": val_loss,
-                                               "val_macro_f1": f1})
+            progress(shown + epoch, batches, batches, {"loss": total / len(train_w), "val_loss": val_loss,
+                                                       "val_macro_f1": f1})
         if not opts.average_from and epoch - best["epoch"] >= opts.patience:
             break
     model.net.load_state_dict(average or best["state"])
-    logits = model.logits(val_w.batch(), val_w.bases())
-    model.temperature = fit_temperature(logits, y_va)
-    proba = model.proba(val_w.batch(), val_w.bases())
-    val = scores(val_w.y, model.decide(proba, opts.min_confidence), classes)
-    val["ece"] = expected_calibration_error(proba, y_va)
-    val["argmax_macro_f1"] = scores(val_w.y, model.decide(proba, 0.0), classes)["macro_f1"]
-    model.metrics = {"validation": val}
-    model.training = {
-        "dataset": ds.path, "options": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(opts).items()},
-        "train_windows": len(train_w), "val_windows": len(val_w), "epochs_run": epoch,
-        "best_epoch": best["epoch"], "averaged_epochs": [opts.average_from, epoch] if average else None,
-        "seconds": round(time.perf_counter() - t0, 1), "torch": str(torch.__version__),
-    }
-    return model
+    model.temperature = fit_temperature(model.logits(val_w.batch(), val_w.bases()), y_va)
+    run = {"epochs_run": epoch, "best_epoch": best["epoch"],
+           "averaged_epochs": [opts.average_from, epoch] if average else None}
+    return model, run

@@ -118,3 +118,11 @@ def test_train_refuses_request_causes_not_in_the_dataset(data: Path, tmp_path: P
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     _usage_error(["rca", "train", "--dataset", str(data), "--out", str(tmp_path / "m.pt"), "--request-causes",
                   "cpu_contention,foo,bar", *TRAIN], capsys, "--request-causes: 'foo', 'bar' are not causes in")
+
+
+def test_train_refuses_relative_only_names_that_are_not_features(data: Path, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    _usage_error(["rca", "train", "--dataset", str(data), "--out", str(tmp_path / "m.pt"), "--relative-only",
+                  "gpu.clock", *TRAIN], capsys, "--relative-only: 'gpu.clock' is not a feature of",
+                 "metrics.csv; name its columns")
+    assert not (tmp_path / "m.pt").exists()

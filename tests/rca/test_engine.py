@@ -210,7 +210,7 @@ def test_the_api_shows_both_floors_and_sighup_applies_a_new_healthy_floor(tmp_pa
     daemon, engine = _daemon(tmp_path, path, every=5)
     client = create_app(daemon, ui=False).test_client()
     state = client.get("/api/v1/verdicts").get_json()
-    assert (state["min_confidence"], state["healthy_min_confidence"]) == (0.9, 0.6)
+    assert (state["min_confidence"], state["healthy_min_confidence"]) == (0.91, 0.6)
     classes = list(tiny_model.classes)
     proba = np.full(len(classes), 0.3 / (len(classes) - 1), dtype=np.float32)
     proba[classes.index("healthy")] = 0.7  # healthy, but not sure of it

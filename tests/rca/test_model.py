@@ -174,3 +174,64 @@ def test_the_head_reads_window_statistics_beside_the_lstms(tiny_model: RcaModel)
         net.summary[0].weight.zero_()
         net.summary[0].bias.zero_()
         assert not torch.allclose(before, net(x))
+
+
+def _untrained(features: tuple[str, ...], seed: int) -> RcaModel:
+    import torch
+
+    from sits_observe.rca.model import Normalizer
+
+    torch.manual_seed(seed)
+    ones = np.ones(len(features), dtype=np.float32)
+    return RcaModel.new(features, ("healthy", "scheduler_stall"), 8, (6, 4), 0.0, Normalizer(ones, 0 * ones, ones))
+
+
+def test_windows_lacking_an_optional_group_are_scored_by_the_fallback(tmp_path: Path) -> None:
+    import torch
+
+    features = ("stage.e2e.p99", "gpu.backlog_utilization_ratio.min", "gpu.backlog_utilization_ratio.mean",
+                "gpu.serving_utilization_ratio.min")
+    model, fallback = _untrained(features, 1), _untrained(features, 2)
+    model.fallback = fallback
+    raw = np.random.default_rng(0).random((4, 8, 4)).astype(np.float32)
+    raw[1, :, 1:3] = np.nan  # no backlog at any step: the fallback's
+    raw[2, :5, 1:3] = np.nan  # a backlog at some steps: the main network's
+    raw[3, :, 3] = np.nan  # no per-process field at any step: the fallback's
+    base = raw[:, 0].copy()
+    assert model.lacking(raw).tolist() == [False, True, False, True]
+    got = model.proba(raw, base)
+    np.testing.assert_allclose(got[[0, 2]], model._own_proba(raw[[0, 2]], base[[0, 2]]), rtol=1e-6)
+    np.testing.assert_allclose(got[[1, 3]], fallback._own_proba(raw[[1, 3]], base[[1, 3]]), rtol=1e-6)
+    assert not np.allclose(got[[1, 3]], model._own_proba(raw[[1, 3]], base[[1, 3]]))
+    path = tmp_path / "m.pt"
+    model.save(path)
+    np.testing.assert_allclose(RcaModel.load(path).proba(raw, base), got, rtol=1e-6)
+    blob = torch.load(path, weights_only=True)
+    blob["fallback"]["meta"]["window"] = 16  # a fallback that does not fit the main network
+    torch.save(blob, path)
+    with pytest.raises(ModelError, match="fallback network's features, classes, window or baseline differ"):
+        RcaModel.load(path)
+    del blob["fallback"]["state"]  # a damaged fallback part
+    torch.save(blob, path)
+    with pytest.raises(ModelError, match="incomplete or inconsistent"):
+        RcaModel.load(path)
+
+
+def test_relative_only_features_are_never_seen_as_levels(tmp_path: Path) -> None:
+    from sits_observe.rca.model import encode
+
+    features = ("stage.e2e.p99", "gpu.sm_clock_hertz.mean", "gpu.backlog_utilization_ratio.min")
+    model = _untrained(features, 1)
+    model.relative_only = ("gpu.sm_clock_hertz.mean",)
+    raw = np.random.default_rng(0).random((3, 8, 3)).astype(np.float32) + 1.0
+    base = np.ones((3, 3), dtype=np.float32)
+    x = encode(raw, base, model.norm, relative_only=model.level_free())
+    plain = encode(raw, base, model.norm)
+    assert (x[..., 1] == 0).all() and (plain[..., 1] != 0).all()  # the clock's level: always the typical one
+    np.testing.assert_array_equal(x[..., [0, 2, 3, 4, 5]], plain[..., [0, 2, 3, 4, 5]])  # its rise over base stays
+    path = tmp_path / "m.pt"
+    model.save(path)
+    back = RcaModel.load(path)
+    assert back.relative_only == ("gpu.sm_clock_hertz.mean",)
+    np.testing.assert_allclose(back.proba(raw, base), model.proba(raw, base), rtol=1e-6)
+    assert not np.allclose(model._own_proba(raw, base), dataclasses.replace(model, relative_only=())._own_proba(raw, base))

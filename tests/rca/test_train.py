@@ -48,9 +48,11 @@ def test_level_dropout_hides_the_levels_of_that_share_of_windows(monkeypatch: py
     assert 0.4 < _level_share_hidden(monkeypatch, ds, 0.5) < 0.6
 
 
-def _missing_seen(monkeypatch: pytest.MonkeyPatch, ds: Dataset, optional_dropout: float) -> np.ndarray:
-    """(windows, W, F) missing indicators (the last F inputs) of the training windows the net saw."""
-    x = _inputs_seen(monkeypatch, ds, optional_dropout=optional_dropout, level_dropout=0.0)
+def _missing_seen(monkeypatch: pytest.MonkeyPatch, ds: Dataset, optional_dropout: float,
+                  fallback_dropout: float = 0.0) -> np.ndarray:
+    """(windows, W, F) missing indicators (the last F inputs) of the training windows the nets saw."""
+    x = _inputs_seen(monkeypatch, ds, optional_dropout=optional_dropout, fallback_dropout=fallback_dropout,
+                     level_dropout=0.0)
     return x[:, :, 2 * len(ds.features):]
 
 
@@ -74,6 +76,11 @@ def test_optional_dropout_hides_each_group_together_for_whole_windows(
     assert 0.3 < per_process.mean() < 0.5 and 0.3 < backlog.mean() < 0.5
     both = (per_process * backlog).mean()  # each group on its own: a host may have one and not the other
     assert 0.5 * 0.16 < both < 1.5 * 0.16 and (per_process != backlog).any()
+    # the defaults: the main network sees every window whole, the fallback network the same windows with the
+    # groups hidden (its own epochs, after the main network's)
+    seen = _missing_seen(monkeypatch, ds, 0.0, 0.4)
+    main, fallback = seen[:len(seen) // 2], seen[len(seen) // 2:]
+    assert not main.any() and 0.3 < fallback[:, 0, 6].mean() < 0.5
     # a dataset without optional features trains exactly as before (no random draws spent on them)
     torch.testing.assert_close(train(base, TrainOptions(epochs=1, **TINY)).net.state_dict(),
                                train(base, TrainOptions(epochs=1, optional_dropout=0.0, **TINY)).net.state_dict())
