@@ -201,6 +201,7 @@ class RcaEngine:
             "path": str(self.cfg.model_path()), "classes": list(m.classes), "window": m.window,
             "features": list(m.features), "temperature": m.temperature,
             "validation_macro_f1": m.metrics.get("validation", {}).get("macro_f1"),
+            "relative_only": list(m.relative_only), "fallback": m.fallback is not None,
         }
         return {"enabled": m is not None, "error": self.error, "model": model,
                 "min_confidence": self.cfg.min_confidence, "healthy_min_confidence": self.cfg.healthy_min_confidence,

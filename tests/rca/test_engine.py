@@ -211,6 +211,7 @@ def test_the_api_shows_both_floors_and_sighup_applies_a_new_healthy_floor(tmp_pa
     client = create_app(daemon, ui=False).test_client()
     state = client.get("/api/v1/verdicts").get_json()
     assert (state["min_confidence"], state["healthy_min_confidence"]) == (0.91, 0.6)
+    assert (state["model"]["fallback"], state["model"]["relative_only"]) == (False, [])  # a one-network file
     classes = list(tiny_model.classes)
     proba = np.full(len(classes), 0.3 / (len(classes) - 1), dtype=np.float32)
     proba[classes.index("healthy")] = 0.7  # healthy, but not sure of it
