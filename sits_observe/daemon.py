@@ -255,8 +255,9 @@ class Daemon:
     def _reload_with(self, loader: Callable[[], Config | None]) -> None:
         try:
             new = loader()
-        except SitsError as exc:
-            log.error("SIGHUP: new config rejected, keeping the old one: %s", exc)
+        except SitsError as exc:  # several mistakes: one record on one line, as log shippers split on newlines
+            log.error("SIGHUP: new config rejected, keeping the old one: %s",
+                      "; ".join(line.strip() for line in str(exc).splitlines() if line.strip()))
             return
         except Exception as exc:  # noqa: BLE001 - a reload must never take the daemon down
             log.error("SIGHUP: cannot load the new config (%s); keeping the old one", type(exc).__name__)

@@ -118,6 +118,24 @@ def test_a_sighup_that_changes_servers_workloads_or_probes_says_they_need_a_rest
     daemon.close()
 
 
+def test_a_sighup_rejecting_several_mistakes_logs_one_record_on_one_line(tmp_path, caplog):
+    from sits_observe.config import load, parse
+    from sits_observe.daemon import Daemon, SimClock
+
+    cfg = parse({"state_dir": str(tmp_path), "gpu": {"backend": "none"}}, env={})
+    daemon = Daemon(config=cfg, clock=SimClock(1.0, 100.0, start=1000.0))
+    bad = tmp_path / "c.yaml"
+    bad.write_text("gpu:\n  backend: none\nlistne: 1\nslo_typo: {}\n")  # two unknown fields
+    with caplog.at_level(logging.ERROR, logger="sits_observe"):
+        daemon.request_reload(lambda: load(bad, env={}))
+        daemon.run(duration=0.05)
+    rejected = [r.getMessage() for r in caplog.records if "new config rejected" in r.getMessage()]
+    assert len(rejected) == 1 and "\n" not in rejected[0]
+    assert "listne: unknown field" in rejected[0] and "slo_typo: unknown field" in rejected[0]
+    assert daemon.config is cfg or daemon.config == cfg
+    daemon.close()
+
+
 def test_a_demo_reload_merges_demo_defaults_file_and_command_line_again(tmp_path):
     import argparse
 
