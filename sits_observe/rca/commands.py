@@ -172,7 +172,7 @@ def _train(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from . import dataset
-    from .train import TrainOptions, train
+    from .train import TrainOptions, networks, train
 
     names = ("window", "epochs", "hidden", "dropout", "summary", "level_dropout", "optional_dropout",
              "fallback_dropout", "average_from", "stride", "batch", "margin", "seed", "threads", "request_causes",
@@ -197,7 +197,7 @@ def _train(args: argparse.Namespace) -> int:
     err = Console(stderr=True)
     with Progress(*cols, console=err, disable=not err.is_terminal) as bar:
         task = bar.add_task("epoch 1", total=None, info="")
-        epochs = opts.epochs * (2 if opts.fallback_dropout else 1)  # the fallback network's epochs follow
+        epochs = opts.epochs * networks(ds.features, opts)  # the fallback network's epochs follow the main one's
 
         def report(epoch: int, done: int, total: int, info: dict[str, float]) -> None:
             text = "  ".join(f"{k} {v:.4f}" for k, v in info.items())

@@ -176,9 +176,10 @@ class RcaModel:
         """Uncalibrated logits for ``(B, W, F)`` raw windows and ``(B, F)`` baselines in model feature order."""
         self.net.eval()
         out = []
+        free = self.level_free()
         with torch.inference_mode():
             for i in range(0, len(raw), batch):
-                x = encode(raw[i:i + batch], base[i:i + batch], self.norm, relative_only=self.level_free())
+                x = encode(raw[i:i + batch], base[i:i + batch], self.norm, relative_only=free)
                 out.append(self.net(torch.from_numpy(x)).numpy())
         return np.concatenate(out) if out else np.zeros((0, len(self.classes)), np.float32)
 

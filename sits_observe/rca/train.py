@@ -6,7 +6,8 @@ that straddle a train/validation boundary are dropped, so no training window ove
 Four regularizers aim at hosts unlike the training hosts.  *Level dropout*: each training window's level
 inputs are replaced, with probability ``level_dropout``, by the typical level (0 after normalization), so
 the network must also name a cause from the host-relative inputs alone and leans less on levels that
-differ between healthy hosts; the ``relative_only`` features' levels are always replaced.  *Weight averaging* (stochastic weight averaging, Izmailov et al. 2018):
+differ between healthy hosts; the ``relative_only`` features' levels are always replaced.  *Weight
+averaging* (stochastic weight averaging, Izmailov et al. 2018):
 with ``average_from`` > 0 the model is the mean of the weights at the end of epochs ``average_from`` to
 ``epochs``; one epoch's weights vary a lot in how they carry over to another kind of host, their mean
 much less.  With ``average_from`` = 0, early stopping keeps the epoch with the lowest (class-weighted)
@@ -18,9 +19,8 @@ missing for the whole window.  The main network is trained with ``optional_dropo
 sees every feature, and leans on the backlogs that name a stalled loop); a second network, the
 fallback for windows lacking an optional group, with ``fallback_dropout`` (default 0.25), so it also
 names causes without them.  A single network trained with 0.25 learns to name a stall from other
-signs as well, and those carried over worse to other hosts.
-Each network's softmax temperature is then fitted on the validation windows (minimum negative log-likelihood), so
-confidences are calibrated.
+signs as well, and those carried over worse to other hosts.  Each network's softmax temperature is then
+fitted on the validation windows (minimum negative log-likelihood), so confidences are calibrated.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from .features import OPTIONAL_GROUPS
 from .metrics import expected_calibration_error, scores
 from .model import Normalizer, RcaModel, encode
 
-__all__ = ["TrainOptions", "fit_temperature", "split", "train"]
+__all__ = ["TrainOptions", "fit_temperature", "networks", "split", "train"]
 
 
 @dataclass(frozen=True)
@@ -130,6 +130,12 @@ def _accumulate(average: dict[str, torch.Tensor], state: dict[str, torch.Tensor]
         average[k] = v.detach().clone() if n == 1 else average[k] + (v.detach() - average[k]) / n
 
 
+def networks(features: Sequence[str], opts: TrainOptions) -> int:
+    """How many networks :func:`train` trains: 2 (a fallback too) with ``fallback_dropout`` > 0 and an optional
+    feature among ``features``, else 1."""
+    return 2 if opts.fallback_dropout and any(f in group for group in OPTIONAL_GROUPS for f in features) else 1
+
+
 def train(ds: Dataset, opts: TrainOptions = TrainOptions(), progress: Progress | None = None) -> RcaModel:
     """Train, early-stop and calibrate on ``ds``; metrics and options are recorded in the model.
 
@@ -158,7 +164,7 @@ def train(ds: Dataset, opts: TrainOptions = TrainOptions(), progress: Progress |
     optional = [cols for group in OPTIONAL_GROUPS
                 if len(cols := np.array([j for j, f in enumerate(ds.features) if f in group], dtype=np.int64))]
     model, run = _fit(ds, classes, norm, train_w, val_w, opts, opts.optional_dropout, optional, progress, 0)
-    if opts.fallback_dropout and optional:
+    if networks(ds.features, opts) == 2:
         model.fallback, _ = _fit(ds, classes, norm, train_w, val_w, opts, opts.fallback_dropout, optional, progress,
                                  opts.epochs)
     y_va = np.array([classes.index(c) for c in val_w.y])
