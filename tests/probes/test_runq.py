@@ -69,5 +69,7 @@ def test_busy_core_shows_runq_latency_idle_core_does_not(source: ProbeSource) ->
     seen = f"contended {busy_slow} slow of {busy_total}, idle {idle_slow} slow of {idle_total}"
     assert busy_total >= 40 and idle_total >= 40, seen
     assert busy_slow >= 30, seen  # preempted while spinning, then waited for the two hogs
-    assert idle_slow <= 1, seen
+    # A SCHED_FIFO task on a free core is still late now and then on a VM: the hypervisor can take the
+    # vCPU away (steal time). CI once saw 2 slow of 60; a tenth is far below the contended share (~2/3).
+    assert idle_slow * 10 <= idle_total, seen
     assert ("runq", "idle") not in frame_busy.hists and ("runq", "contended") not in frame_idle.hists
