@@ -15,6 +15,7 @@ __all__ = [
     "CollectorError",
     "StillDown",
     "StoreError",
+    "DamagedStateError",
     "SloError",
     "AlertingError",
     "ModelError",
@@ -59,6 +60,13 @@ class StillDown(CollectorError):
 
 class StoreError(SitsError):
     """The series store refused data (cardinality cap, unknown series)."""
+
+
+class DamagedStateError(SitsError):
+    """A state database under ``state_dir`` is not a database or is damaged: every start would fail the same
+    way until it is moved aside or restored, so the CLI exits with code 2 (no restart loop)."""
+
+    exit_code = 2
 
 
 class SloError(SitsError):

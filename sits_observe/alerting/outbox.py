@@ -18,23 +18,23 @@ Deduplication by label fingerprint, per receiver:
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import AlertingError, SitsError
+from ..errors import AlertingError
+from ..statedb import StateFile, transaction
 from .formats import Alert
 
-__all__ = ["Message", "Outbox", "transaction"]
+__all__ = ["Message", "Outbox"]
 
 FAILED_KEPT = 1000
 
@@ -64,26 +64,6 @@ CREATE TABLE IF NOT EXISTS failed (
 """
 
 
-@contextlib.contextmanager
-def transaction(db: sqlite3.Connection, lock: threading.Lock,
-                error: Callable[[sqlite3.Error], SitsError]) -> Iterator[sqlite3.Connection]:
-    """``BEGIN IMMEDIATE`` ... ``COMMIT`` under ``lock`` (autocommit connection); sqlite errors raise ``error(exc)``."""
-    with lock:
-        try:
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                yield db
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-            db.execute("COMMIT")
-        except sqlite3.Error as exc:
-            if db.in_transaction:  # COMMIT itself failed (disk full, I/O error): or every later BEGIN fails
-                with contextlib.suppress(sqlite3.Error):
-                    db.execute("ROLLBACK")
-            raise error(exc) from exc
-
-
 @dataclass(frozen=True, slots=True)
 class Message:
     id: int
@@ -105,22 +85,17 @@ class Outbox:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self._lock = threading.Lock()
-        try:
-            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=10)
-        except sqlite3.Error as exc:
-            raise AlertingError(f"alert outbox {self.path}: {exc}; check state_dir") from exc
-        try:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            # FULL: a queued alert survives power loss before the SLO state that says it was announced
-            self._db.execute("PRAGMA synchronous=FULL")
-            self._db.executescript(_SCHEMA)
-            row = self._db.execute("SELECT value FROM meta WHERE key='instance'").fetchone()
-            if row is None:
-                row = (uuid.uuid4().hex[:12],)
-                self._db.execute("INSERT INTO meta VALUES ('instance', ?)", row)
-        except sqlite3.Error as exc:
-            self._db.close()  # a damaged file: leave no connection open behind the error
-            raise AlertingError(f"alert outbox {self.path}: {exc}; check state_dir") from exc
+        self._file = StateFile(self.path, "the alerts not yet delivered",
+                               lambda m: AlertingError(f"alert outbox {m}"))
+        # FULL: a queued alert survives power loss before the SLO state that says it was announced
+        self._db = self._file.connect("FULL", timeout=10, setup=self._setup)
+
+    def _setup(self, db: sqlite3.Connection) -> None:
+        db.executescript(_SCHEMA)
+        row = db.execute("SELECT value FROM meta WHERE key='instance'").fetchone()
+        if row is None:
+            row = (uuid.uuid4().hex[:12],)
+            db.execute("INSERT INTO meta VALUES ('instance', ?)", row)
         self.instance: str = row[0]
 
     def _read(self, sql: str, args: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import StoreError
+from ..statedb import StateFile
 from .verdict import Verdict
 
 __all__ = ["VerdictLog"]
@@ -36,14 +37,15 @@ class VerdictLog:
         self.keep = keep
         self._lock = threading.Lock()
         self._recent: deque[Verdict] = deque(maxlen=memory)
-        try:
-            self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute(_SCHEMA)
-            self._prune()
-            rows = self._db.execute("SELECT body FROM verdicts ORDER BY seq DESC LIMIT ?", (memory,)).fetchall()
-        except sqlite3.Error as exc:
-            raise StoreError(f"{path}: cannot open the verdict log: {exc}; check state_dir") from exc
+        rows: list[tuple[str]] = []
+
+        def setup(db: sqlite3.Connection) -> None:
+            db.execute(_SCHEMA)
+            self._prune(db)
+            rows.extend(db.execute("SELECT body FROM verdicts ORDER BY seq DESC LIMIT ?", (memory,)).fetchall())
+
+        file = StateFile(path, "the verdicts", lambda m: StoreError(f"verdict log {m}"))
+        self._db = file.connect("FULL", setup=setup)
         for (body,) in reversed(rows):
             self._recent.append(Verdict.from_dict(json.loads(body)))
 
@@ -53,20 +55,20 @@ class VerdictLog:
             try:
                 self._db.execute("INSERT INTO verdicts (id, ts, cause, confidence, body) VALUES (?, ?, ?, ?, ?)",
                                  (v.id, v.ts, v.cause, v.confidence, json.dumps(v.to_dict())))
-                self._prune()
+                self._prune(self._db)
             except sqlite3.Error as exc:
                 raise StoreError(f"{self.path}: cannot write a verdict: {exc}") from exc
 
-    def _prune(self) -> None:
+    def _prune(self, db: sqlite3.Connection) -> None:
         """Keep the newest ``keep`` rows (an index range delete on the primary key: cheap per append)."""
-        self._db.execute("DELETE FROM verdicts WHERE seq <= (SELECT MAX(seq) FROM verdicts) - ?", (self.keep,))
+        db.execute("DELETE FROM verdicts WHERE seq <= (SELECT MAX(seq) FROM verdicts) - ?", (self.keep,))
 
     def set_keep(self, keep: int) -> None:
         """SIGHUP: a new ``rca.keep_verdicts``, applied at once."""
         with self._lock:
             self.keep = keep
             try:
-                self._prune()
+                self._prune(self._db)
             except sqlite3.Error as exc:
                 raise StoreError(f"{self.path}: cannot prune the verdict log: {exc}") from exc
 

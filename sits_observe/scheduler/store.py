@@ -16,13 +16,13 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import SchedulerError
+from ..statedb import StateFile, transaction
 from .config import ShardSpec
 from .states import TERMINAL, NotFound, State, check_transition
 
@@ -118,17 +118,15 @@ class PlacementStore:
         self._lock = threading.RLock()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.execute("PRAGMA foreign_keys=ON")
-        except (OSError, sqlite3.Error) as exc:
+        except OSError as exc:
             raise SchedulerError(f"{self.path}: cannot open the scheduler database: {exc}") from exc
-        try:
-            self._migrate()
-        except SchedulerError:
-            self._db.close()
-            raise
+        self._db = StateFile(self.path, "the shards, placements and decision spans not yet exported",
+                             lambda m: SchedulerError(f"scheduler database {m}")).connect(setup=self._setup)
+
+    def _setup(self, db: sqlite3.Connection) -> None:
+        db.execute("PRAGMA foreign_keys=ON")
+        self._db = db
+        self._migrate()
 
     def _migrate(self) -> None:
         """Bring the file to :data:`SCHEMA_VERSION`, one transaction per migration; a newer file is refused."""
@@ -145,22 +143,8 @@ class PlacementStore:
                     db.execute(statement)
                 db.execute(f"PRAGMA user_version={version + 1}")
 
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            try:
-                self._db.execute("BEGIN IMMEDIATE")
-                try:
-                    yield self._db
-                except BaseException:
-                    self._db.execute("ROLLBACK")
-                    raise
-                self._db.execute("COMMIT")
-            except sqlite3.Error as exc:
-                with suppress(sqlite3.Error):  # COMMIT itself failed (disk full): or every later BEGIN fails
-                    if self._db.in_transaction:
-                        self._db.execute("ROLLBACK")
-                raise SchedulerError(f"{self.path}: {exc}") from exc
+    def _tx(self) -> AbstractContextManager[sqlite3.Connection]:
+        return transaction(self._db, self._lock, lambda e: SchedulerError(f"{self.path}: {e}"))
 
     def close(self) -> None:
         with self._lock:

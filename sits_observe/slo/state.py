@@ -30,8 +30,8 @@ from pathlib import Path
 import numpy as np
 
 from ..alerting.formats import Alert
-from ..alerting.outbox import transaction
 from ..errors import SloError
+from ..statedb import StateFile, transaction
 
 __all__ = ["SloState"]
 
@@ -59,22 +59,15 @@ class SloState:
         self.path = Path(path)
         self.names = list(names)
         self._lock = threading.Lock()
-        try:
-            self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        except sqlite3.Error as exc:
-            raise SloError(f"SLO state {self.path}: {exc}; check state_dir") from exc
-        try:
-            self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.execute("PRAGMA synchronous=NORMAL")
-            self.db.executescript(_SCHEMA)
-            with self._tx() as db:
-                self._reconcile(db, sli_keys, json.dumps([float(r) for r in levels]))
-        except sqlite3.Error as exc:
-            self.db.close()
-            raise SloError(f"SLO state {self.path}: {exc}; check state_dir") from exc
-        except BaseException:
-            self.db.close()
-            raise
+        self._file = StateFile(self.path, "the SLOs' history and the alerts announced",
+                               lambda m: SloError(f"SLO state {m}"))
+        self.db = self._file.connect(setup=lambda db: self._setup(db, sli_keys, levels))
+
+    def _setup(self, db: sqlite3.Connection, sli_keys: Sequence[str], levels: Sequence[float]) -> None:
+        db.executescript(_SCHEMA)
+        db.execute("BEGIN IMMEDIATE")  # a failure closes the connection, which rolls this back
+        self._reconcile(db, sli_keys, json.dumps([float(r) for r in levels]))
+        db.execute("COMMIT")
 
     def _tx(self) -> AbstractContextManager[sqlite3.Connection]:
         return transaction(self.db, self._lock, lambda e: SloError(f"SLO state {self.path}: {e}"))

@@ -6,7 +6,7 @@ import copy
 import pytest
 
 from sits_observe.config import parse
-from sits_observe.errors import SloError
+from sits_observe.errors import DamagedStateError, SloError
 from sits_observe.slo.evaluate import SloEngine
 
 from alert_receiver import Receiver
@@ -158,11 +158,11 @@ def test_a_damaged_state_or_outbox_file_leaves_no_database_open(tmp_path, receiv
     state_dir.mkdir(exist_ok=True)
     (state_dir / "slo.db").write_bytes(b"not a database" * 100)
     cfg = cfg.model_copy(update={"state_dir": str(state_dir)})
-    with pytest.raises(SloError, match="slo.db"):
+    with pytest.raises(DamagedStateError, match="slo.db"):
         SloEngine.from_config(cfg)
     (state_dir / "slo.db").unlink()
     (state_dir / "outbox.db").write_bytes(b"not a database" * 100)
-    with pytest.raises(Exception, match="outbox.db"):
+    with pytest.raises(DamagedStateError, match="outbox.db"):
         SloEngine.from_config(cfg)
     assert opened
     for db in opened:  # every connection the failed starts made is closed

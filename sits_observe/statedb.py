@@ -1,0 +1,87 @@
+"""The daemon's state databases (SQLite, WAL, one file each under ``state_dir``): open, translate, commit.
+
+A file that is not a database or whose pages are damaged will fail the same way on every start, so
+opening one raises :class:`~sits_observe.errors.DamagedStateError` (exit code 2: a restart loop cannot
+fix it) naming the file, what moving it aside loses, and how.  Any other sqlite error (locked, disk
+full, a directory that cannot be written) is the caller's own error class, as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from .errors import DamagedStateError, SitsError
+
+__all__ = ["StateFile", "transaction"]
+
+_DAMAGED = frozenset({"SQLITE_NOTADB", "SQLITE_CORRUPT"})
+
+
+class StateFile:
+    """One state database: its ``path``, what it holds (``holds``, said when it must be moved aside) and
+    the error class its other sqlite failures become (``error(message)``)."""
+
+    def __init__(self, path: str | Path, holds: str, error: Callable[[str], SitsError]) -> None:
+        self.path = Path(path)
+        self.holds = holds
+        self.error = error
+
+    def failure(self, exc: sqlite3.Error, hint: str = "") -> SitsError:
+        """The error to raise for ``exc``: damaged file, or the caller's class with ``hint`` appended."""
+        if getattr(exc, "sqlite_errorname", "") in _DAMAGED:
+            return self._damaged(str(exc))
+        return self.error(f"{self.path}: {exc}{hint}")
+
+    def _damaged(self, reason: str) -> DamagedStateError:
+        return DamagedStateError(
+            f"{self.path}: damaged ({reason}); move it aside (mv {self.path} {self.path}.damaged) and start "
+            f"again to begin with an empty one ({self.holds} it holds are lost), or restore it from a backup")
+
+    def connect(self, synchronous: str = "NORMAL", timeout: float = 5.0,
+                setup: Callable[[sqlite3.Connection], None] | None = None) -> sqlite3.Connection:
+        """An autocommit connection in WAL mode, shared between threads, checked (``quick_check``: every page
+        of a state file is read, milliseconds for the sizes kept here) and with ``setup(db)`` (schema,
+        migrations) run on it; on any failure the connection is closed before the error is raised."""
+        try:
+            db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=timeout)
+        except sqlite3.Error as exc:
+            raise self.failure(exc, "; check state_dir") from exc
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute(f"PRAGMA synchronous={synchronous}")
+            problems = [row[0] for row in db.execute("PRAGMA quick_check(3)")]
+            if problems != ["ok"]:
+                raise self._damaged("; ".join(p.replace("\n", " ") for p in problems))
+            if setup is not None:
+                setup(db)
+        except sqlite3.Error as exc:
+            db.close()
+            raise self.failure(exc, "; check state_dir") from exc
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+
+@contextlib.contextmanager
+def transaction(db: sqlite3.Connection, lock: threading.Lock | threading.RLock,
+                error: Callable[[sqlite3.Error], SitsError]) -> Iterator[sqlite3.Connection]:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT`` under ``lock`` (autocommit connection); sqlite errors raise ``error(exc)``."""
+    with lock:
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if db.in_transaction:  # COMMIT itself failed (disk full, I/O error): or every later BEGIN fails
+                with contextlib.suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
+            raise error(exc) from exc
