@@ -264,7 +264,7 @@ class Scheduler:
                          (("state", state.value),), float(n))
         yield Sample("sits_scheduler_spans_dropped_total", "counter",
                      "ShardDecisionSpans never exported: not stored (database error), more than otlp.max_queue "
-                     "waiting, or unreadable.", (), float(self.tracer.dropped))
+                     "waiting, unreadable, or refused by the collector for good.", (), float(self.tracer.dropped))
         yield Sample("sits_scheduler_spans_pending", "gauge",
                      "ShardDecisionSpans stored in scheduler.sqlite and not exported yet.", (), float(pending))
 

@@ -10,6 +10,13 @@ what a wake (a new span) found ``otlp.schedule_delay`` seconds later, and looks 
 ``IDLE_CHECK_S`` seconds anyway.  Storage is bounded: the newest ``otlp.max_queue`` spans are kept (older
 ones are deleted and counted as dropped).  Exports and trims hold one lock, so a span in flight is never
 trimmed: what is stored during an export is trimmed when it ends.
+
+A span the collector refuses for good (a 400: a value it cannot take) must not hold back the spans after
+it, yet the exporter reports that the same way as a collector that is down.  So a failed request is
+followed at once by an empty one (valid OTLP, no data): refused too, the collector is down (back-off as
+above); accepted, the request was refused for its spans, and the next one carries half as many (each
+accepted request doubles the size again, up to ``BATCH``), at once, until the span is alone.  A span refused
+alone ``STRIKES`` times in a row, each time with the empty request accepted, is dropped (logged, counted).
 """
 
 from __future__ import annotations
@@ -37,7 +44,8 @@ __all__ = ["SpanSender", "readable", "BATCH"]
 
 log = logging.getLogger("sits_observe.scheduler")
 
-BATCH = 512  # spans per export request
+BATCH = 512  # spans per export request (at most)
+STRIKES = 2  # a span refused alone this often in a row, the collector up each time, is dropped
 RETRY_INITIAL_S, RETRY_MAX_S, JITTER = 1.0, 60.0, 0.1
 IDLE_CHECK_S = 10.0  # a span stored without a wake (its decision's walk raised after the write) waits no longer
 
@@ -67,12 +75,15 @@ class SpanSender(threading.Thread):
         super().__init__(name="sits-span-export", daemon=True)
         self.store, self.exporter, self.cfg = store, exporter, cfg
         self.rng = rng or random.Random()
-        self.dropped = 0  # spans never exported: not stored, over otlp.max_queue, or unreadable
+        self.dropped = 0  # spans never exported: not stored, over otlp.max_queue, unreadable, or refused
         self.failures = 0  # attempts failed in a row
         self._count = threading.Lock()
         self._sending = threading.Lock()  # exports and trims: a span is never in two requests, nor trimmed in one
         self._delivered: list[int] = []  # exported and not deleted yet (the database refused): never sent again
         self._trim_due = False  # a span was stored: trim as soon as no export holds _sending
+        self._limit = BATCH  # spans in the next request: halved after a failure, doubled after a success
+        self._suspect: int | None = None  # the span last refused alone, while the collector was up
+        self._strikes = 0  # how often in a row
         self._wake, self._halt = threading.Event(), threading.Event()
         self._stop_by = math.inf
         self._tidy()  # a max_queue lowered since the last run applies at once
@@ -156,20 +167,25 @@ class SpanSender(threading.Thread):
 
     def _send(self, deadline: float = math.inf) -> bool:
         """Export stored spans oldest first, a batch at a time while ``deadline`` (monotonic) has not passed;
-        True when none is left.  A failed attempt ends it: its spans stay stored.  A stop ends it by its own
+        True when none is left.  A failed request while the collector is down ends it: its spans stay stored.  A stop ends it by its own
         deadline too, also a send that began before it (a backlog of many requests).  Under ``_sending``."""
         try:
             self._tidy()  # first what an earlier attempt exported and could not delete
             while time.monotonic() < min(deadline, self._stop_by):
-                batch = self._batch()
+                batch = self._batch(self._limit)
                 if not batch:
                     self._succeeded()
                     return True
                 if why := self._export(batch):
+                    if self._export([]) is None:  # the collector is up: it refused this request's spans
+                        self._refused(batch)
+                        continue
                     return self._failed(logging.WARNING, f"OTLP export of {len(batch)} ShardDecisionSpan(s) failed "
                                         f"({why}); they stay in {self.store.path} and are sent again with back-off")
                 self._delivered = [q for q, _ in batch]
                 self._tidy()
+                self._suspect, self._strikes = None, 0
+                self._limit = min(BATCH, 2 * self._limit)
                 self._succeeded()
             return not self.store.pending_spans(1)
         except SchedulerError as exc:  # the database itself (disk full, closed at shutdown)
@@ -190,9 +206,24 @@ class SpanSender(threading.Thread):
             log.info("scheduler: sending ShardDecisionSpans works again")
         self.failures = 0
 
-    def _batch(self) -> list[tuple[int, ReadableSpan]]:
-        """The oldest stored spans, rebuilt; one that cannot be rebuilt is deleted (counted as dropped)."""
-        while rows := self.store.pending_spans(BATCH):
+    def _refused(self, batch: list[tuple[int, ReadableSpan]]) -> None:
+        """A request failed while the collector was up: halve the next one; a span refused alone ``STRIKES``
+        times in a row is dropped."""
+        if len(batch) > 1:
+            self._limit = max(1, len(batch) // 2)
+            return
+        seq = batch[0][0]
+        self._suspect, self._strikes = seq, (self._strikes + 1 if seq == self._suspect else 1)
+        if self._strikes >= STRIKES:
+            log.error("scheduler: OTLP collector refused ShardDecisionSpan %d of %s alone %d times while it "
+                      "accepted an empty request; dropped (the collector's log says why)", seq, self.store.path,
+                      self._strikes)
+            self._drop(self.store.drop_spans([seq]))
+            self._suspect, self._strikes, self._limit = None, 0, BATCH
+
+    def _batch(self, n: int) -> list[tuple[int, ReadableSpan]]:
+        """The oldest ``n`` stored spans, rebuilt; one that cannot be rebuilt is deleted (counted as dropped)."""
+        while rows := self.store.pending_spans(n):
             batch, bad = [], []
             for seq, body in rows:
                 try:

@@ -266,10 +266,10 @@ class PlacementStore:
         with self._tx() as db:
             return db.execute("SELECT seq, body FROM spans ORDER BY seq LIMIT ?", (limit,)).fetchall()
 
-    def drop_spans(self, seqs: list[int]) -> None:
-        """Delete spans: exported, or never to be."""
+    def drop_spans(self, seqs: list[int]) -> int:
+        """Delete spans: exported, or never to be; returns how many were still stored."""
         with self._tx() as db:
-            db.executemany("DELETE FROM spans WHERE seq=?", [(q,) for q in seqs])
+            return db.executemany("DELETE FROM spans WHERE seq=?", [(q,) for q in seqs]).rowcount
 
     def trim_spans(self, keep: int) -> int:
         """Keep the newest ``keep`` spans; returns how many were deleted."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -14,10 +15,17 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 
 class Receiver:
-    """An OTLP/HTTP trace endpoint on a free loopback port keeping every decoded request."""
+    """An OTLP/HTTP trace endpoint on a free loopback port keeping every decoded request it accepts.
+
+    ``refuse(span)`` true for any span of a request answers it 400 Bad Request, as a collector does for a
+    value it cannot take; ``deny`` (a status code) answers every request so, as one without the right token
+    does (such requests are counted in ``refused``, not kept)."""
 
     def __init__(self) -> None:
         self.requests: list[ExportTraceServiceRequest] = []
+        self.refused = 0
+        self.refuse: Callable[[Any], bool] = lambda span: False
+        self.deny: int | None = None
         self.got = threading.Event()
         outer = self
 
@@ -26,6 +34,13 @@ class Receiver:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 req = ExportTraceServiceRequest()
                 req.ParseFromString(body)
+                spans = [span for rs in req.resource_spans for ss in rs.scope_spans for span in ss.spans]
+                if outer.deny or any(outer.refuse(span) for span in spans):
+                    outer.refused += 1
+                    self.send_response(outer.deny or 400)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 outer.requests.append(req)
                 outer.got.set()
                 out = ExportTraceServiceResponse().SerializeToString()

@@ -387,3 +387,82 @@ def test_a_trim_the_database_refuses_does_not_refuse_a_started_reshard(make_sche
     assert [p.kind for p in s.store.placements("tp2", live=True)] == ["reshard"]  # it moved: launched, source retired
     (line,) = [r for r in caplog.records if "disk is full" in r.getMessage()]
     assert line.levelno == logging.ERROR and "not trimmed" in line.getMessage() and line.exc_info is None
+
+
+def _poisoned(receiver: Receiver, bad: set[str]) -> None:
+    receiver.refuse = lambda span: attributes(span).get("shard.id") in bad
+
+
+def _flush_until_done(s: Scheduler, tries: int = 40) -> int:
+    """Attempts (each ends at its first failed request) until nothing is left; how many it took."""
+    for n in range(1, tries + 1):
+        if s.tracer.flush():
+            return n
+    return tries + 1
+
+
+@pytest.mark.parametrize("bad", [{"s5"}, {"s0"}, {"s39"}, {"s5", "s6"}, {"s3", "s20", "s21"}])
+def test_spans_the_collector_refuses_for_good_are_dropped_and_hold_back_none_after_them(
+        make_scheduler: Callable[..., Scheduler], receiver: Receiver, bad: set[str],
+        caplog: pytest.LogCaptureFixture) -> None:
+    _poisoned(receiver, bad)
+    s = make_scheduler(otlp=OtlpConfig(endpoint=receiver.url, schedule_delay=60))
+    s.on_tick(frame(1000.0))
+    register(s, 40)  # 40 spans stored, sent oldest first; a 400 for any request holding a bad one
+    with caplog.at_level(logging.ERROR, logger="sits_observe.scheduler"):
+        assert _flush_until_done(s) == 1  # the collector is up: no back-off, one attempt
+    got = [attributes(sp)["shard.id"] for _, sp in receiver.spans()]
+    assert sorted(got) == sorted(f"s{i}" for i in range(40) if f"s{i}" not in bad)  # each good one once
+    assert s.store.span_backlog() == 0 and s.tracer.dropped == len(bad)
+    assert sum("refused ShardDecisionSpan" in r.getMessage() for r in caplog.records) == len(bad)
+
+
+@pytest.mark.parametrize("deny", [401, 404])
+def test_a_collector_that_refuses_every_request_loses_nothing(make_scheduler: Callable[..., Scheduler],
+                                                              receiver: Receiver, deny: int) -> None:
+    receiver.deny = deny  # a token missing, a wrong path: the probes are refused too
+    s = make_scheduler(otlp=OtlpConfig(endpoint=receiver.url, schedule_delay=60))
+    s.on_tick(frame(1000.0))
+    register(s, 12)
+    assert _flush_until_done(s, tries=30) == 31 and receiver.refused >= 30
+    assert s.store.span_backlog() == 12 and s.tracer.dropped == 0
+    receiver.deny = None  # fixed: every span goes, once
+    assert _flush_until_done(s) < 10
+    assert sorted(attributes(sp)["shard.id"] for _, sp in receiver.spans()) == sorted(f"s{i}" for i in range(12))
+    assert s.tracer.dropped == 0
+
+
+@pytest.mark.parametrize("outage", [1, 2, 5, 30])
+def test_a_collector_down_then_up_loses_nothing_however_the_attempts_fall(
+        make_scheduler: Callable[..., Scheduler], outage: int) -> None:
+    exporter = FlakyExporter()  # down for `outage` attempts: batches halve to one span, probes fail too
+    s = make_scheduler(exporter=exporter, otlp=OtlpConfig(schedule_delay=60))
+    s.on_tick(frame(1000.0))
+    register(s, 9)
+    for _ in range(outage):
+        assert not s.tracer.flush()
+    exporter.down = None
+    assert s.tracer.flush()
+    assert sorted(sp.attributes["shard.id"] for sp in exporter.accepted.get_finished_spans()) == sorted(
+        f"s{i}" for i in range(9))
+    assert s.store.span_backlog() == 0 and s.tracer.dropped == 0
+
+
+def test_the_sender_thread_gets_past_a_refused_span(tmp_path: Path, receiver: Receiver,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(span_outbox, "RETRY_INITIAL_S", 0.01)
+    monkeypatch.setattr(span_outbox, "RETRY_MAX_S", 0.05)
+    _poisoned(receiver, {"s2"})
+    s = Scheduler(SchedulerConfig(), OtlpConfig(endpoint=receiver.url, schedule_delay=0.01), preset("pcie-8"),
+                  tmp_path, clock=lambda: 1000.0)
+    try:
+        s.on_tick(frame(1000.0))
+        register(s, 10)
+        deadline = time.monotonic() + 30
+        while len(receiver.spans()) < 9 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        got = sorted(attributes(sp)["shard.id"] for _, sp in receiver.spans())
+    finally:
+        s.close()
+    assert got == sorted(f"s{i}" for i in range(10) if i != 2)
+    assert s.tracer.dropped == 1
