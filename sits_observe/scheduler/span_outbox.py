@@ -167,8 +167,9 @@ class SpanSender(threading.Thread):
 
     def _send(self, deadline: float = math.inf) -> bool:
         """Export stored spans oldest first, a batch at a time while ``deadline`` (monotonic) has not passed;
-        True when none is left.  A failed request while the collector is down ends it: its spans stay stored.  A stop ends it by its own
-        deadline too, also a send that began before it (a backlog of many requests).  Under ``_sending``."""
+        True when none is left.  A request failed while the collector is down ends it: its spans stay
+        stored.  A stop ends it by its own deadline too, also a send that began before it (a backlog of
+        many requests).  Under ``_sending``."""
         try:
             self._tidy()  # first what an earlier attempt exported and could not delete
             while time.monotonic() < min(deadline, self._stop_by):
