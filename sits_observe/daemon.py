@@ -21,13 +21,14 @@ from prometheus_client import Histogram
 from prometheus_client.registry import CollectorRegistry
 
 from . import __version__
+from .clock import Clock
 from .config import Config
 from .errors import SitsError, StillDown, StoreError
 from .frame import BucketLayout, Frame, Sample
 from .store import SeriesStore
 from .topology import Topology
 
-__all__ = ["Source", "Consumer", "Daemon", "SimClock", "WallClock"]
+__all__ = ["Source", "Consumer", "Daemon"]
 
 log = logging.getLogger("sits_observe.daemon")
 
@@ -42,41 +43,6 @@ class Consumer(Protocol):
     name: str
 
     def on_tick(self, frame: Frame, store: SeriesStore) -> None: ...
-
-
-class WallClock:
-    """Real time: one tick per ``interval`` wall seconds."""
-
-    def __init__(self, interval: float) -> None:
-        self.interval = interval
-        self.wall_interval = interval
-        self._last: float | None = None
-
-    def next_ts(self) -> float:
-        return time.time()
-
-    def elapsed(self, ts: float) -> float:
-        """What the tick at ``ts`` covers: the configured interval, or more after a late tick (a slow
-        source), so per-second rates of its deltas are not inflated; never less."""
-        last, self._last = self._last, ts
-        return self.interval if last is None else max(self.interval, min(ts - last, 60 * self.interval))
-
-
-class SimClock:
-    """Simulated time starting at ``start``: each tick advances ``interval``; ``speed`` ticks per wall interval."""
-
-    def __init__(self, interval: float, speed: float, start: float) -> None:
-        self.interval = interval
-        self.wall_interval = interval / speed
-        self._ts = start
-
-    def next_ts(self) -> float:
-        self._ts += self.interval
-        return self._ts
-
-    def elapsed(self, ts: float) -> float:
-        """Simulated ticks are never late."""
-        return self.interval
 
 
 CLOSE_TIMEOUT = 10.0  # seconds :meth:`Daemon.close` waits for the parts (inside the shipped unit's TimeoutStopSec=15)
@@ -101,7 +67,7 @@ class Daemon:
     """Holds the pipeline; subsystems are optional and set by :mod:`sits_observe.wiring`."""
 
     config: Config
-    clock: WallClock | SimClock
+    clock: Clock
     topology: Topology | None = None
     sources: list[Any] = field(default_factory=list)
     consumers: list[Any] = field(default_factory=list)

@@ -15,8 +15,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .clock import SimClock, WallClock
 from .config import Config
-from .daemon import Daemon, SimClock, WallClock
+from .daemon import Daemon
 from .errors import ConfigError, SitsError
 
 __all__ = ["build_daemon"]

@@ -17,8 +17,9 @@ import numpy as np
 from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
 
 from ..argtypes import NON_NEGATIVE_INT, POSITIVE_FLOAT, POSITIVE_INT
+from ..clock import WallClock
 from ..config import parse
-from ..daemon import Daemon, WallClock
+from ..daemon import Daemon
 from ..frame import GPU_FIELD_INDEX, GPU_FIELDS, STAGES, BucketLayout, Frame, GpuFrame, GpuInfo
 from .http import create_app
 

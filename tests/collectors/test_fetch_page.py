@@ -23,7 +23,8 @@ from sits_observe.collectors.promtext import fetch_page
 from sits_observe.collectors.resolve import MAX_LOOKUPS
 from sits_observe.collectors.sources import build_sources
 from sits_observe.config import parse
-from sits_observe.daemon import Daemon, WallClock
+from sits_observe.daemon import Daemon
+from sits_observe.clock import WallClock
 from sits_observe.errors import CollectorError
 from sits_observe.frame import Frame
 

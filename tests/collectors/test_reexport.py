@@ -14,7 +14,8 @@ from sits_observe.collectors.dcgm import DcgmSource
 from sits_observe.collectors.nvml import NvmlSource
 from sits_observe.collectors.sources import build_sources
 from sits_observe.config import parse
-from sits_observe.daemon import Daemon, WallClock
+from sits_observe.daemon import Daemon
+from sits_observe.clock import WallClock
 from sits_observe.export.http import create_app
 from sits_observe.topology import Topology
 

@@ -6,7 +6,8 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from sits_observe.config import parse
-from sits_observe.daemon import Daemon, WallClock
+from sits_observe.daemon import Daemon
+from sits_observe.clock import WallClock
 from sits_observe.frame import GPU_FIELDS, GpuFrame, GpuInfo, Sample
 from sits_observe.export.http import create_app
 from sits_observe.topology import preset

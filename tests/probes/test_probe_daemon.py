@@ -11,7 +11,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from probe_helpers import OFF
 from sits_observe.config import parse
-from sits_observe.daemon import Daemon, WallClock
+from sits_observe.daemon import Daemon
+from sits_observe.clock import WallClock
 from sits_observe.export.http import create_app
 from sits_observe.probes.source import ProbeSource
 

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from sits_observe.config import parse
-from sits_observe.daemon import Daemon, SimClock
+from sits_observe.daemon import Daemon
+from sits_observe.clock import SimClock
 from sits_observe.export.http import create_app
 from sits_observe.frame import Frame, GpuFrame, GpuInfo
 from sits_observe.rca.config import RcaConfig

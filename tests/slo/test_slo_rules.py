@@ -13,7 +13,8 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from sits_observe.config import parse
-from sits_observe.daemon import Daemon, WallClock
+from sits_observe.daemon import Daemon
+from sits_observe.clock import WallClock
 from sits_observe.export.http import create_app
 from sits_observe.slo.evaluate import SloEngine
 from sits_observe.slo.rules import dump_rules, rule_groups

@@ -102,7 +102,8 @@ def test_bench_prints_one_json_object():
 
 def test_a_sighup_that_changes_servers_workloads_or_probes_says_they_need_a_restart(tmp_path, caplog):
     from sits_observe.config import parse
-    from sits_observe.daemon import Daemon, SimClock
+    from sits_observe.daemon import Daemon
+    from sits_observe.clock import SimClock
 
     cfg = parse({"state_dir": str(tmp_path), "gpu": {"backend": "none"}}, env={})
     daemon = Daemon(config=cfg, clock=SimClock(1.0, 100.0, start=1000.0))
@@ -120,7 +121,8 @@ def test_a_sighup_that_changes_servers_workloads_or_probes_says_they_need_a_rest
 
 def test_a_sighup_rejecting_several_mistakes_logs_one_record_on_one_line(tmp_path, caplog):
     from sits_observe.config import load, parse
-    from sits_observe.daemon import Daemon, SimClock
+    from sits_observe.daemon import Daemon
+    from sits_observe.clock import SimClock
 
     cfg = parse({"state_dir": str(tmp_path), "gpu": {"backend": "none"}}, env={})
     daemon = Daemon(config=cfg, clock=SimClock(1.0, 100.0, start=1000.0))

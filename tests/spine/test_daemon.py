@@ -8,7 +8,8 @@ import pytest
 
 from sits_observe.collectors.servers import ServerSource
 from sits_observe.config import parse
-from sits_observe.daemon import Daemon, WallClock
+from sits_observe.daemon import Daemon
+from sits_observe.clock import WallClock
 from sits_observe.errors import CollectorError, StillDown
 from sits_observe.export.http import create_app
 from sits_observe.frame import GPU_FIELDS, BucketLayout, GpuFrame, GpuInfo, HistDelta

@@ -17,7 +17,8 @@ import pytest
 import yaml
 
 from sits_observe.config import parse
-from sits_observe.daemon import Daemon, SimClock, WallClock
+from sits_observe.daemon import Daemon
+from sits_observe.clock import SimClock, WallClock
 from sits_observe.errors import ConfigError
 
 DEMO_DEFAULTS = Path(__file__).parents[2] / "sits_observe" / "demo.yaml"
