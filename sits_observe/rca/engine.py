@@ -148,10 +148,11 @@ class RcaEngine:
         self._proba = {c: float(p) for c, p in zip(m.classes, proba)}
         k = int(proba.argmax())
         cause = str(m.decide(proba[None], self.cfg.min_confidence, self.cfg.healthy_min_confidence)[0])
+        network = "fallback" if m.fallback is not None and m.lacking(raw[None])[0] else "main"
         if cause in (HEALTHY, UNKNOWN):
-            return Verdict(cause, round(float(proba[k]), 4), ts, trigger=trigger)
+            return Verdict(cause, round(float(proba[k]), 4), ts, trigger=trigger, network=network)
         ex = explain(m, raw, base, k, store, self.cfg.top_features)
-        return Verdict(cause, round(float(proba[k]), 4), ts, ex.gpus, ex.stages, ex.top_features, trigger)
+        return Verdict(cause, round(float(proba[k]), 4), ts, ex.gpus, ex.stages, ex.top_features, trigger, network)
 
     def record(self, v: Verdict, burning: Sequence[str] = ()) -> None:
         """Store and count ``v``, annotate the ``burning`` SLOs' alerts, hand it to the scheduler.

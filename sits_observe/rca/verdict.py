@@ -34,6 +34,8 @@ class Verdict:
     ``gpus`` and ``stages`` are ranked by their contribution to the verdict (most implicated first);
     ``top_features`` pairs feature names with their occlusion contribution (drop in the cause's
     probability when the feature is replaced by its typical value).  ``ts`` is the source clock.
+    ``network`` says which of the model file's networks scored the window: ``main``, or ``fallback`` for a
+    window lacking a whole optional feature group (docs/rca.md).
     """
 
     cause: str
@@ -43,6 +45,7 @@ class Verdict:
     stages: tuple[str, ...] = ()
     top_features: tuple[tuple[str, float], ...] = ()
     trigger: str = "periodic"
+    network: str = "main"
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
 
     @property
@@ -67,5 +70,6 @@ class Verdict:
             stages=tuple(str(s) for s in d.get("stages", ())),
             top_features=tuple((str(f["feature"]), float(f["contribution"])) for f in d.get("top_features", ())),
             trigger=str(d.get("trigger", "periodic")),
+            network=str(d.get("network", "main")),  # verdicts stored before the field: one-network files
             id=str(d.get("id") or uuid.uuid4().hex[:16]),
         )

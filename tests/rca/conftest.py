@@ -43,3 +43,19 @@ def synth_fixture() -> Callable[..., Dataset]:
 def tiny_model() -> RcaModel:
     return train(synth(), TrainOptions(window=16, epochs=10, hidden=(16, 8), batch=64, patience=10, stride=2, margin=5,
                                       threads=1))
+
+
+def _untrained(features: tuple[str, ...], seed: int) -> RcaModel:
+    import torch
+
+    from sits_observe.rca.model import Normalizer
+
+    torch.manual_seed(seed)
+    ones = np.ones(len(features), dtype=np.float32)
+    return RcaModel.new(features, ("healthy", "scheduler_stall"), 8, (6, 4), 0.0, Normalizer(ones, 0 * ones, ones))
+
+
+@pytest.fixture
+def untrained() -> Callable[[tuple[str, ...], int], RcaModel]:
+    """A model with random weights (window 8, two classes, identity normalization) over ``features``."""
+    return _untrained

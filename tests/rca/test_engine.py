@@ -5,15 +5,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from sits_observe.clock import SimClock
 from sits_observe.config import parse
 from sits_observe.daemon import Daemon
-from sits_observe.clock import SimClock
 from sits_observe.export.http import create_app
 from sits_observe.frame import Frame, GpuFrame, GpuInfo
 from sits_observe.rca.config import RcaConfig
@@ -303,3 +304,26 @@ def test_a_verdict_the_log_cannot_store_is_still_annotated_and_handed_on(tmp_pat
     engine.log._db.execute("PRAGMA query_only=OFF")
     daemon.tick()
     assert daemon.health["rca"].last_error is None and engine.log.count() == 2
+
+
+def test_a_verdict_says_which_network_scored_it_and_keeps_it_in_the_log(
+        tmp_path: Path, untrained: Callable[..., RcaModel]) -> None:
+    features = ("stage.e2e.p99", "gpu.backlog_utilization_ratio.min", "gpu.backlog_utilization_ratio.mean")
+    model = untrained(features, 1)
+    model.fallback = untrained(features, 2)
+    path = tmp_path / "m.pt"
+    model.save(path)
+    cfg = _config(tmp_path, path, every=1)
+    engine = RcaEngine(cfg.rca, cfg.state_dir)
+    raw = np.random.default_rng(0).random((8, 3)).astype(np.float32)
+    base = raw[0].copy()
+    whole = engine.classify(raw, base, 1000.0, "periodic")
+    raw[:, 1:] = np.nan  # no replica reported a backlog in the window: the fallback scores it
+    lacking = engine.classify(raw, base, 1001.0, "periodic")
+    assert (whole.network, lacking.network) == ("main", "fallback")
+    engine.record(lacking)
+    engine.close()
+    log = VerdictLog(tmp_path / "rca.sqlite")
+    assert [v["network"] for v in log.recent()] == ["fallback"]
+    log.close()
+    assert Verdict.from_dict({"cause": "healthy", "confidence": 0.9, "ts": 1.0}).network == "main"  # older rows

@@ -176,22 +176,12 @@ def test_the_head_reads_window_statistics_beside_the_lstms(tiny_model: RcaModel)
         assert not torch.allclose(before, net(x))
 
 
-def _untrained(features: tuple[str, ...], seed: int) -> RcaModel:
-    import torch
-
-    from sits_observe.rca.model import Normalizer
-
-    torch.manual_seed(seed)
-    ones = np.ones(len(features), dtype=np.float32)
-    return RcaModel.new(features, ("healthy", "scheduler_stall"), 8, (6, 4), 0.0, Normalizer(ones, 0 * ones, ones))
-
-
-def test_windows_lacking_an_optional_group_are_scored_by_the_fallback(tmp_path: Path) -> None:
+def test_windows_lacking_an_optional_group_are_scored_by_the_fallback(tmp_path: Path, untrained: Callable[..., RcaModel]) -> None:
     import torch
 
     features = ("stage.e2e.p99", "gpu.backlog_utilization_ratio.min", "gpu.backlog_utilization_ratio.mean",
                 "gpu.serving_utilization_ratio.min")
-    model, fallback = _untrained(features, 1), _untrained(features, 2)
+    model, fallback = untrained(features, 1), untrained(features, 2)
     model.fallback = fallback
     raw = np.random.default_rng(0).random((4, 8, 4)).astype(np.float32)
     raw[1, :, 1:3] = np.nan  # no backlog at any step: the fallback's
@@ -217,11 +207,11 @@ def test_windows_lacking_an_optional_group_are_scored_by_the_fallback(tmp_path: 
         RcaModel.load(path)
 
 
-def test_relative_only_features_are_never_seen_as_levels(tmp_path: Path) -> None:
+def test_relative_only_features_are_never_seen_as_levels(tmp_path: Path, untrained: Callable[..., RcaModel]) -> None:
     from sits_observe.rca.model import encode
 
     features = ("stage.e2e.p99", "gpu.sm_clock_hertz.mean", "gpu.backlog_utilization_ratio.min")
-    model = _untrained(features, 1)
+    model = untrained(features, 1)
     model.relative_only = ("gpu.sm_clock_hertz.mean",)
     raw = np.random.default_rng(0).random((3, 8, 3)).astype(np.float32) + 1.0
     base = np.ones((3, 3), dtype=np.float32)
