@@ -12,11 +12,15 @@ ones are deleted and counted as dropped).  Exports and trims hold one lock, so a
 trimmed: what is stored during an export is trimmed when it ends.
 
 A span the collector refuses for good (a 400: a value it cannot take) must not hold back the spans after
-it, yet the exporter reports that the same way as a collector that is down.  So a failed request is
-followed at once by an empty one (valid OTLP, no data): refused too, the collector is down (back-off as
-above); accepted, the request was refused for its spans, and the next one carries half as many (each
-accepted request doubles the size again, up to ``BATCH``), at once, until the span is alone.  A span refused
-alone ``STRIKES`` times in a row, each time with the empty request accepted, is dropped (logged, counted).
+it, yet the exporter reports that the same way as a collector that is down.  So a request that failed
+quickly (well within ``otlp.timeout``: not a hung or retrying collector) is followed at once by an empty
+one (valid OTLP, no data).  Refused too, the collector is down or refuses everything (back-off as above).
+Accepted, the next request, at once, carries half as many spans (each accepted request doubles the size
+again, up to ``BATCH``), until one span fails alone.  Then the newest stored span is sent alone: if the
+collector takes it, it is taking data and refused that span for its own sake (a strike); if not, the
+strikes are cleared; with no other span stored, nothing is concluded.  A span struck ``STRIKES`` times
+in a row, a back-off apart, is dropped (logged, counted); any sign of a collector down clears the strikes.  A collector shedding load (every span
+refused, empty requests accepted) therefore loses nothing.
 """
 
 from __future__ import annotations
@@ -45,7 +49,8 @@ __all__ = ["SpanSender", "readable", "BATCH"]
 log = logging.getLogger("sits_observe.scheduler")
 
 BATCH = 512  # spans per export request (at most)
-STRIKES = 2  # a span refused alone this often in a row, the collector up each time, is dropped
+STRIKES = 2  # a span refused alone while the collector took a newer one, this often in a row, is dropped
+QUICK = 0.8  # a failure within this share of otlp.timeout may be a refusal; a slower one is a collector down
 RETRY_INITIAL_S, RETRY_MAX_S, JITTER = 1.0, 60.0, 0.1
 IDLE_CHECK_S = 10.0  # a span stored without a wake (its decision's walk raised after the write) waits no longer
 
@@ -82,7 +87,7 @@ class SpanSender(threading.Thread):
         self._delivered: list[int] = []  # exported and not deleted yet (the database refused): never sent again
         self._trim_due = False  # a span was stored: trim as soon as no export holds _sending
         self._limit = BATCH  # spans in the next request: halved after a failure, doubled after a success
-        self._suspect: int | None = None  # the span last refused alone, while the collector was up
+        self._suspect: int | None = None  # the span last refused alone while the collector took a newer one
         self._strikes = 0  # how often in a row
         self._wake, self._halt = threading.Event(), threading.Event()
         self._stop_by = math.inf
@@ -177,9 +182,9 @@ class SpanSender(threading.Thread):
                 if not batch:
                     self._succeeded()
                     return True
+                started = time.monotonic()
                 if why := self._export(batch):
-                    if self._export([]) is None:  # the collector is up: it refused this request's spans
-                        self._refused(batch)
+                    if self._refused(batch, time.monotonic() - started, min(deadline, self._stop_by)):
                         continue
                     return self._failed(logging.WARNING, f"OTLP export of {len(batch)} ShardDecisionSpan(s) failed "
                                         f"({why}); they stay in {self.store.path} and are sent again with back-off")
@@ -207,24 +212,39 @@ class SpanSender(threading.Thread):
             log.info("scheduler: sending ShardDecisionSpans works again")
         self.failures = 0
 
-    def _refused(self, batch: list[tuple[int, ReadableSpan]]) -> None:
-        """A request failed while the collector was up: halve the next one; a span refused alone ``STRIKES``
-        times in a row is dropped."""
+    def _refused(self, batch: list[tuple[int, ReadableSpan]], took: float, deadline: float) -> bool:
+        """After a failed request: True when the collector refused it for its spans and the attempt goes on
+        at once (with half as many spans, or without the span dropped); False for a back-off."""
+        if (self._halt.is_set() or took >= QUICK * self.cfg.timeout or time.monotonic() >= deadline
+                or self._export([]) is not None):
+            self._strikes = 0  # down, hung, or stopping
+            return False
         if len(batch) > 1:
             self._limit = max(1, len(batch) // 2)
-            return
+            return True
         seq = batch[0][0]
-        self._suspect, self._strikes = seq, (self._strikes + 1 if seq == self._suspect else 1)
-        if self._strikes >= STRIKES:
-            log.error("scheduler: OTLP collector refused ShardDecisionSpan %d of %s alone %d times while it "
-                      "accepted an empty request; dropped (the collector's log says why)", seq, self.store.path,
-                      self._strikes)
-            self._drop(self.store.drop_spans([seq]))
-            self._suspect, self._strikes, self._limit = None, 0, BATCH
+        probe = self._batch(1, newest=True)
+        if not probe or probe[0][0] == seq:
+            return False  # nothing else to try: no evidence either way, the strikes stay
+        if self._export(probe) is not None:
+            self._strikes = 0  # it takes no data at all (shedding load)
+            return False
+        self._delivered = [probe[0][0]]
+        self._tidy()
+        self._strikes = self._strikes + 1 if seq == self._suspect else 1
+        self._suspect = seq
+        if self._strikes < STRIKES:
+            return False  # once more after the back-off
+        log.error("scheduler: OTLP collector refused ShardDecisionSpan %d of %s alone %d times in a row while it "
+                  "took a newer one; dropped (the collector's log says why)", seq, self.store.path, self._strikes)
+        self._drop(self.store.drop_spans([seq]))
+        self._suspect, self._strikes, self._limit = None, 0, BATCH
+        return True
 
-    def _batch(self, n: int) -> list[tuple[int, ReadableSpan]]:
-        """The oldest ``n`` stored spans, rebuilt; one that cannot be rebuilt is deleted (counted as dropped)."""
-        while rows := self.store.pending_spans(n):
+    def _batch(self, n: int, newest: bool = False) -> list[tuple[int, ReadableSpan]]:
+        """The oldest (or newest) ``n`` stored spans, rebuilt; one that cannot be rebuilt is deleted (counted
+        as dropped)."""
+        while rows := self.store.pending_spans(n, newest):
             batch, bad = [], []
             for seq, body in rows:
                 try:

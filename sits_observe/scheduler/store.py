@@ -261,10 +261,11 @@ class PlacementStore:
         with self._tx() as db:
             self._insert_span(db, span)
 
-    def pending_spans(self, limit: int) -> list[tuple[int, str]]:
-        """The oldest ``limit`` spans stored (none is exported yet), as (seq, JSON body)."""
+    def pending_spans(self, limit: int, newest: bool = False) -> list[tuple[int, str]]:
+        """The oldest (or newest) ``limit`` spans stored (none is exported yet), as (seq, JSON body)."""
         with self._tx() as db:
-            return db.execute("SELECT seq, body FROM spans ORDER BY seq LIMIT ?", (limit,)).fetchall()
+            order = "DESC" if newest else "ASC"
+            return db.execute(f"SELECT seq, body FROM spans ORDER BY seq {order} LIMIT ?", (limit,)).fetchall()
 
     def drop_spans(self, seqs: list[int]) -> int:
         """Delete spans: exported, or never to be; returns how many were still stored."""

@@ -110,18 +110,24 @@ def test_spans_of_a_process_killed_before_export_are_sent_by_the_next_start(tmp_
 
 
 class FlakyExporter(SpanExporter):
-    """Fails (``down="fail"``) or raises (``down="raise"``) while down; records the span ids of every try."""
+    """Fails (``down="fail"``) or raises (``down="raise"``) while down, or (``down="busy"``) fails every
+    request with spans and accepts empty ones, as a collector shedding load does; records the span ids of
+    every try with spans and counts the empty ones."""
 
     def __init__(self) -> None:
         self.down: str | None = "fail"
         self.tries: list[list[str]] = []
+        self.empty = 0
         self.accepted = InMemorySpanExporter()
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        self.tries.append([f"{s.context.span_id:016x}" for s in spans])
+        if not spans:
+            self.empty += 1
+        else:
+            self.tries.append([f"{s.context.span_id:016x}" for s in spans])
         if self.down == "raise":
             raise ConnectionError("collector gone")
-        if self.down == "fail":
+        if self.down == "fail" or (self.down == "busy" and spans):
             return SpanExportResult.FAILURE
         return self.accepted.export(spans)
 
@@ -401,7 +407,7 @@ def _flush_until_done(s: Scheduler, tries: int = 40) -> int:
     return tries + 1
 
 
-@pytest.mark.parametrize("bad", [{"s5"}, {"s0"}, {"s39"}, {"s5", "s6"}, {"s3", "s20", "s21"}])
+@pytest.mark.parametrize("bad", [{"s5"}, {"s0"}, {"s37"}, {"s5", "s6"}, {"s3", "s20", "s21"}])
 def test_spans_the_collector_refuses_for_good_are_dropped_and_hold_back_none_after_them(
         make_scheduler: Callable[..., Scheduler], receiver: Receiver, bad: set[str],
         caplog: pytest.LogCaptureFixture) -> None:
@@ -410,7 +416,7 @@ def test_spans_the_collector_refuses_for_good_are_dropped_and_hold_back_none_aft
     s.on_tick(frame(1000.0))
     register(s, 40)  # 40 spans stored, sent oldest first; a 400 for any request holding a bad one
     with caplog.at_level(logging.ERROR, logger="sits_observe.scheduler"):
-        assert _flush_until_done(s) == 1  # the collector is up: no back-off, one attempt
+        assert _flush_until_done(s) == len(bad) + 1  # each bad span: struck, a back-off, struck and dropped
     got = [attributes(sp)["shard.id"] for _, sp in receiver.spans()]
     assert sorted(got) == sorted(f"s{i}" for i in range(40) if f"s{i}" not in bad)  # each good one once
     assert s.store.span_backlog() == 0 and s.tracer.dropped == len(bad)
@@ -432,20 +438,66 @@ def test_a_collector_that_refuses_every_request_loses_nothing(make_scheduler: Ca
     assert s.tracer.dropped == 0
 
 
-@pytest.mark.parametrize("outage", [1, 2, 5, 30])
-def test_a_collector_down_then_up_loses_nothing_however_the_attempts_fall(
-        make_scheduler: Callable[..., Scheduler], outage: int) -> None:
-    exporter = FlakyExporter()  # down for `outage` attempts: batches halve to one span, probes fail too
+def test_a_refused_span_with_none_after_it_waits_for_newer_ones_to_probe_with(
+        make_scheduler: Callable[..., Scheduler], receiver: Receiver) -> None:
+    _poisoned(receiver, {"s4"})
+    s = make_scheduler(otlp=OtlpConfig(endpoint=receiver.url, schedule_delay=60))
+    s.on_tick(frame(1000.0))
+    register(s, 5)
+    assert _flush_until_done(s, tries=12) == 13  # alone, it cannot be told from a collector refusing data
+    assert s.store.span_backlog() == 1 and s.tracer.dropped == 0
+    register(s, 1, start=5)
+    assert not s.tracer.flush()  # s5 taken alone while s4 is refused alone: one strike
+    register(s, 1, start=6)
+    assert s.tracer.flush()  # and a second
+    assert sorted(attributes(sp)["shard.id"] for _, sp in receiver.spans()) == ["s0", "s1", "s2", "s3", "s5", "s6"]
+    assert s.store.span_backlog() == 0 and s.tracer.dropped == 1
+
+
+def test_a_collector_shedding_load_loses_nothing(make_scheduler: Callable[..., Scheduler]) -> None:
+    exporter = FlakyExporter()
+    exporter.down = "busy"  # every request with spans refused, empty ones accepted (a memory limiter)
+    s = make_scheduler(exporter=exporter, otlp=OtlpConfig(schedule_delay=60))
+    s.on_tick(frame(1000.0))
+    register(s, 12)
+    assert _flush_until_done(s, tries=30) == 31 and exporter.empty >= 30
+    assert s.store.span_backlog() == 12 and s.tracer.dropped == 0
+    exporter.down = None
+    assert _flush_until_done(s) == 1
+    assert sorted(sp.attributes["shard.id"] for sp in exporter.accepted.get_finished_spans()) == sorted(
+        f"s{i}" for i in range(12))
+    assert s.tracer.dropped == 0
+
+
+def test_a_collector_back_before_the_probe_takes_the_rest_at_once(make_scheduler: Callable[..., Scheduler]) -> None:
+    class BackAfterOne(FlakyExporter):
+        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+            result = super().export(spans)
+            self.down = None  # the first request failed; the collector is up from the next one on
+            return result
+
+    exporter = BackAfterOne()
     s = make_scheduler(exporter=exporter, otlp=OtlpConfig(schedule_delay=60))
     s.on_tick(frame(1000.0))
     register(s, 9)
-    for _ in range(outage):
-        assert not s.tracer.flush()
-    exporter.down = None
-    assert s.tracer.flush()
-    assert sorted(sp.attributes["shard.id"] for sp in exporter.accepted.get_finished_spans()) == sorted(
-        f"s{i}" for i in range(9))
+    assert s.tracer.flush()  # the failed 9, an accepted empty request, then halves: 4, 5 (doubled to 8)
+    assert [len(t) for t in exporter.tries] == [9, 4, 5] and exporter.empty == 1
     assert s.store.span_backlog() == 0 and s.tracer.dropped == 0
+
+
+def test_a_slow_failure_is_a_collector_down_and_is_not_probed(make_scheduler: Callable[..., Scheduler]) -> None:
+    class SlowFailure(FlakyExporter):
+        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+            if spans:
+                time.sleep(0.2)  # the exporter retried until its timeout: not a refusal
+            return super().export(spans)
+
+    exporter = SlowFailure()
+    s = make_scheduler(exporter=exporter, otlp=OtlpConfig(schedule_delay=60, timeout=0.25))
+    s.on_tick(frame(1000.0))
+    register(s, 4)
+    assert not s.tracer.flush() and not s.tracer.flush()
+    assert exporter.empty == 0 and [len(t) for t in exporter.tries] == [4, 4]
 
 
 def test_the_sender_thread_gets_past_a_refused_span(tmp_path: Path, receiver: Receiver,
