@@ -18,7 +18,7 @@ from .errors import DamagedStateError, SitsError
 
 __all__ = ["StateFile", "transaction"]
 
-_DAMAGED = frozenset({"SQLITE_NOTADB", "SQLITE_CORRUPT"})
+_DAMAGED = frozenset({11, 26})  # SQLITE_CORRUPT, SQLITE_NOTADB (primary codes: extended ones add high bits)
 
 
 class StateFile:
@@ -32,14 +32,17 @@ class StateFile:
 
     def failure(self, exc: sqlite3.Error, hint: str = "") -> SitsError:
         """The error to raise for ``exc``: damaged file, or the caller's class with ``hint`` appended."""
-        if getattr(exc, "sqlite_errorname", "") in _DAMAGED:
+        if getattr(exc, "sqlite_errorcode", 0) & 0xFF in _DAMAGED:
             return self._damaged(str(exc))
         return self.error(f"{self.path}: {exc}{hint}")
 
     def _damaged(self, reason: str) -> DamagedStateError:
+        # with its -wal and -shm files: a WAL left behind is deleted by the next start, and what it held lost
+        aside = self.path.parent / "damaged"
         return DamagedStateError(
-            f"{self.path}: damaged ({reason}); move it aside (mv {self.path} {self.path}.damaged) and start "
-            f"again to begin with an empty one ({self.holds} it holds are lost), or restore it from a backup")
+            f"{self.path}: damaged ({reason}); move it and its -wal/-shm files aside (mkdir -p {aside} && mv "
+            f"{self.path}* {aside}/) and start again to begin with an empty one ({self.holds} it holds are lost), "
+            f"or restore it from a backup")
 
     def connect(self, synchronous: str = "NORMAL", timeout: float = 5.0,
                 setup: Callable[[sqlite3.Connection], None] | None = None) -> sqlite3.Connection:
