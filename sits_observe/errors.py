@@ -15,6 +15,7 @@ __all__ = [
     "CollectorError",
     "StillDown",
     "StoreError",
+    "StateFileError",
     "DamagedStateError",
     "SloError",
     "AlertingError",
@@ -62,11 +63,16 @@ class StoreError(SitsError):
     """The series store refused data (cardinality cap, unknown series)."""
 
 
-class DamagedStateError(SitsError):
-    """A state database under ``state_dir`` is not a database or is damaged: every start would fail the same
-    way until it is moved aside or restored, so the CLI exits with code 2 (no restart loop)."""
+class StateFileError(SitsError):
+    """A state database under ``state_dir`` this version cannot use (written by a newer version, or
+    damaged): every start would fail the same way until it is moved aside or restored, so the CLI exits
+    with code 2 (no restart loop)."""
 
     exit_code = 2
+
+
+class DamagedStateError(StateFileError):
+    """A state database that is not a database or whose pages are damaged."""
 
 
 class SloError(SitsError):

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import SchedulerError
+from ..errors import SchedulerError, StateFileError
 from ..statedb import StateFile, transaction
 from .config import ShardSpec
 from .states import TERMINAL, NotFound, State, check_transition
@@ -134,7 +134,7 @@ class PlacementStore:
             with self._tx() as db:
                 version = db.execute("PRAGMA user_version").fetchone()[0]
                 if version > SCHEMA_VERSION:
-                    raise SchedulerError(
+                    raise StateFileError(
                         f"{self.path}: schema version {version} is newer than this sits-observe knows "
                         f"({SCHEMA_VERSION}); run the version that wrote it, or move the file away")
                 if version == SCHEMA_VERSION:

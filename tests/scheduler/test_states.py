@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sits_observe.errors import SchedulerError
+from sits_observe.errors import SchedulerError, StateFileError
 from sits_observe.scheduler.config import ShardSpec
 from sits_observe.scheduler.states import TRANSITIONS, NotFound, State
 from sits_observe.scheduler.store import DB_NAME, SCHEMA_VERSION, PlacementStore, SpanRecord
@@ -134,9 +134,10 @@ def test_a_file_from_before_schema_versions_is_migrated_keeping_its_rows(tmp_pat
 def test_a_file_from_a_newer_version_is_refused(tmp_path: Path) -> None:
     with closing(sqlite3.connect(tmp_path / DB_NAME)) as db, db:
         db.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
-    with pytest.raises(SchedulerError, match=f"scheduler.sqlite: schema version {SCHEMA_VERSION + 1} is newer than "
-                                             f"this sits-observe knows \\({SCHEMA_VERSION}\\)"):
+    with pytest.raises(StateFileError, match=f"scheduler.sqlite: schema version {SCHEMA_VERSION + 1} is newer than "
+                                             f"this sits-observe knows \\({SCHEMA_VERSION}\\)") as err:
         PlacementStore(tmp_path)
+    assert err.value.exit_code == 2  # a restart cannot fix it: systemd does not loop on it
 
 
 def test_a_version_2_file_keeps_its_unexported_spans_only(tmp_path: Path) -> None:
