@@ -135,6 +135,13 @@ class FlakyExporter(SpanExporter):
         pass
 
 
+@pytest.fixture
+def no_sender_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the test's flush() calls send: no sender thread races them (its send at start-up, its retries),
+    so the requests counted are the test's own."""
+    monkeypatch.setattr(span_outbox.SpanSender, "start", lambda self: None)
+
+
 def register(s: Scheduler, n: int, start: int = 0) -> None:
     for i in range(start, start + n):
         s.register_shard({"id": f"s{i}", "gpus": 1, "memory_per_gpu": GiB})
@@ -160,7 +167,7 @@ def test_failed_exports_keep_spans_and_send_them_again_with_the_same_ids(
     assert s.tracer.flush() and len(exporter.accepted.get_finished_spans()) == 2  # nothing is sent twice
 
 
-def test_span_storage_is_bounded(make_scheduler: Callable[..., Scheduler]) -> None:
+def test_span_storage_is_bounded(make_scheduler: Callable[..., Scheduler], no_sender_thread: None) -> None:
     exporter = FlakyExporter()
     s = make_scheduler(exporter=exporter, otlp=OtlpConfig(schedule_delay=60, max_queue=3))
     s.on_tick(frame(1000.0))
@@ -410,7 +417,7 @@ def _flush_until_done(s: Scheduler, tries: int = 40) -> int:
 @pytest.mark.parametrize("bad", [{"s5"}, {"s0"}, {"s37"}, {"s5", "s6"}, {"s3", "s20", "s21"}])
 def test_spans_the_collector_refuses_for_good_are_dropped_and_hold_back_none_after_them(
         make_scheduler: Callable[..., Scheduler], receiver: Receiver, bad: set[str],
-        caplog: pytest.LogCaptureFixture) -> None:
+        caplog: pytest.LogCaptureFixture, no_sender_thread: None) -> None:
     _poisoned(receiver, bad)
     s = make_scheduler(otlp=OtlpConfig(endpoint=receiver.url, schedule_delay=60))
     s.on_tick(frame(1000.0))
@@ -425,7 +432,8 @@ def test_spans_the_collector_refuses_for_good_are_dropped_and_hold_back_none_aft
 
 @pytest.mark.parametrize("deny", [401, 404])
 def test_a_collector_that_refuses_every_request_loses_nothing(make_scheduler: Callable[..., Scheduler],
-                                                              receiver: Receiver, deny: int) -> None:
+                                                              receiver: Receiver, deny: int,
+                                                              no_sender_thread: None) -> None:
     receiver.deny = deny  # a token missing, a wrong path: the probes are refused too
     s = make_scheduler(otlp=OtlpConfig(endpoint=receiver.url, schedule_delay=60))
     s.on_tick(frame(1000.0))
@@ -439,7 +447,7 @@ def test_a_collector_that_refuses_every_request_loses_nothing(make_scheduler: Ca
 
 
 def test_a_refused_span_with_none_after_it_waits_for_newer_ones_to_probe_with(
-        make_scheduler: Callable[..., Scheduler], receiver: Receiver) -> None:
+        make_scheduler: Callable[..., Scheduler], receiver: Receiver, no_sender_thread: None) -> None:
     _poisoned(receiver, {"s4"})
     s = make_scheduler(otlp=OtlpConfig(endpoint=receiver.url, schedule_delay=60))
     s.on_tick(frame(1000.0))
@@ -454,7 +462,8 @@ def test_a_refused_span_with_none_after_it_waits_for_newer_ones_to_probe_with(
     assert s.store.span_backlog() == 0 and s.tracer.dropped == 1
 
 
-def test_a_collector_shedding_load_loses_nothing(make_scheduler: Callable[..., Scheduler]) -> None:
+def test_a_collector_shedding_load_loses_nothing(make_scheduler: Callable[..., Scheduler],
+                                                 no_sender_thread: None) -> None:
     exporter = FlakyExporter()
     exporter.down = "busy"  # every request with spans refused, empty ones accepted (a memory limiter)
     s = make_scheduler(exporter=exporter, otlp=OtlpConfig(schedule_delay=60))
@@ -469,7 +478,8 @@ def test_a_collector_shedding_load_loses_nothing(make_scheduler: Callable[..., S
     assert s.tracer.dropped == 0
 
 
-def test_a_collector_back_before_the_probe_takes_the_rest_at_once(make_scheduler: Callable[..., Scheduler]) -> None:
+def test_a_collector_back_before_the_probe_takes_the_rest_at_once(make_scheduler: Callable[..., Scheduler],
+                                                                  no_sender_thread: None) -> None:
     class BackAfterOne(FlakyExporter):
         def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
             result = super().export(spans)
@@ -485,7 +495,8 @@ def test_a_collector_back_before_the_probe_takes_the_rest_at_once(make_scheduler
     assert s.store.span_backlog() == 0 and s.tracer.dropped == 0
 
 
-def test_a_slow_failure_is_a_collector_down_and_is_not_probed(make_scheduler: Callable[..., Scheduler]) -> None:
+def test_a_slow_failure_is_a_collector_down_and_is_not_probed(make_scheduler: Callable[..., Scheduler],
+                                                              no_sender_thread: None) -> None:
     class SlowFailure(FlakyExporter):
         def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
             if spans:
