@@ -12,15 +12,18 @@ ones are deleted and counted as dropped).  Exports and trims hold one lock, so a
 trimmed: what is stored during an export is trimmed when it ends.
 
 A span the collector refuses for good (a 400: a value it cannot take) must not hold back the spans after
-it, yet the exporter reports that the same way as a collector that is down.  So a request that failed
-quickly (well within ``otlp.timeout``: not a hung or retrying collector) is followed at once by an empty
-one (valid OTLP, no data).  Refused too, the collector is down or refuses everything (back-off as above).
-Accepted, the next request, at once, carries half as many spans (each accepted request doubles the size
-again, up to ``BATCH``), until one span fails alone.  Then the newest stored span is sent alone: if the
-collector takes it, it is taking data and refused that span for its own sake (a strike); if not, the
-strikes are cleared; with no other span stored, nothing is concluded.  A span struck ``STRIKES`` times
-in a row, a back-off apart, is dropped (logged, counted); any sign of a collector down clears the strikes.  A collector shedding load (every span
-refused, empty requests accepted) therefore loses nothing.
+it, yet the exporter reports that the same way as a collector that is down.  The exporter retries what
+may pass (429, 502-504, connection errors), waiting a second or more first, so a failure back within
+``QUICK_S`` was an answer, not an outage.  Only such a failure is followed at once by an empty request
+(valid OTLP, no data).  Refused too, the collector refuses everything (a token, a path): back-off as
+above.  Accepted, the next request, at once, carries half as many spans (each accepted request doubles the
+size again, up to ``BATCH``, or for ``CAP_S`` up to the last size refused), until one span fails alone.  Then the newest
+stored span is sent alone: if the collector takes it, it refused the other for its own sake (a strike);
+if not, the strikes are cleared; with no other span stored, nothing is concluded.  A span struck
+``STRIKES`` times in a row, a back-off apart, is dropped (logged, counted), and any sign of a collector
+down clears its strikes.  So a collector down, overloaded (its 503s are retried, hence slow) or shedding
+load (every span refused at once, empty requests accepted) loses nothing; a refused span whose newer
+spans are refused too holds them back as before, until ``otlp.max_queue`` trims it.
 """
 
 from __future__ import annotations
@@ -50,7 +53,8 @@ log = logging.getLogger("sits_observe.scheduler")
 
 BATCH = 512  # spans per export request (at most)
 STRIKES = 2  # a span refused alone while the collector took a newer one, this often in a row, is dropped
-QUICK = 0.8  # a failure within this share of otlp.timeout may be a refusal; a slower one is a collector down
+QUICK_S = 0.5  # a failure back within this many seconds was not retried by the exporter: an answer, not an outage
+CAP_S = 600.0  # a size refused (a request size limit) bounds the batches this long, or until a span is dropped
 RETRY_INITIAL_S, RETRY_MAX_S, JITTER = 1.0, 60.0, 0.1
 IDLE_CHECK_S = 10.0  # a span stored without a wake (its decision's walk raised after the write) waits no longer
 
@@ -86,7 +90,8 @@ class SpanSender(threading.Thread):
         self._sending = threading.Lock()  # exports and trims: a span is never in two requests, nor trimmed in one
         self._delivered: list[int] = []  # exported and not deleted yet (the database refused): never sent again
         self._trim_due = False  # a span was stored: trim as soon as no export holds _sending
-        self._limit = BATCH  # spans in the next request: halved after a failure, doubled after a success
+        self._limit = BATCH  # spans in the next request: halved after a refusal, doubled after a success
+        self._cap, self._cap_until = BATCH, 0.0  # up to this: the last size refused (a request size limit)
         self._suspect: int | None = None  # the span last refused alone while the collector took a newer one
         self._strikes = 0  # how often in a row
         self._wake, self._halt = threading.Event(), threading.Event()
@@ -190,8 +195,10 @@ class SpanSender(threading.Thread):
                                         f"({why}); they stay in {self.store.path} and are sent again with back-off")
                 self._delivered = [q for q, _ in batch]
                 self._tidy()
+                if batch[0][0] == self._suspect or time.monotonic() >= self._cap_until:
+                    self._cap = BATCH  # the refusals were the suspect's (passing now), or are old
                 self._suspect, self._strikes = None, 0
-                self._limit = min(BATCH, 2 * self._limit)
+                self._limit = min(self._cap, 2 * self._limit)
                 self._succeeded()
             return not self.store.pending_spans(1)
         except SchedulerError as exc:  # the database itself (disk full, closed at shutdown)
@@ -215,16 +222,16 @@ class SpanSender(threading.Thread):
     def _refused(self, batch: list[tuple[int, ReadableSpan]], took: float, deadline: float) -> bool:
         """After a failed request: True when the collector refused it for its spans and the attempt goes on
         at once (with half as many spans, or without the span dropped); False for a back-off."""
-        if (self._halt.is_set() or took >= QUICK * self.cfg.timeout or time.monotonic() >= deadline
-                or self._export([]) is not None):
-            self._strikes = 0  # down, hung, or stopping
+        if took >= QUICK_S or self._stopping(deadline) or self._export([]) is not None:
+            self._strikes = 0  # down, retried, hung, or stopping
             return False
         if len(batch) > 1:
-            self._limit = max(1, len(batch) // 2)
+            self._limit = self._cap = max(1, len(batch) // 2)
+            self._cap_until = time.monotonic() + CAP_S
             return True
         seq = batch[0][0]
         probe = self._batch(1, newest=True)
-        if not probe or probe[0][0] == seq:
+        if not probe or probe[0][0] == seq or self._stopping(deadline):
             return False  # nothing else to try: no evidence either way, the strikes stay
         if self._export(probe) is not None:
             self._strikes = 0  # it takes no data at all (shedding load)
@@ -238,8 +245,11 @@ class SpanSender(threading.Thread):
         log.error("scheduler: OTLP collector refused ShardDecisionSpan %d of %s alone %d times in a row while it "
                   "took a newer one; dropped (the collector's log says why)", seq, self.store.path, self._strikes)
         self._drop(self.store.drop_spans([seq]))
-        self._suspect, self._strikes, self._limit = None, 0, BATCH
+        self._suspect, self._strikes, self._limit, self._cap = None, 0, BATCH, BATCH  # explained: no size limit
         return True
+
+    def _stopping(self, deadline: float) -> bool:
+        return self._halt.is_set() or time.monotonic() >= deadline
 
     def _batch(self, n: int, newest: bool = False) -> list[tuple[int, ReadableSpan]]:
         """The oldest (or newest) ``n`` stored spans, rebuilt; one that cannot be rebuilt is deleted (counted

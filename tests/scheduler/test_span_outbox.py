@@ -478,20 +478,23 @@ def test_a_collector_shedding_load_loses_nothing(make_scheduler: Callable[..., S
     assert s.tracer.dropped == 0
 
 
+@pytest.mark.parametrize(("cap_s", "sizes"), [(600.0, [9, 4, 4, 1]), (0.0, [9, 4, 5])])
 def test_a_collector_back_before_the_probe_takes_the_rest_at_once(make_scheduler: Callable[..., Scheduler],
-                                                                  no_sender_thread: None) -> None:
+                                                                  monkeypatch: pytest.MonkeyPatch, cap_s: float,
+                                                                  sizes: list[int], no_sender_thread: None) -> None:
     class BackAfterOne(FlakyExporter):
         def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
             result = super().export(spans)
             self.down = None  # the first request failed; the collector is up from the next one on
             return result
 
+    monkeypatch.setattr(span_outbox, "CAP_S", cap_s)
     exporter = BackAfterOne()
     s = make_scheduler(exporter=exporter, otlp=OtlpConfig(schedule_delay=60))
     s.on_tick(frame(1000.0))
     register(s, 9)
-    assert s.tracer.flush()  # the failed 9, an accepted empty request, then halves: 4, 5 (doubled to 8)
-    assert [len(t) for t in exporter.tries] == [9, 4, 5] and exporter.empty == 1
+    assert s.tracer.flush()  # the failed 9, an accepted empty request, then half as many: 4, and 4 again while
+    assert [len(t) for t in exporter.tries] == sizes and exporter.empty == 1  # the size refused bounds them
     assert s.store.span_backlog() == 0 and s.tracer.dropped == 0
 
 
@@ -500,15 +503,45 @@ def test_a_slow_failure_is_a_collector_down_and_is_not_probed(make_scheduler: Ca
     class SlowFailure(FlakyExporter):
         def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
             if spans:
-                time.sleep(0.2)  # the exporter retried until its timeout: not a refusal
+                time.sleep(0.6)  # the exporter retried a 503 or a refused connection (it waits 1 s or more)
             return super().export(spans)
 
     exporter = SlowFailure()
-    s = make_scheduler(exporter=exporter, otlp=OtlpConfig(schedule_delay=60, timeout=0.25))
+    s = make_scheduler(exporter=exporter, otlp=OtlpConfig(schedule_delay=60))
     s.on_tick(frame(1000.0))
     register(s, 4)
     assert not s.tracer.flush() and not s.tracer.flush()
     assert exporter.empty == 0 and [len(t) for t in exporter.tries] == [4, 4]
+
+
+def _struck_once(make_scheduler: Callable[..., Scheduler], receiver: Receiver, n: int) -> Scheduler:
+    """``n`` spans stored, s0 refused for good: one attempt ends with s0 struck once (s{n-1} taken alone)."""
+    _poisoned(receiver, {"s0"})
+    s = make_scheduler(otlp=OtlpConfig(endpoint=receiver.url, schedule_delay=60))
+    s.on_tick(frame(1000.0))
+    register(s, n)
+    assert not s.tracer.flush() and s.tracer.dropped == 0
+    return s
+
+
+def test_a_collector_down_between_strikes_clears_them(make_scheduler: Callable[..., Scheduler], receiver: Receiver,
+                                                      no_sender_thread: None) -> None:
+    s = _struck_once(make_scheduler, receiver, 6)
+    receiver.deny = 401  # down for one attempt: the empty request refused too
+    assert not s.tracer.flush()
+    receiver.deny = None
+    assert not s.tracer.flush() and s.tracer.dropped == 0  # struck once again: the first strike was cleared
+    assert s.tracer.flush() and s.tracer.dropped == 1
+    assert sorted(attributes(sp)["shard.id"] for _, sp in receiver.spans()) == [f"s{i}" for i in range(1, 6)]
+
+
+def test_strikes_wait_through_an_attempt_with_nothing_to_probe_with(make_scheduler: Callable[..., Scheduler],
+                                                                    receiver: Receiver, no_sender_thread: None) -> None:
+    s = _struck_once(make_scheduler, receiver, 2)  # s1 taken as the probe: s0 alone is left
+    assert not s.tracer.flush() and s.store.span_backlog() == 1  # nothing to probe with: no conclusion
+    register(s, 1, start=2)
+    assert s.tracer.flush() and s.tracer.dropped == 1  # the strike before the lone attempt still counts
+    assert sorted(attributes(sp)["shard.id"] for _, sp in receiver.spans()) == ["s1", "s2"]
 
 
 def test_the_sender_thread_gets_past_a_refused_span(tmp_path: Path, receiver: Receiver,
