@@ -60,3 +60,13 @@ def test_a_burst_of_verdicts_between_polls_is_read_whole() -> None:
         rca.add(t, "cpu_contention")
     log.refresh(ctx)  # type: ignore[arg-type]
     assert [n for n, _ in log.after(0, 0)] == list(range(1, 41))
+
+
+def test_a_verdict_of_the_fallback_network_says_so_on_hover() -> None:
+    from sits_observe.ui.pages.causes import verdict_trace
+
+    base = {"cause": "scheduler_stall", "confidence": 0.95, "ts": 1000.0, "trigger": "slo_burn", "gpus": [3],
+            "stages": ["decode"]}
+    text = verdict_trace([base | {"network": "main"}, base | {"network": "fallback"}, base])["text"]
+    assert ["fallback network" in t for t in text] == [False, True, False]
+    assert all("trigger slo_burn" in t and "GPUs 3" in t for t in text)

@@ -117,7 +117,8 @@ class Timeline:
 def _verdict_points(verdicts: list[dict[str, Any]]) -> dict[str, list[Any]]:
     return {
         "x": [round(float(v.get("ts", 0)) * 1000) for v in verdicts], "y": [v.get("cause") for v in verdicts],
-        "text": [f"{v.get('cause')} ({float(v.get('confidence', 0)):.2f}), trigger {v.get('trigger', '?')}<br>"
+        "text": [f"{v.get('cause')} ({float(v.get('confidence', 0)):.2f}), trigger {v.get('trigger', '?')}"
+                 f"{', by the fallback network' if v.get('network') == 'fallback' else ''}<br>"
                  f"GPUs {', '.join(map(str, v.get('gpus') or [])) or '-'}; "
                  f"stages {', '.join(v.get('stages') or []) or '-'}" for v in verdicts],
         "color": [float(v.get("confidence", 0)) for v in verdicts],
@@ -125,7 +126,8 @@ def _verdict_points(verdicts: list[dict[str, Any]]) -> dict[str, list[Any]]:
 
 
 def verdict_trace(verdicts: list[dict[str, Any]]) -> dict[str, Any]:
-    """Markers: one per verdict, colour = confidence; hover names the GPUs and stages implicated."""
+    """Markers: one per verdict, colour = confidence; hover names the trigger, the GPUs and stages implicated and
+    the fallback network when it scored the window."""
     pts = _verdict_points(verdicts)
     return {"type": "scatter", "mode": "markers", "name": "verdict", "xaxis": "x", "yaxis": "y2", "showlegend": False,
             "x": pts["x"], "y": pts["y"], "text": pts["text"],
