@@ -2,7 +2,8 @@
 
 Each tick writes one row of each ring; the per-tick path allocates nothing per series (new series only
 extend a registry, up to ``max_series``; rings grow by doubling, never per tick).  Readers get copies
-of windows, oldest first.  Cumulative histogram totals for export are kept beside the rings, so a
+of windows, oldest first, gathered for the asked series only (never a copy of every series: a reader
+holds the lock that the tick and the scrape need).  Cumulative histogram totals for export are kept beside the rings, so a
 scrape never walks the history.  All methods are thread-safe (one lock; writes hold it briefly).
 """
 
@@ -199,13 +200,13 @@ class SeriesStore:
             rows = self._rows(last)
             if not cols:
                 return np.zeros((len(rows), self.layout.n), dtype=np.uint64)
-            return self._hcounts[rows][:, cols].sum(axis=1, dtype=np.uint64)
+            return self._hcounts[np.ix_(rows, cols)].sum(axis=1, dtype=np.uint64)
 
     def hist_sum_window(self, stage: str, workload: str | None = None, last: int | None = None) -> np.ndarray:
         with self._lock:
             cols = self.hists.rows_for(stage, workload)
             rows = self._rows(last)
-            return self._hsum[rows][:, cols].sum(axis=1) if cols else np.zeros(len(rows))
+            return self._hsum[np.ix_(rows, cols)].sum(axis=1) if cols else np.zeros(len(rows))
 
     def quantile_series(self, q: float, stage: str, workload: str | None = None,
                         last: int | None = None) -> np.ndarray:
@@ -274,7 +275,7 @@ class SeriesStore:
             rows = self._rows(last)
             if not cols:
                 return np.full(len(rows), np.nan)
-            vals = self._gauges[rows][:, cols]
+            vals = self._gauges[np.ix_(rows, cols)]
             with np.errstate(invalid="ignore"):
                 out = np.nansum(vals, axis=1)
             out[np.isnan(vals).all(axis=1)] = np.nan
@@ -285,7 +286,7 @@ class SeriesStore:
         with self._lock:
             cols = self.counters.rows_for(name, workload)
             rows = self._rows(last)
-            return self._counters[rows][:, cols].sum(axis=1) if cols else np.zeros(len(rows))
+            return self._counters[np.ix_(rows, cols)].sum(axis=1) if cols else np.zeros(len(rows))
 
     def gauge_latest(self) -> list[tuple[str, str, float]]:
         with self._lock:
