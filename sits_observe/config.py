@@ -153,6 +153,10 @@ class Config(Section):
         if v is not None and not v.get_secret_value().strip():
             raise ValueError("must not be empty (a blank bearer token would let anyone in); leave it unset to "
                              "turn mutating API calls off")
+        if v is not None and v.get_secret_value() != v.get_secret_value().strip():
+            # the HTTP server strips a header value's ends, so such a token could never match
+            raise ValueError("must not begin or end with whitespace (a YAML block scalar adds a newline); "
+                             "remove it")
         return v
 
     @field_validator("listen")

@@ -115,6 +115,11 @@ def create_app(daemon: Daemon, *, ui: bool = True) -> Flask:
     return app
 
 
+# any request body over this is refused (413) by waitress from its headers, before it is read (its own default
+# is 1 GiB, buffered to temporary files); the API's bodies are under 1 KiB, the UI's callbacks a few KiB
+MAX_REQUEST_BODY = 8 << 20
+
+
 class Server:
     """waitress on the configured address, in a daemon thread; port in use -> ConfigError."""
 
@@ -124,7 +129,7 @@ class Server:
 
         try:
             self._server = create_server(app, host=host, port=port, threads=threads, ident="sits-observe",
-                                         clear_untrusted_proxy_headers=True)
+                                         clear_untrusted_proxy_headers=True, max_request_body_size=MAX_REQUEST_BODY)
         except (OSError, ValueError) as exc:  # waitress raises ValueError for a host that does not resolve
             why = ("is in use" if getattr(exc, "errno", None) == errno.EADDRINUSE
                    else f"cannot be bound ({getattr(exc, 'strerror', None) or exc})")

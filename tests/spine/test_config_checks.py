@@ -63,6 +63,7 @@ def test_yaml_nested_too_deep_is_one_line(tmp_path):
     [
         ("SITS_LOG_LEVEL", "verbose", "SITS_LOG_LEVEL: log_level: Input should be"),
         ("SITS_API_TOKEN", " ", "SITS_API_TOKEN: api_token: must not be empty"),
+        ("SITS_API_TOKEN", "s3cret\n", "SITS_API_TOKEN: api_token: must not begin or end with whitespace"),
         ("SITS_LISTEN", "foo", "SITS_LISTEN: listen: must be host:port"),
     ],
 )
