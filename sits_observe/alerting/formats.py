@@ -15,7 +15,11 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-__all__ = ["Alert", "fingerprint", "rfc3339", "render", "sign", "KINDS"]
+__all__ = ["Alert", "fingerprint", "rfc3339", "render", "sign", "KINDS", "QUIET_ANNOTATIONS"]
+
+# annotations whose change alone is no new message: they ride on the next one (a verdict every few seconds
+# must not become a chat message every few seconds, nor a restart a copy of every firing alert)
+QUIET_ANNOTATIONS = frozenset({"confidence", "rca_verdict"})
 
 KINDS = ("alertmanager", "webhook", "slack")
 _FNV_OFFSET = 14695981039346656037

@@ -8,12 +8,14 @@ of a queued message, so an update is a new delivery).
 
 Deduplication by label fingerprint, per receiver:
 
-* a state change equal to the last one queued (same status and annotations) is dropped, so a
-  restarted evaluator that re-announces its alerts sends nothing new, even one killed after queuing a
+* a state change equal to the last one queued (same status and annotations, but for
+  :data:`~.formats.QUIET_ANNOTATIONS`) is dropped, so a restarted evaluator that re-announces its alerts sends nothing new, even one killed after queuing a
   firing alert and before recording it, which re-announces it with a later start;
 * a change with the same status as a message still pending (new annotations) updates that message in
   place instead of queuing another;
-* a *refresh* (Alertmanager re-send) is queued only when nothing is pending for that alert.
+* a *refresh* (Alertmanager re-send) is queued only when nothing is pending for that alert;
+* a state refused for good is not remembered as queued (unless a newer message is pending), so it goes
+  again when it is announced again.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import Any
 
 from ..errors import AlertingError
 from ..statedb import StateFile, transaction
-from .formats import Alert
+from .formats import QUIET_ANNOTATIONS, Alert
 
 __all__ = ["Message", "Outbox"]
 
@@ -74,8 +76,10 @@ class Message:
 
 
 def _digest(alert: Alert) -> str:
-    # not the start: the same status twice in a row is one incident (a new one resolves the last first)
-    key = json.dumps([alert.status, alert.annotations], sort_keys=True)
+    # not the start: the same status twice in a row is one incident (a new one resolves the last first);
+    # not the quiet annotations: a change of those alone is no new message
+    loud = {k: v for k, v in alert.annotations.items() if k not in QUIET_ANNOTATIONS}
+    key = json.dumps([alert.status, loud], sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
@@ -162,12 +166,17 @@ class Outbox:
             db.executemany("UPDATE outbox SET attempts=attempts+1, last_error=? WHERE id=?", [(error, i) for i in ids])
 
     def failed(self, ids: Sequence[int], reason: str) -> None:
-        """Give up on messages the receiver refused for good; they move to ``failed`` with the reason."""
+        """Give up on messages the receiver refused for good; they move to ``failed`` with the reason.  The
+        alert's state is forgotten as queued for that receiver unless a newer message of it is pending, so
+        the same state announced again (a restart after the receiver was fixed) is sent, not deduplicated."""
         with self._tx() as db:
             for i in ids:
+                key = db.execute("SELECT receiver, fingerprint FROM outbox WHERE id=?", (i,)).fetchone()
                 db.execute("INSERT OR REPLACE INTO failed SELECT id, receiver, fingerprint, status, alert, ?, ? "
                            "FROM outbox WHERE id=?", (reason, time.time(), i))
                 db.execute("DELETE FROM outbox WHERE id=?", (i,))
+                if key and not db.execute("SELECT 1 FROM outbox WHERE receiver=? AND fingerprint=?", key).fetchone():
+                    db.execute("DELETE FROM last_queued WHERE receiver=? AND fingerprint=?", key)
             db.execute("DELETE FROM failed WHERE id <= (SELECT MAX(id) FROM failed) - ?", (FAILED_KEPT,))
 
     def depth(self) -> dict[str, int]:

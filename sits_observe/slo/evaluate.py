@@ -43,7 +43,7 @@ import numpy as np
 
 from ..alerting.config import AlertingConfig
 from ..alerting.dispatch import Dispatcher
-from ..alerting.formats import Alert
+from ..alerting.formats import QUIET_ANNOTATIONS, Alert
 from ..errors import SloError
 from ..frame import Frame, Sample
 from .plan import Evaluation, Plan
@@ -61,7 +61,6 @@ __all__ = ["SloEngine"]
 
 log = logging.getLogger("sits_observe.slo")
 RECENT_KEPT = 50
-QUIET_NOTES = frozenset({"confidence", "rca_verdict"})  # annotations whose change alone sends no message
 
 
 class SloEngine:
@@ -240,7 +239,7 @@ class SloEngine:
     def annotate(self, slo_name: str, annotations: dict[str, Any]) -> None:
         """Add annotations (e.g. ``likely_cause``, ``confidence``) to the SLO's current or next alert.
 
-        A firing alert is announced again only when an annotation other than :data:`QUIET_NOTES` changes
+        A firing alert is announced again only when an annotation other than ``QUIET_ANNOTATIONS`` changes
         (a verdict every few seconds must not become a chat message every few seconds); quiet ones ride
         on its next message and on Alertmanager's periodic re-send."""
         with self._lock:
@@ -249,7 +248,7 @@ class SloEngine:
                 raise SloError(f"annotate: unknown SLO {slo_name!r}; configured: {sorted(index)}")
             old = self.notes.get(slo_name, {})
             notes = {**old, **{str(k): str(v) for k, v in annotations.items()}}
-            loud = any(old.get(k) != v for k, v in notes.items() if k not in QUIET_NOTES)
+            loud = any(old.get(k) != v for k, v in notes.items() if k not in QUIET_ANNOTATIONS)
             self.notes[slo_name] = notes
             self.state.set_notes(slo_name, notes)
             for key in [k for k in self.alerts if k[0] == index[slo_name]]:

@@ -1,0 +1,43 @@
+"""The outbox's deduplication: what it drops as a copy, and what it must not."""
+
+from pathlib import Path
+
+from sits_observe.alerting.formats import Alert
+from sits_observe.alerting.outbox import Outbox
+
+LABELS = {"alertname": "SloBurn", "slo": "chat", "burn_tier": "page"}
+
+
+def _alert(status: str = "firing", **notes: str) -> Alert:
+    return Alert(LABELS, {"summary": "chat burns", **notes}, status, 1000.0)
+
+
+def test_a_message_refused_for_good_is_sent_again_when_the_alert_is_announced_again(tmp_path: Path) -> None:
+    box = Outbox(tmp_path / "outbox.db")
+    assert box.enqueue(["hook"], _alert()) == 1
+    (msg,) = box.head("hook")
+    box.failed([msg.id], "HTTP 401 Unauthorized")  # a rotated token: the page never reached anyone
+    assert box.enqueue(["hook"], _alert()) == 1  # fixed and restarted: announced again, and queued
+    assert [m.alert.status for m in box.head("hook")] == ["firing"]
+    box.close()
+
+
+def test_a_failed_message_with_a_newer_one_pending_keeps_that_ones_dedup(tmp_path: Path) -> None:
+    box = Outbox(tmp_path / "outbox.db")
+    box.enqueue(["hook"], _alert())
+    box.enqueue(["hook"], _alert("resolved"))
+    first = box.head("hook")[0]
+    box.failed([first.id], "HTTP 400")
+    assert box.enqueue(["hook"], _alert("resolved")) == 0  # the pending resolution is this state already
+    box.close()
+
+
+def test_a_change_of_quiet_annotations_alone_is_no_new_message(tmp_path: Path) -> None:
+    box = Outbox(tmp_path / "outbox.db")
+    assert box.enqueue(["hook"], _alert(likely_cause="thermal_throttling", confidence="0.93")) == 1
+    box.delivered(box.head("hook"))
+    # a restart announces the firing alert again with a newer verdict's confidence: a copy
+    assert box.enqueue(["hook"], _alert(likely_cause="thermal_throttling", confidence="0.97",
+                                        rca_verdict="v2")) == 0
+    assert box.enqueue(["hook"], _alert(likely_cause="scheduler_stall", confidence="0.97")) == 1  # a loud one
+    box.close()
