@@ -9,8 +9,9 @@ of a queued message, so an update is a new delivery).
 Deduplication by label fingerprint, per receiver:
 
 * a state change equal to the last one queued (same status and annotations, but for
-  :data:`~.formats.QUIET_ANNOTATIONS`) is dropped, so a restarted evaluator that re-announces its alerts sends nothing new, even one killed after queuing a
-  firing alert and before recording it, which re-announces it with a later start;
+  :data:`~.formats.QUIET_ANNOTATIONS`) is dropped, so a restarted evaluator that re-announces its alerts
+  sends nothing new, even one killed after queuing a firing alert and before recording it, which
+  re-announces it with a later start;
 * a change with the same status as a message still pending (new annotations) updates that message in
   place instead of queuing another;
 * a *refresh* (Alertmanager re-send) is queued only when nothing is pending for that alert;
