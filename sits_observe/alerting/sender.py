@@ -35,6 +35,7 @@ __all__ = ["Sender", "OUTCOMES"]
 log = logging.getLogger("sits_observe.alerting")
 
 OUTCOMES = ("delivered", "retried", "failed")
+ANSWER_KEPT = 4096  # bytes of a receiver's answer read (a refusal's reason quotes 200 of them)
 _RETRY_STATUS = {408, 429}
 _AM_PATH = "/api/v2/alerts"
 
@@ -68,6 +69,11 @@ class Sender(threading.Thread):
         if cfg.type == "alertmanager" and not path.endswith(_AM_PATH):
             path = path.rstrip("/") + _AM_PATH
         self._path = path + (f"?{parts.query}" if parts.query else "")
+        # what a receiver's answer may echo of the request (a proxy's "Cannot POST /hooks/<token>"): the
+        # path and query are the secret of many webhooks (Slack's among them), so never kept in a reason
+        self._secrets = sorted({x for x in (cfg.url, parts.netloc, parts.path, parts.query, self._path,
+                                            cfg.secret.get_secret_value() if cfg.secret else "")
+                                if len(x) > 1}, key=len, reverse=True)
         self._conn: http.client.HTTPConnection | None = None
         self._wake = threading.Event()
         self._halt = threading.Event()
@@ -175,7 +181,7 @@ class Sender(threading.Thread):
         status = resp.status
         if 200 <= status < 300:
             return
-        reason = f"HTTP {status} {resp.reason}: {text[:200].decode(errors='replace').strip()}".rstrip(": ")
+        reason = f"HTTP {status} {resp.reason}: {self._excerpt(text)}".rstrip(": ")
         if status >= 500 or status in _RETRY_STATUS:
             raise _Retry(reason, _retry_after(resp.getheader("Retry-After")))
         raise _Final(reason)
@@ -192,14 +198,40 @@ class Sender(threading.Thread):
             self._close_conn()
             return self._request(body, headers)
 
+    def _excerpt(self, text: bytes) -> str:
+        """The first 200 characters of an answer, with anything of the URL or the secret it echoes hidden."""
+        out = text.decode(errors="replace")
+        for secret in self._secrets:
+            out = out.replace(secret, "<hidden>")
+        return out[:200].strip()
+
     def _request(self, body: bytes, headers: dict[str, str]) -> tuple[http.client.HTTPResponse, bytes]:
         conn = self._connection()
         conn.request("POST", self._path, body=body, headers=headers)
         resp = conn.getresponse()
-        text = resp.read()
-        if resp.will_close:
+        text = self._answer(resp, conn)
+        if resp.will_close or not resp.isclosed():  # an answer not read to its end cannot be followed by another
             self._close_conn()
         return resp, text
+
+    def _answer(self, resp: http.client.HTTPResponse, conn: http.client.HTTPConnection) -> bytes:
+        """At most :data:`ANSWER_KEPT` bytes of the answer, within the receiver's timeout in all: one that
+        streams or dribbles its answer cannot hold the sender (the status is known by then)."""
+        deadline = time.monotonic() + self.cfg.timeout
+        text = b""
+        try:
+            while len(text) < ANSWER_KEPT and not resp.isclosed() and (left := deadline - time.monotonic()) > 0:
+                if conn.sock is not None:
+                    conn.sock.settimeout(left)
+                if not (chunk := resp.read1(ANSWER_KEPT - len(text))):
+                    break
+                text += chunk
+        except (TimeoutError, OSError, http.client.HTTPException):
+            pass  # the rest of the answer is lost with the connection, closed by the caller
+        finally:
+            if conn.sock is not None:
+                conn.sock.settimeout(self.cfg.timeout)
+        return text
 
     def _connection(self) -> http.client.HTTPConnection:
         if self._conn is None:

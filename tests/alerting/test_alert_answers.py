@@ -1,0 +1,107 @@
+"""What a receiver answers: an answer that never ends cannot hold a sender, and one that echoes the URL
+cannot carry its secret path into the reason shown in logs and the API."""
+
+import socketserver
+import threading
+import time
+
+from sits_observe.alerting.config import AlertingConfig
+from sits_observe.alerting.dispatch import Dispatcher
+from sits_observe.alerting.formats import Alert
+
+PATH = "/services/T0/B0/URLTOKEN?sig=QUERYSECRET"
+
+
+class RawReceiver:
+    """Reads one request per connection, then answers as ``mode`` says: ``endless`` (200, a chunked body
+    that never ends), ``dribble`` (200, one byte of a 1 GB body every 0.1 s) or ``echo`` (404 quoting the
+    request line, as a proxy's "Cannot POST ..." page does)."""
+
+    def __init__(self, mode: str) -> None:
+        self.requests = 0
+        outer = self
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += self.request.recv(65536)
+                head, _, rest = data.partition(b"\r\n\r\n")
+                length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                                  if line.lower().startswith(b"content-length")))
+                while len(rest) < length:
+                    rest += self.request.recv(65536)
+                outer.requests += 1
+                line = head.split(b"\r\n")[0].decode()
+                try:
+                    if mode == "echo":
+                        body = f"<html>Cannot {line}</html>".encode() * 50
+                        head = b"HTTP/1.1 404 Not Found\r\nContent-Length: %d\r\n\r\n" % len(body)
+                        self.request.sendall(head + body)
+                    elif mode == "endless":
+                        self.request.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+                        while True:
+                            self.request.sendall(b"1000\r\n" + b"x" * 4096 + b"\r\n")
+                    else:
+                        self.request.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000000\r\n\r\n")
+                        for _ in range(600):
+                            self.request.sendall(b"x")
+                            time.sleep(0.1)
+                except OSError:
+                    pass  # the sender closed the connection
+
+        self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}{PATH}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _dispatch(tmp_path, url: str, n: int) -> tuple[Dispatcher, float]:
+    cfg = AlertingConfig.model_validate({"receivers": [{"type": "webhook", "name": "r", "url": url, "timeout": 1.0}],
+                                         "backoff": {"initial": 0.02, "max": 0.1}})
+    tmp_path.mkdir(exist_ok=True)
+    d = Dispatcher(cfg, tmp_path)
+    d.start()
+    start = time.monotonic()
+    for i in range(n):
+        d.notify(Alert({"alertname": "SitsSloBurnRate", "slo": f"s{i}"}, {}, "firing", 1_700_000_000.0))
+    return d, start
+
+
+def _wait(pred, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not pred():
+        time.sleep(0.02)
+    return pred()
+
+
+def test_an_answer_that_never_ends_cannot_hold_the_sender(tmp_path) -> None:
+    for mode in ("endless", "dribble"):
+        rx = RawReceiver(mode)
+        d, start = _dispatch(tmp_path / mode, rx.url, 3)
+        try:
+            assert _wait(lambda: not d.outbox.depth(), 20), (mode, d.outbox.depth())
+            took = time.monotonic() - start
+        finally:
+            d.close()
+            rx.close()
+        assert rx.requests == 3 and took < 3 * 1.0 + 2, (mode, took)  # each within the 1 s timeout, delivered
+
+
+def test_an_answer_echoing_the_url_shows_none_of_its_secret_path(tmp_path) -> None:
+    rx = RawReceiver("echo")
+    d, _ = _dispatch(tmp_path, rx.url, 1)
+    try:
+        assert _wait(lambda: d.outbox.recent_failures(), 20)
+        (failure,) = d.outbox.recent_failures()
+        state = str(d.state())
+    finally:
+        d.close()
+        rx.close()
+    reason = failure["reason"]
+    assert reason.startswith("HTTP 404 Not Found: <html>Cannot POST <hidden>"), reason
+    assert "URLTOKEN" not in reason + state and "QUERYSECRET" not in reason + state and len(reason) < 260
