@@ -16,13 +16,12 @@ import socket
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from .alerting.config import AlertingConfig, check_unique
-from .collectors.config import ServerConfig, check_url, redact
+from .collectors.config import ServerConfig, check_url, shown_url
 from .errors import BucketEdgeError, ConfigError
 from .histogram import snap_edges
 from .probes.config import ProbesConfig
@@ -199,12 +198,6 @@ def _loc(loc: tuple[Any, ...]) -> str:
     return out or "(top level)"
 
 
-def _redact_url(url: str) -> str:
-    """``url`` without a ``user:password@`` or a query string (either may carry a credential)."""
-    parts = urlsplit(redact(url))
-    return urlunsplit(parts._replace(query="<hidden>" if parts.query else ""))
-
-
 def _shown(value: Any) -> bool:
     """Whether a value may be echoed: not a section or a list of them (those may hold secrets)."""
     return not isinstance(value, dict) and not (isinstance(value, list) and not all(
@@ -223,7 +216,7 @@ def format_errors(exc: ValidationError, source: str, origins: Mapping[str, str] 
         hidden = ("token" in path or "secret" in path or (path.startswith("alerting.") and path.endswith(".url"))
                   or not _shown(value))
         if path.endswith(("url", "endpoint")) and isinstance(value, str):
-            value = _redact_url(value)
+            value = shown_url(value)
         got = "" if err["type"] == "missing" or hidden else f", got {value!r}"
         if err["type"] == "model_type":  # a scalar or a list where a section belongs
             msg, got = "must be a mapping of settings (key: value)", f", got {type(value).__name__}"

@@ -6,13 +6,13 @@ from __future__ import annotations
 import base64
 import re
 from typing import Literal
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
 
 from pydantic import Field, field_validator
 
 from ..section import Section
 
-__all__ = ["ServerConfig", "basic_auth", "check_url", "redact"]
+__all__ = ["ServerConfig", "basic_auth", "check_url", "redact", "shown_url"]
 
 _SPACE_OR_CONTROL = re.compile(r"[\x00-\x20\x7f]")
 
@@ -20,6 +20,9 @@ _SPACE_OR_CONTROL = re.compile(r"[\x00-\x20\x7f]")
 def check_url(url: str) -> str:
     """Accept an absolute http(s) URL with a host; raise ValueError with the fix otherwise."""
     parts = urlsplit(url)
+    if _misplaced_at(parts):
+        raise ValueError("has '@' after the host part: percent-encode '/', '?', '#' and '@' in a user name or "
+                         "password (%2F, %3F, %23, %40)")
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError("must be an http:// or https:// URL with a host, e.g. http://127.0.0.1:8000/metrics")
     try:
@@ -41,6 +44,21 @@ def redact(url: str) -> str:
     if "@" not in parts.netloc:
         return url
     return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
+def _misplaced_at(parts: SplitResult) -> bool:
+    """'@' past the host part: "http://u:pa/ss@host/" ('/', '?' or '#' in a password ends the host part
+    early, and the rest of the password would be sent, and shown, as part of the path)."""
+    return "@" in parts.path + parts.query + parts.fragment
+
+
+def shown_url(url: str) -> str:
+    """The URL for messages and logs: without ``user:password@`` and with any query hidden (either may carry a
+    credential); one with '@' past its host part (a password not split off) shows only its scheme."""
+    if _misplaced_at(urlsplit(url)):
+        return url.partition("//")[0] + "//<hidden>"
+    parts = urlsplit(redact(url))
+    return urlunsplit(parts._replace(query="<hidden>" if parts.query else "", fragment=""))
 
 
 def basic_auth(url: str) -> str | None:

@@ -17,7 +17,8 @@ import numpy as np
 from ..errors import CollectorError, StillDown
 from ..frame import GPU_FIELD_INDEX, Frame, GpuFrame, GpuInfo, Sample
 from .gpu_samples import gpu_sample
-from .promtext import PageParser, Series, fetch_page, redact
+from .config import shown_url
+from .promtext import PageParser, Series, fetch_page
 
 __all__ = ["DCGM_MAP", "DCGM_SAMPLES", "DcgmSource", "frame_part"]
 
@@ -117,10 +118,10 @@ class DcgmSource:
 
     def read(self, text: str) -> _Page:
         """Parse one page (what :meth:`collect` does every ``sample_interval``)."""
-        series = self.parser.parse(text, _WANTED.__contains__, source=redact(self.url))
+        series = self.parser.parse(text, _WANTED.__contains__, source=shown_url(self.url))
         gpu, samples = frame_part(series)
         if not gpu.info:
-            raise CollectorError(f"{redact(self.url)}: no DCGM_FI_* GPU series on the page; "
+            raise CollectorError(f"{shown_url(self.url)}: no DCGM_FI_* GPU series on the page; "
                                  "is this a dcgm-exporter /metrics URL (gpu.dcgm_url)?")
         return _Page(gpu, samples)
 

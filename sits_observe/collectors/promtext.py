@@ -18,17 +18,20 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from ..errors import CollectorError
-from .config import basic_auth, redact
+from .config import basic_auth, redact, shown_url
 from .resolve import LookupTimedOut, resolve
 
-__all__ = ["Series", "PageParser", "fetch_page", "redact", "MAX_PAGE_BYTES"]
+__all__ = ["Series", "PageParser", "fetch_page", "MAX_PAGE_BYTES"]
 
 Series = dict[str, list[tuple[dict[str, str], float]]]  # sample name -> [(labels, value)]
 _CACHE_MAX = 8192
+_CACHED_BLOCK = 1024  # longer label sets are parsed each time, not kept: the cache stays under ~10 MiB
+MAX_LABEL_BLOCK = 4096  # a real label set is a few hundred bytes; a longer one is refused (its parse is slow)
 MAX_PAGE_BYTES = 32 << 20  # a 64-GPU dcgm-exporter page is about 0.6 MiB
 _CHUNK = 1 << 16
 # Every line: blank, a comment, or a sample (name, label block up to the line's last "}", value, and an
@@ -38,10 +41,11 @@ _LINE = re.compile(r"^(?:[ \t]*(?:#.*)?|[ \t]*([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*
 
 
 def fetch_page(url: str, timeout: float) -> str:
-    """GET ``url`` within ``timeout`` seconds in all; CollectorError naming the (redacted) URL and the reason.
+    """GET ``url`` within ``timeout`` seconds in all; CollectorError naming the URL (shown) and the reason.
 
     ``user:password@`` in the URL goes as HTTP basic auth (urllib would read it as part of the host), and
-    not on to where a redirect points.  Every wait (looking the host name up, connecting to each of its
+    not on to where a redirect points; messages show the URL without it and without its query.  A redirect
+    is followed to http(s) only, its own body not read.  Every wait (looking the host name up, connecting to each of its
     addresses in turn, the TLS handshake, sending, each read of the status line, headers and body, and the
     same again after a redirect) is given what is left of the one timeout, so neither a server trickling
     bytes nor a DNS resolver that does not answer can hold the tick (see :mod:`.resolve`); at most
@@ -49,27 +53,51 @@ def fetch_page(url: str, timeout: float) -> str:
     """
     deadline = _Deadline(timeout)
     auth = basic_auth(url)
-    url = redact(url)
-    req = urllib.request.Request(url, headers={"Accept": "text/plain;version=0.0.4"})
+    shown = shown_url(url)
+    req = urllib.request.Request(redact(url), headers={"Accept": "text/plain;version=0.0.4"})
     if auth is not None:
         req.add_unredirected_header("Authorization", auth)
+    opener = urllib.request.OpenerDirector()  # http(s) only: no ftp:// or file:// a redirect could point to
+    for handler in (_Handler(deadline), _Redirects(), urllib.request.HTTPDefaultErrorHandler(),
+                    urllib.request.HTTPErrorProcessor()):
+        opener.add_handler(handler)
     try:
-        with urllib.request.build_opener(_Handler(deadline)).open(req, timeout=timeout) as resp:
-            if not isinstance(resp, http.client.HTTPResponse):  # urllib follows a redirect to ftp:// too
-                raise CollectorError(f"{url}: redirected to a URL that is not http(s): {redact(resp.geturl())}")
-            return _read_body(resp, url).decode("utf-8", errors="replace")
+        with opener.open(req, timeout=timeout) as resp:
+            return _read_body(resp, shown).decode("utf-8", errors="replace")
     except urllib.error.HTTPError as exc:
-        raise CollectorError(f"{url}: HTTP {exc.code} {exc.reason}") from exc
+        raise CollectorError(f"{shown}: HTTP {exc.code} {exc.reason}") from exc
     except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
         # the reason, never a ValueError's text: http.client quotes the URL in it
         reason = exc.reason if isinstance(exc, urllib.error.URLError) else (
             exc if isinstance(exc, OSError) else type(exc).__name__)
         if isinstance(reason, TimeoutError):  # every socket timeout is what was left of the deadline
-            raise _too_slow(url, timeout) from exc
+            raise _too_slow(shown, timeout) from exc
         if isinstance(reason, LookupTimedOut):
-            raise CollectorError(f"{url}: the host name {reason.host!r} did not resolve within the {timeout:g} s "
+            raise CollectorError(f"{shown}: the host name {reason.host!r} did not resolve within the {timeout:g} s "
                                  "timeout (is the DNS resolver answering?)") from exc
-        raise CollectorError(f"{url}: cannot fetch the metrics page: {reason}") from exc
+        raise CollectorError(f"{shown}: cannot fetch the metrics page: {reason}") from exc
+
+
+class _Redirects(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect to http(s) only, and without reading the redirect's own body (urllib reads all of it,
+    however large, before following)."""
+
+    def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any,
+                         newurl: str) -> urllib.request.Request | None:
+        if urlsplit(newurl).scheme not in ("http", "https"):
+            raise urllib.error.HTTPError(req.full_url, code, f"redirect to {shown_url(newurl)}, not http(s)",
+                                         headers, None)
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+    def http_error_302(self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any) -> Any:
+        fp.close()  # urllib's own would read it to its end first
+        return super().http_error_302(req, _Unread(), code, msg, headers)
+
+    http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
+
+
+class _Unread(io.BytesIO):
+    """A redirect's body, closed unread."""
 
 
 def _read_body(resp: http.client.HTTPResponse, url: str) -> bytearray:
@@ -198,10 +226,13 @@ class PageParser:
         self._labels: dict[str, dict[str, str]] = {}
 
     def _parse_labels(self, block: str) -> dict[str, str]:
-        family = next(text_string_to_metric_families("m{" + block + "} 0\n"))
-        if len(self._labels) >= _CACHE_MAX:
-            self._labels.clear()
-        labels = self._labels[block] = family.samples[0].labels
+        if len(block) > MAX_LABEL_BLOCK:
+            raise _TooLong(f"a label set of {len(block)} bytes; at most {MAX_LABEL_BLOCK}")
+        labels: dict[str, str] = next(text_string_to_metric_families("m{" + block + "} 0\n")).samples[0].labels
+        if len(block) <= _CACHED_BLOCK:
+            if len(self._labels) >= _CACHE_MAX:
+                self._labels.clear()
+            self._labels[block] = labels
         return labels
 
     def parse(self, text: str, wanted: Callable[[str], bool], source: str = "page") -> Series:
@@ -222,13 +253,18 @@ class PageParser:
                     labels = self._parse_labels(block)
                 out.setdefault(name, []).append((labels, float(value)))
             except (ValueError, StopIteration) as exc:
-                raise _malformed(text, m.start(), source) from exc
+                raise _malformed(text, m.start(), source, exc) from exc
         if expect < len(text):
             raise _malformed(text, expect, source)
         return out
 
 
-def _malformed(text: str, pos: int, source: str) -> CollectorError:
+class _TooLong(ValueError):
+    """A label block past :data:`MAX_LABEL_BLOCK`."""
+
+
+def _malformed(text: str, pos: int, source: str, why: Exception | None = None) -> CollectorError:
     end = text.find("\n", pos)
     line = text[pos:] if end < 0 else text[pos:end]
-    return CollectorError(f"{source}: line {text.count(chr(10), 0, pos) + 1}: not Prometheus text format: {line[:120]!r}")
+    what = str(why) if isinstance(why, _TooLong) else "not Prometheus text format"
+    return CollectorError(f"{source}: line {text.count(chr(10), 0, pos) + 1}: {what}: {line[:120]!r}")

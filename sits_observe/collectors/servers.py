@@ -24,8 +24,8 @@ import numpy as np
 
 from ..errors import CollectorError, StillDown
 from ..frame import BucketLayout, Frame
-from .config import ServerConfig
-from .promtext import PageParser, Series, fetch_page, redact
+from .config import ServerConfig, shown_url
+from .promtext import PageParser, Series, fetch_page
 from .replicas import ReplicaBoard
 
 __all__ = ["ServerSource", "rebucket", "Cumulative", "VLLM_STAGES", "TRITON_STAGES"]
@@ -140,7 +140,7 @@ class ServerSource:
         self._backoff = 0.0
         self._prefix = "vllm:" if config.kind == "vllm" else "nv_inference_"
         self._model_label = "model_name" if config.kind == "vllm" else "model"
-        self._key = f"{redact(config.url)} model={config.model}" if config.model else redact(config.url)
+        self._key = f"{shown_url(config.url)} model={config.model}" if config.model else shown_url(config.url)
         self.replicas = replicas if replicas is not None and replicas.register(self._key, config.url) else None
 
     def collect(self, frame: Frame) -> None:
@@ -160,7 +160,7 @@ class ServerSource:
 
     def read(self, text: str, frame: Frame) -> None:
         """Add one page's part to ``frame`` (deltas against the previous page)."""
-        series = self.parser.parse(text, lambda n: n.startswith(self._prefix), source=redact(self.config.url))
+        series = self.parser.parse(text, lambda n: n.startswith(self._prefix), source=shown_url(self.config.url))
         if self.config.kind == "vllm":
             self._vllm(series, frame)
         else:

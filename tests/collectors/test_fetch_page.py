@@ -22,9 +22,9 @@ from sits_observe.collectors import promtext
 from sits_observe.collectors.promtext import fetch_page
 from sits_observe.collectors.resolve import MAX_LOOKUPS
 from sits_observe.collectors.sources import build_sources
+from sits_observe.clock import WallClock
 from sits_observe.config import parse
 from sits_observe.daemon import Daemon
-from sits_observe.clock import WallClock
 from sits_observe.errors import CollectorError
 from sits_observe.frame import Frame
 
@@ -129,6 +129,68 @@ def test_credentials_do_not_follow_a_redirect_to_another_server(pages: PageServe
         assert other.hits["/collect"] == 1 and other.auth["/collect"] is None
     finally:
         other.close()
+
+
+def _raw_redirect(location: str, announced: int) -> tuple[socket.socket, threading.Event]:
+    """A port whose server answers one request 302 to ``location`` with a body of ``announced`` bytes that it never
+    sends: a client that reads the redirect's body waits until its timeout."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+    stop = threading.Event()
+
+    def serve() -> None:
+        conn, _ = srv.accept()
+        conn.recv(65536)
+        conn.sendall(f"HTTP/1.1 302 Found\r\nLocation: {location}\r\nContent-Length: {announced}\r\n\r\n".encode())
+        stop.wait(10)
+        conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return srv, stop
+
+
+def test_a_redirect_is_followed_without_reading_its_body(pages: PageServer) -> None:
+    pages.pages["/collect"] = "up 1\n"
+    srv, stop = _raw_redirect(pages.url("/collect"), 300 << 20)  # 300 MiB announced: urllib read it all first
+    try:
+        got, took = _in_thread(lambda: fetch_page(f"http://127.0.0.1:{srv.getsockname()[1]}/metrics", 3.0), 6.0)
+    finally:
+        stop.set()
+        srv.close()
+    assert got == "up 1\n" and took < 1.5, (got, took)
+
+
+def test_a_redirect_to_ftp_is_refused_without_following_it() -> None:
+    srv, stop = _raw_redirect("ftp://198.51.100.7/metrics?user=SECRET", 0)  # TEST-NET-2: nothing answers there
+    try:
+        got, took = _in_thread(lambda: fetch_page(f"http://127.0.0.1:{srv.getsockname()[1]}/metrics", 3.0), 6.0)
+    finally:
+        stop.set()
+        srv.close()
+    assert isinstance(got, CollectorError) and "not http(s)" in str(got) and took < 1.0, (got, took)
+    assert "SECRET" not in str(got)
+
+
+def test_messages_show_the_url_without_its_query_or_credentials(pages: PageServer) -> None:
+    url = pages.url("/missing?token=QUERYSECRET").replace("http://", "http://scraper:s3cret@")
+    with pytest.raises(CollectorError) as err:
+        fetch_page(url, timeout=5.0)
+    assert "/missing?<hidden>: HTTP 404" in str(err.value)
+    assert "QUERYSECRET" not in str(err.value) and "s3cret" not in str(err.value)
+
+
+def test_a_label_set_too_long_is_refused_and_long_ones_are_not_kept() -> None:
+    from sits_observe.collectors.promtext import MAX_LABEL_BLOCK, PageParser
+
+    parser = PageParser()
+    wanted = lambda name: True  # noqa: E731
+    mid = 'a="' + "x" * 2000 + '"'
+    for i in range(50):  # a new long label set on every page: parsed, not kept
+        assert parser.parse(f'm{{{mid},i="{i}"}} 1\n', wanted)["m"][0][1] == 1.0
+    assert all(len(block) <= 1024 for block in parser._labels)
+    with pytest.raises(CollectorError, match=f"line 2: a label set of {MAX_LABEL_BLOCK + 4} bytes; at most"):
+        parser.parse('m{a="1"} 1\nm{a="' + "x" * MAX_LABEL_BLOCK + '"} 2\n', wanted, source="p")
 
 
 class HungResolver:

@@ -378,3 +378,13 @@ def test_config_errors_name_the_field(section: dict, message: str) -> None:
     with pytest.raises(ConfigError) as err:
         parse(section, "sits.yaml", env={})
     assert str(err.value).startswith(f"sits.yaml: {message}")
+
+
+@pytest.mark.parametrize("url", ["http://scraper:Pa/ss9@h:8000/metrics", "http://scraper:Pa#ss9@h:8000/metrics",
+                                 "http://scraper:Pa?ss9@h:8000/metrics"])
+def test_a_password_that_ends_the_host_part_early_is_refused_and_never_shown(url: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse({"servers": [{"kind": "vllm", "url": url, "workload": "w"}]}, "sits.yaml", env={})
+    msg = str(err.value)
+    assert msg.startswith("sits.yaml: servers[0].url: has '@' after the host part: percent-encode"), msg
+    assert "ss9" not in msg
