@@ -69,15 +69,16 @@ class GpuText:
 
     def __init__(self, store: SeriesStore) -> None:
         self.store = store
-        self._info: tuple[GpuInfo, ...] = ()
-        self._labels: list[str] = []
+        # the GPU set and its label strings, replaced as one: scrapes run in several threads at once
+        self._cached: tuple[tuple[GpuInfo, ...], list[str]] = ((), [])
 
     def _gpu_labels(self, info: tuple[GpuInfo, ...]) -> list[str]:
-        if info != self._info:
-            self._info = info
-            self._labels = [f'gpu="{g.index}",uuid="{_escape(g.uuid)}",model="{_escape(g.model)}",'
-                            f'pci_bus_id="{_escape(g.pci_bus_id)}"' for g in info]
-        return self._labels
+        known, labels = self._cached
+        if info != known:
+            labels = [f'gpu="{g.index}",uuid="{_escape(g.uuid)}",model="{_escape(g.model)}",'
+                      f'pci_bus_id="{_escape(g.pci_bus_id)}"' for g in info]
+            self._cached = (info, labels)
+        return labels
 
     def render(self) -> str:
         latest = self.store.gpu_latest()
