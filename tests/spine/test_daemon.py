@@ -348,3 +348,21 @@ def test_malformed_data_under_keys_the_store_already_holds_is_caught_too(tmp_pat
     assert daemon.store.gpu_window("power_watts")[:, 1].tolist() == [300.0, 300.0]
     frame = daemon.tick()  # and it recovers
     assert "goes-bad" not in frame.errors and daemon.store.hist_window("e2e", "chat").sum() == 2
+
+
+def test_health_and_readiness_say_when_the_tick_loop_has_stalled(tmp_path):
+    from sits_observe.export.http import STALLED_AFTER_S
+
+    cfg = parse({"state_dir": str(tmp_path)}, env={})
+    daemon = Daemon(config=cfg, clock=WallClock(1.0))
+    client = create_app(daemon, ui=False).test_client()
+    assert client.get("/healthz").status_code == 200 and client.get("/readyz").status_code == 503  # starting
+    daemon.tick()
+    assert client.get("/healthz").status_code == 200 and client.get("/readyz").status_code == 200
+    daemon.last_tick_wall -= STALLED_AFTER_S + 5  # a source hung in the tick for a minute
+    r = client.get("/healthz")
+    assert r.status_code == 503 and r.get_json()["status"] == "stalled"
+    assert r.get_json()["seconds_since_last_tick"] >= STALLED_AFTER_S
+    assert client.get("/readyz").status_code == 503
+    daemon.tick()  # it came back
+    assert client.get("/healthz").status_code == 200 and client.get("/readyz").status_code == 200
