@@ -252,8 +252,8 @@ class Scheduler:
 
     def metrics(self) -> Iterable[Sample]:
         with self._lock:
-            counts, views, states = dict(self.decider.counts), self.decider.views(), self.store.counts()
-            pending = self.store.span_backlog()
+            counts, views = dict(self.decider.counts), self.decider.views()
+        states, pending = self.store.counts(), self.store.span_backlog()  # plain reads, under the store's own lock
         for (trigger, action), n in sorted(counts.items()):
             yield Sample("sits_scheduler_decisions_total", "counter", "Scheduler decisions by trigger and action.",
                          (("trigger", trigger), ("action", action)), float(n))

@@ -143,6 +143,18 @@ class PlacementStore:
                     db.execute(statement)
                 db.execute(f"PRAGMA user_version={version + 1}")
 
+    def _read(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
+        """One read, outside any transaction (WAL: it waits for no writer and holds no write lock)."""
+        with self._lock:
+            try:
+                return self._db.execute(sql, args).fetchall()
+            except sqlite3.Error as exc:
+                raise SchedulerError(f"{self.path}: {exc}") from exc
+
+    def _read_one(self, sql: str, args: tuple[Any, ...] = ()) -> Any:
+        rows = self._read(sql, args)
+        return rows[0] if rows else None
+
     def _tx(self) -> AbstractContextManager[sqlite3.Connection]:
         return transaction(self._db, self._lock, lambda e: SchedulerError(f"{self.path}: {e}"))
 
@@ -159,15 +171,13 @@ class PlacementStore:
             db.execute("INSERT INTO shards(id, spec, created_ts) VALUES (?, ?, ?)", (spec.id, body, ts))
 
     def shard(self, shard_id: str) -> ShardSpec:
-        with self._tx() as db:
-            row = db.execute("SELECT spec FROM shards WHERE id=?", (shard_id,)).fetchone()
+        row = self._read_one("SELECT spec FROM shards WHERE id=?", (shard_id,))
         if row is None:
             raise NotFound(f"shard {shard_id}: not registered")
         return ShardSpec.model_validate_json(row[0])
 
     def shards(self) -> list[ShardSpec]:
-        with self._tx() as db:
-            rows = db.execute("SELECT spec FROM shards ORDER BY id").fetchall()
+        rows = self._read("SELECT spec FROM shards ORDER BY id")
         return [ShardSpec.model_validate_json(r[0]) for r in rows]
 
     # placements
@@ -209,8 +219,7 @@ class PlacementStore:
         return self.placement(p.id)
 
     def placement(self, placement_id: int) -> Placement:
-        with self._tx() as db:
-            row = db.execute(f"SELECT {', '.join(_COLUMNS)} FROM placements WHERE id=?", (placement_id,)).fetchone()
+        row = self._read_one(f"SELECT {', '.join(_COLUMNS)} FROM placements WHERE id=?", (placement_id,))
         if row is None:
             raise NotFound(f"placement {placement_id}: no such placement")
         return _placement(row)
@@ -225,19 +234,16 @@ class PlacementStore:
             where.append(f"state NOT IN ({', '.join('?' * len(TERMINAL))})")
             args += [s.value for s in TERMINAL]
         clause = f" WHERE {' AND '.join(where)}" if where else ""
-        with self._tx() as db:
-            rows = db.execute(f"SELECT {', '.join(_COLUMNS)} FROM placements{clause} ORDER BY id", args).fetchall()
+        rows = self._read(f"SELECT {', '.join(_COLUMNS)} FROM placements{clause} ORDER BY id", args)
         return [_placement(r) for r in rows]
 
     def last_reshard_ts(self, shard_id: str) -> float | None:
-        with self._tx() as db:
-            row = db.execute("SELECT MAX(created_ts) FROM placements WHERE shard_id=? AND kind='reshard'",
-                             (shard_id,)).fetchone()
+        row = self._read_one("SELECT MAX(created_ts) FROM placements WHERE shard_id=? AND kind='reshard'",
+                             (shard_id,))
         return row[0]
 
     def counts(self) -> dict[State, int]:
-        with self._tx() as db:
-            rows = db.execute("SELECT state, COUNT(*) FROM placements GROUP BY state").fetchall()
+        rows = self._read("SELECT state, COUNT(*) FROM placements GROUP BY state")
         got = {State(s): n for s, n in rows}
         return {s: got.get(s, 0) for s in State}
 
@@ -263,9 +269,8 @@ class PlacementStore:
 
     def pending_spans(self, limit: int, newest: bool = False) -> list[tuple[int, str]]:
         """The oldest (or newest) ``limit`` spans stored (none is exported yet), as (seq, JSON body)."""
-        with self._tx() as db:
-            order = "DESC" if newest else "ASC"
-            return db.execute(f"SELECT seq, body FROM spans ORDER BY seq {order} LIMIT ?", (limit,)).fetchall()
+        order = "DESC" if newest else "ASC"
+        return self._read(f"SELECT seq, body FROM spans ORDER BY seq {order} LIMIT ?", (limit,))
 
     def drop_spans(self, seqs: list[int]) -> int:
         """Delete spans: exported, or never to be; returns how many were still stored."""
@@ -280,5 +285,4 @@ class PlacementStore:
 
     def span_backlog(self) -> int:
         """Spans stored, waiting for export."""
-        with self._tx() as db:
-            return int(db.execute("SELECT COUNT(*) FROM spans").fetchone()[0])
+        return int(self._read_one("SELECT COUNT(*) FROM spans")[0])
