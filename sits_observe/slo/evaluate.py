@@ -153,8 +153,6 @@ class SloEngine:
         self.start()
         good, total = self.reader.read(frame)
         with self._lock:
-            if any(self._reconcile):
-                self._announce_restored(frame.ts)
             try:
                 written = self.ring.add(frame.ts, good, total)
             except SloError as exc:
@@ -179,6 +177,8 @@ class SloEngine:
             saved = np.where(ev.active, np.inf, ev.last_true)
             for i in np.flatnonzero(((ev.firing != self.firing_tiers) | ~_same(saved, self.saved)).any(axis=1)):
                 self._transition(int(i), ev, saved[i])
+            if any(self._reconcile):  # after the first evaluation: an alert that ended is resolved, not announced
+                self._announce_restored(frame.ts)
             if self.dispatcher is not None and self.alerts:
                 self.dispatcher.refresh(list(self.alerts.values()))
 
@@ -217,9 +217,13 @@ class SloEngine:
         self.firing_tiers[i], self.saved[i] = ev.firing[i], saved
 
     def _announce_restored(self, ts: float) -> None:
-        """After a restart: resolve announced alerts that do not fire now, announce every firing one again
-        (outbox first; a receiver that has it already drops it there as a duplicate)."""
-        gone, firing = self._reconcile
+        """After a restart's first evaluation: resolve announced alerts that did not fire at the restart,
+        announce again every one still firing (outbox first; a receiver that has it already drops it there
+        as a duplicate).  One that fired at the restart and not at the first evaluation was resolved by it:
+        announcing it again would page anew (killed after queuing a resolution, before recording it)."""
+        gone, restored = self._reconcile
+        now = {a.fingerprint: a for a in self.alerts.values()}  # with the annotations given since the restart
+        firing = [now[a.fingerprint] for a in restored if a.fingerprint in now]
         resolved = [replace(a, status="resolved", ends_at=ts) for a in gone]
         for alert in (*resolved, *firing):  # may raise (disk): tried again at the next tick
             self._notify(alert)

@@ -101,6 +101,35 @@ def test_a_kill_between_queuing_a_firing_alert_and_recording_it_resolves_it_afte
     engine.close()
 
 
+def test_a_kill_between_queuing_a_resolution_and_recording_it_pages_no_one_again(tmp_path, receiver):
+    cfg = config_for(tmp_path, receiver.url)
+    feed, engine = burning(cfg)
+    assert engine.firing == ["page_fast"]
+    real = engine.dispatcher.notify
+
+    def notify_then_die(alert):
+        real(alert)
+        if alert.status == "resolved":
+            raise _Killed
+
+    engine.dispatcher.notify = notify_then_die
+    with pytest.raises(_Killed):
+        for _ in range(60):
+            engine.on_tick(feed.frame(0.0))
+    assert wait(lambda: len(receiver.accepted()) == 2)
+    engine.dispatcher.close()  # the process is gone: slo.db still says the alert fires
+    engine.state.close()
+
+    engine = SloEngine.from_config(cfg)
+    assert engine.firing == ["page_fast"]  # as recorded
+    for _ in range(30):
+        engine.on_tick(feed.frame(0.0))
+    assert engine.firing == [None] and wait(lambda: engine.dispatcher.outbox.depth() == {}, timeout=5)
+    engine.close()
+    got = [d.body["alerts"][0]["status"] for d in receiver.accepted()]
+    assert got == ["firing", "resolved"], got  # no second firing page for the incident that had ended
+
+
 def test_a_receiver_added_while_an_alert_fires_gets_it_after_the_restart(tmp_path, receiver):
     cfg = config_for(tmp_path, receiver.url)
     feed, engine = burning(cfg)
