@@ -71,6 +71,10 @@ def rebucket(src_edges: np.ndarray, src_counts: np.ndarray, layout: BucketLayout
     return out
 
 
+_CUMULATIVE = ("_total", "_count", "_sum", "_bucket")  # series that only count up
+_COUNT_MAX = float(2**53)  # past this a float no longer counts by ones
+
+
 class Cumulative:
     """Turns cumulative values (scalars or vectors) into deltas; a series' decrease is its restart;
     ``resets`` counts them."""
@@ -161,6 +165,10 @@ class ServerSource:
     def read(self, text: str, frame: Frame) -> None:
         """Add one page's part to ``frame`` (deltas against the previous page)."""
         series = self.parser.parse(text, lambda n: n.startswith(self._prefix), source=shown_url(self.config.url))
+        for name, samples in series.items():  # NaN fails both comparisons too
+            if name.endswith(_CUMULATIVE) and not all(0 <= v < _COUNT_MAX for _, v in samples):
+                raise CollectorError(f"{shown_url(self.config.url)}: {name}: a value that is no count (negative, "
+                                     "not finite or past 2**53); page skipped, the counters keep the last good one")
         if self.config.kind == "vllm":
             self._vllm(series, frame)
         else:

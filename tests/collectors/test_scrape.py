@@ -210,6 +210,24 @@ def test_vllm_restart_is_not_a_negative_rate(pages: PageServer) -> None:
     assert all(v >= 0 for v in after.counters.values()) and src.counters.resets > 0
 
 
+@pytest.mark.parametrize("bad", ["+Inf", "NaN", "-3.0", "1e30"])
+def test_a_counter_value_that_is_no_count_skips_the_page_and_loses_nothing(pages: PageServer, bad: str) -> None:
+    src = _server(pages, "vllm")
+    first = _page("vllm_page1.txt")
+    series = 'vllm:num_preemptions_total{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"}'
+    broken = first.replace(f"{series} 7.0", f"{series} {bad}")
+    assert broken != first
+    pages.pages["/vllm"] = first
+    src.collect(Frame(0.0, 1.0))
+    pages.pages["/vllm"] = broken
+    with pytest.raises(CollectorError, match="vllm:num_preemptions_total: a value that is no count"):
+        src.collect(Frame(1.0, 1.0))
+    pages.pages["/vllm"] = _page("vllm_page2.txt")
+    after = Frame(2.0, 1.0)
+    src.collect(after)  # counted against the last good page: no restart, no lifetime added
+    assert after.counters[("preemptions_total", "chat")] == 2 and src.counters.resets == 0
+
+
 def test_model_filter_that_matches_nothing_adds_nothing(pages: PageServer) -> None:
     pages.pages["/vllm"] = _page("vllm_page1.txt")
     other = _server(pages, "vllm", model="some/other-model")
