@@ -145,16 +145,24 @@ class Outbox:
         return queued
 
     def head(self, receiver: str, limit: int = 1) -> list[Message]:
-        """The oldest pending messages of a receiver, in order, stopping before an alert seen twice."""
-        rows = self._read("SELECT id, fingerprint, alert, attempts, version FROM outbox WHERE receiver=? "
-                          "ORDER BY id LIMIT ?", (receiver, limit))
-        out, seen = [], set()
-        for mid, fp, body, attempts, version in rows:
-            if fp in seen:
-                break
-            seen.add(fp)
-            out.append(Message(mid, receiver, Alert.from_json(json.loads(body)), attempts, version))
-        return out
+        """The oldest pending messages of a receiver, in order, stopping before an alert seen twice; one that
+        cannot be read back moves to ``failed`` (a queue must not stop behind it)."""
+        while True:
+            rows = self._read("SELECT id, fingerprint, alert, attempts, version FROM outbox WHERE receiver=? "
+                              "ORDER BY id LIMIT ?", (receiver, limit))
+            out, seen = [], set()
+            for mid, fp, body, attempts, version in rows:
+                if fp in seen:
+                    return out
+                try:
+                    alert = Alert.from_json(json.loads(body))
+                except (ValueError, TypeError, KeyError, AttributeError) as exc:  # another version's, or damaged
+                    self.failed([mid], f"unreadable message ({type(exc).__name__}); not sent")
+                    break  # and read the head again
+                seen.add(fp)
+                out.append(Message(mid, receiver, alert, attempts, version))
+            else:
+                return out
 
     def delivered(self, messages: Sequence[Message]) -> None:
         """Remove delivered messages; one updated while in flight stays, to be sent again with its new content."""

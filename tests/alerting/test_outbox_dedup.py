@@ -41,3 +41,17 @@ def test_a_change_of_quiet_annotations_alone_is_no_new_message(tmp_path: Path) -
                                         rca_verdict="v2")) == 0
     assert box.enqueue(["hook"], _alert(likely_cause="scheduler_stall", confidence="0.97")) == 1  # a loud one
     box.close()
+
+
+def test_a_message_that_cannot_be_read_back_moves_aside_and_the_queue_goes_on(tmp_path: Path) -> None:
+    import sqlite3
+
+    box = Outbox(tmp_path / "outbox.db")
+    box.enqueue(["hook"], _alert())
+    with sqlite3.connect(tmp_path / "outbox.db") as db:  # another version's row, or a damaged one
+        db.execute("UPDATE outbox SET alert='{\"labels\": 3}'")
+    box.enqueue(["hook"], Alert({"alertname": "Other"}, {}, "firing", 1000.0))
+    assert [m.alert.labels["alertname"] for m in box.head("hook")] == ["Other"]  # the bad one moved aside
+    (failure,) = box.recent_failures()
+    assert failure["reason"].startswith("unreadable message")
+    box.close()
