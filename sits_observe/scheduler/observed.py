@@ -39,7 +39,7 @@ class Observed:
         sampled = g is not None and len(g.info) == self.n
         if sampled:
             self.values, self.gpu_ts = g.values, frame.ts
-            self.util = np.nan_to_num(g.values[:, GPU_FIELD_INDEX["utilization_ratio"]], nan=0.0)
+            self.util = g.values[:, GPU_FIELD_INDEX["utilization_ratio"]]  # NaN: not read (not idle)
             self.mem = g.values[:, GPU_FIELD_INDEX["memory_used_bytes"]]
             self.healthy = np.asarray(g.healthy, dtype=bool)
         self.host_cpu = float(frame.host.get("cpu_utilization_ratio", float("nan")))

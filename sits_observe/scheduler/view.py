@@ -72,25 +72,29 @@ def in_flight(views: dict[str, ShardView]) -> int:
 
 def gpu_load(views: dict[str, ShardView], util: np.ndarray, mem_used: np.ndarray, healthy: np.ndarray) -> GpuLoad:
     """What the planner needs: memory held by placements (placed through draining), memory used by anything
-    else (observed minus held), and which GPUs may take a shard (healthy, no migration in flight)."""
+    else (observed minus held), and which GPUs may take a shard (healthy, read, no migration in flight)."""
     reserved = np.zeros(len(util))
     for v in views.values():
         for p in v.live:
             if p.state in ACTIVE:
                 reserved[list(p.gpus)] += v.spec.memory_per_gpu
     foreign = np.maximum(np.nan_to_num(mem_used, nan=0.0) - reserved, 0.0)
-    eligible = np.asarray(healthy, dtype=bool).copy()
+    # a GPU whose memory or utilization was not read is no candidate: unread would look empty and idle
+    eligible = np.asarray(healthy, dtype=bool) & ~np.isnan(mem_used) & ~np.isnan(util)
     eligible[list(locked_gpus(views))] = False
     return GpuLoad(util, reserved, foreign, eligible)
 
 
 def request_for(spec: ShardSpec, views: dict[str, ShardView], util: np.ndarray, source: tuple[int, ...] = (),
                 exclude: frozenset[int] = frozenset()) -> Request:
-    """A placement request; the shard's load is its share of its GPUs' utilization (shared evenly)."""
+    """A placement request; the shard's load is its share of its GPUs' utilization (shared evenly; GPUs not
+    read are left out, and with none read it is that of a new shard)."""
     sharing: dict[int, int] = {}
     for v in views.values():
         for g in v.gpus:
             sharing[g] = sharing.get(g, 0) + 1
-    load = float(np.mean([util[g] / max(sharing.get(g, 1), 1) for g in source])) if source else NEW_SHARD_LOAD
+    shares = np.array([util[g] / max(sharing.get(g, 1), 1) for g in source], dtype=np.float64)
+    read = shares[~np.isnan(shares)]  # a source GPU not read this tick says nothing about the load
+    load = float(read.mean()) if read.size else NEW_SHARD_LOAD
     return Request(spec.gpus, float(spec.memory_per_gpu), spec.comm_intensity, spec.numa_node,
                    float(np.clip(load, 0.05, 1.0)), tuple(source), exclude)
