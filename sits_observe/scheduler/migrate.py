@@ -110,10 +110,22 @@ class Walker:
                 continue
 
     def expire(self, ts: float) -> None:
-        """Fail steps not acked within ``step_timeout`` (source clock)."""
+        """Fail steps not acked within ``step_timeout`` (source clock), and walk on placements left between
+        steps: an outcome or ack applied whose next write failed (a full disk) left no step to wait for, so
+        nothing would have moved them again, nor timed them out."""
         for p in self.store.placements(live=True):
-            if p.step is not None and p.step_ts is not None and ts - p.step_ts > self.step_timeout:
-                self.complete(StepOutcome(p.id, p.step, False, f"no ack within {self.step_timeout:g} s"), ts)
+            if p.step is not None:
+                if p.step_ts is not None and ts - p.step_ts > self.step_timeout:
+                    self.complete(StepOutcome(p.id, p.step, False, f"no ack within {self.step_timeout:g} s"), ts)
+            elif self._between_steps(p):
+                self.advance(p, ts)
+
+    def _between_steps(self, p: Placement) -> bool:
+        if p.state is State.PENDING:
+            return p.id not in self.waiting
+        if p.state is State.LAUNCHED:  # at rest, unless the placement it replaces still runs
+            return p.source_id is not None and self.store.placement(p.source_id).state is State.LAUNCHED
+        return True  # placed, staged, draining: each waits on a step
 
     def place_waiting(self, ts: float) -> None:
         """Ask ``choose`` again for the placements it put off (they may have been failed meanwhile)."""

@@ -134,3 +134,46 @@ def test_a_pending_placement_waits_for_gpu_values_after_restart(tmp_path: Path) 
         assert not set(live[0].gpus) & {0, 1, 2, 3}  # away from its source, and not onto the full GPUs
     finally:
         s.close()
+
+
+def test_a_placement_left_between_steps_by_a_failed_write_walks_on_at_the_next_tick(tmp_path: Path) -> None:
+    from sits_observe.errors import SchedulerError
+    from sits_observe.scheduler.actuators import StepOutcome
+    from sits_observe.scheduler.config import ShardSpec
+    from sits_observe.scheduler.migrate import Walker
+    from sits_observe.scheduler.store import PlacementStore
+
+    class Orchestrator:  # acks later, like the webhook actuator's orchestrator
+        name = "test"
+
+        def __init__(self) -> None:
+            self.sent: list[str] = []
+
+        def submit(self, plan: dict) -> None:
+            self.sent.append(plan["step"])
+
+        def poll(self) -> list:
+            return []
+
+    store = PlacementStore(tmp_path)
+    store.add_shard(ShardSpec(id="s", gpus=1, memory_per_gpu=1 << 30), 0.0)
+    orch = Orchestrator()
+    walker = Walker(store, orch, lambda p: None, step_timeout=600.0)
+    p = walker.start("s", "assign", (0,), "0", 0.0)
+    assert (p.state, p.step, orch.sent) == (State.PLACED, "stage", ["stage"])
+    real, failed = store.update, []
+
+    def full_disk_once(q, ts, state=None, **fields):  # the write that marks the launch step fails once
+        if fields.get("step") == "launch" and not failed:
+            failed.append(q.id)
+            raise SchedulerError(f"{store.path}: database or disk is full")
+        return real(q, ts, state, **fields)
+
+    store.update = full_disk_once
+    with pytest.raises(SchedulerError):
+        walker.complete(StepOutcome(p.id, "stage", True, ""), 1.0)  # the ack: staged, then the failed write
+    assert (store.placement(p.id).state, store.placement(p.id).step) == (State.STAGED, None)
+    walker.expire(2.0)  # the next tick: it walks on instead of sitting staged, never timed out
+    q = store.placement(p.id)
+    assert (q.state, q.step, orch.sent) == (State.STAGED, "launch", ["stage", "launch"])
+    store.close()
