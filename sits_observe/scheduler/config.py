@@ -6,7 +6,7 @@ import os
 import shutil
 from typing import Literal
 
-from pydantic import Field, ValidationError, ValidationInfo, field_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from ..collectors.config import check_url
@@ -132,6 +132,14 @@ class SchedulerConfig(Section):
         if v == "command" and not info.data["command"].argv:
             raise ValueError("'command' needs scheduler.command.argv (the program to run)")
         return v
+
+    @model_validator(mode="after")
+    def _outlasts_the_command(self) -> SchedulerConfig:
+        if self.actuator == "command" and self.command.timeout >= self.step_timeout:
+            raise ValueError(f"step_timeout ({self.step_timeout:g} s) must be above command.timeout "
+                             f"({self.command.timeout:g} s): a command still running when its step times out is "
+                             "not stopped, and what it does then is not undone")
+        return self
 
     @field_validator("weights", mode="before")
     @classmethod

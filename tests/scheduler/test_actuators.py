@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from sched_helpers import frame, live_gpus
 
 from sits_observe.scheduler.actuators import CommandActuator
@@ -88,3 +90,15 @@ def test_command_timeout_kills_the_group_and_keeps_arguments_out_of_the_reason(t
         if helper and _running(helper):
             os.kill(helper, signal.SIGKILL)
         act.close()
+
+
+
+def test_a_command_that_may_outlive_its_step_is_refused_at_load() -> None:
+    from sits_observe.config import parse
+    from sits_observe.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^c.yaml: scheduler: step_timeout \(600 s\) must be above "
+                                          r"command.timeout \(900 s\)"):
+        parse({"scheduler": {"actuator": "command", "command": {"argv": ["true"], "timeout": 900}}}, "c.yaml", env={})
+    parse({"scheduler": {"actuator": "command", "command": {"argv": ["true"], "timeout": 900}, "step_timeout": 1200}},
+          "c.yaml", env={})
