@@ -42,7 +42,10 @@ def explain(model: RcaModel, raw: np.ndarray, base: np.ndarray, cause: int, stor
     if store is not None and len(store.gpu_info()):
         parts.append(gpu_occluded(store, model.features, raw, raw.shape[0]).astype(np.float32))
     batch = np.concatenate(parts)
-    p = model.proba(batch, np.repeat(base[None].astype(np.float32), len(batch), axis=0))[:, cause]
+    # every variant through the network the window itself went to: an occluded optional feature would
+    # otherwise send a window lacking it to the main network, and its "contribution" be the networks' difference
+    route = np.full(len(batch), bool(model.lacking(raw[None].astype(np.float32))[0]))
+    p = model.proba(batch, np.repeat(base[None].astype(np.float32), len(batch), axis=0), route)[:, cause]
     feat = p[0] - p[1:nf + 1]
     gpu = p[0] - p[nf + 1:]
     order = np.argsort(-feat, kind="stable")
@@ -53,5 +56,6 @@ def explain(model: RcaModel, raw: np.ndarray, base: np.ndarray, cause: int, stor
         if st is not None and feat[j] > 0:
             by_stage[st] = by_stage.get(st, 0.0) + float(feat[j])
     stages = tuple(s for s, c in sorted(by_stage.items(), key=lambda kv: -kv[1]) if c >= MIN_CONTRIBUTION)
-    gpus = tuple(int(g) for g in np.argsort(-gpu, kind="stable") if gpu[g] >= MIN_CONTRIBUTION)
+    index = [g.index for g in store.gpu_info()] if store is not None else []  # a position's GPU index (DCGM may skip)
+    gpus = tuple(int(index[g]) for g in np.argsort(-gpu, kind="stable") if gpu[g] >= MIN_CONTRIBUTION)
     return Explanation(tops, stages, gpus)

@@ -183,10 +183,14 @@ class RcaModel:
                 out.append(self.net(torch.from_numpy(x)).numpy())
         return np.concatenate(out) if out else np.zeros((0, len(self.classes)), np.float32)
 
-    def proba(self, raw: np.ndarray, base: np.ndarray) -> np.ndarray:
-        """Calibrated class probabilities ``(B, C)``; windows lacking an optional group go to the fallback."""
+    def proba(self, raw: np.ndarray, base: np.ndarray, lacking: np.ndarray | None = None) -> np.ndarray:
+        """Calibrated class probabilities ``(B, C)``; windows lacking an optional group go to the fallback
+        (``lacking``, ``(B,)``, says which instead: an explanation scores its variants of one window with the
+        network that window went to)."""
         out = self._own_proba(raw, base)
-        if self.fallback is not None and (lacking := self.lacking(raw)).any():
+        if lacking is None:
+            lacking = self.lacking(raw)
+        if self.fallback is not None and lacking.any():
             out[lacking] = self.fallback._own_proba(raw[lacking], base[lacking])
         return out
 

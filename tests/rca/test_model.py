@@ -225,3 +225,23 @@ def test_relative_only_features_are_never_seen_as_levels(tmp_path: Path, untrain
     assert back.relative_only == ("gpu.sm_clock_hertz.mean",)
     np.testing.assert_allclose(back.proba(raw, base), model.proba(raw, base), rtol=1e-6)
     assert not np.allclose(model._own_proba(raw, base), dataclasses.replace(model, relative_only=())._own_proba(raw, base))
+
+
+def test_an_explanation_scores_every_variant_with_the_network_the_window_went_to(
+        untrained: Callable[..., RcaModel], monkeypatch: pytest.MonkeyPatch) -> None:
+    from sits_observe.rca.explain import explain
+
+    features = ("stage.e2e.p99", "gpu.backlog_utilization_ratio.min", "gpu.backlog_utilization_ratio.mean")
+    model = untrained(features, 1)
+    model.fallback = untrained(features, 2)
+    scored = {"main": 0, "fallback": 0}
+    for name, net in (("main", model), ("fallback", model.fallback)):
+        own = net._own_proba
+        monkeypatch.setattr(net, "_own_proba", lambda r, b, own=own, name=name: scored.__setitem__(
+            name, scored[name] + len(r)) or own(r, b))
+    raw = np.random.default_rng(0).random((8, 3)).astype(np.float32)
+    raw[:, 1:] = np.nan  # no backlog: the fallback's window
+    explain(model, raw, raw[0].copy(), 1, None, top=3)
+    # the window and its 3 variants (one per feature occluded, a backlog one filled in among them): all
+    # through the fallback; the main network's pass over every row is overwritten for those routed away
+    assert scored["fallback"] == 4
