@@ -17,6 +17,7 @@ which was trained with all features present and leans on them fully.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Sequence
 from contextlib import suppress
@@ -289,6 +290,7 @@ class RcaModel:
             meta = blob["meta"]
             if meta.get("format") != FORMAT:
                 raise ModelError(f"{p}: model format {meta.get('format')!r} is not {FORMAT!r}; {hint}")
+            _check_sizes(meta)  # before any tensor is allocated from them
             model = cls.new(meta["features"], meta["classes"], meta["window"], meta["hidden"],
                             meta["dropout"], Normalizer.from_dict(meta["norm"]),
                             Baseline(int(meta["baseline"]["horizon"]), int(meta["baseline"]["every"])),
@@ -299,11 +301,29 @@ class RcaModel:
                 raise ValueError(f"window {meta['window']} or normalisation sizes do not fit {n} features")
             model.net.load_state_dict(blob["state"])
             model.temperature = float(meta["temperature"])
+            if not (math.isfinite(model.temperature) and model.temperature > 0):
+                raise ValueError(f"temperature {model.temperature} is not a positive number")
             model.metrics = dict(meta.get("metrics", {}))
             model.training = dict(meta.get("training", {}))
         except ModelError:
             raise
-        except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError) as exc:
-            raise ModelError(f"{p}: model file is incomplete or inconsistent ({exc!r}); {hint}") from exc
+        except Exception as exc:  # noqa: BLE001 - a damaged or hostile file raises anything (OverflowError...)
+            raise ModelError(f"{p}: model file is incomplete or inconsistent ({type(exc).__name__}: "
+                             f"{str(exc)[:200]}); {hint}") from exc
         model.net.eval()
         return model
+
+
+def _check_sizes(meta: dict[str, Any]) -> None:
+    """The sizes a model file gives, within what a model can be (a damaged or hostile file could ask for
+    tensors of any size, a zero refresh interval or a window of one step); ValueError naming the first."""
+    limits = {"window": (int(meta["window"]), 2, 100_000), "features": (len(meta["features"]), 1, 10_000),
+              "classes": (len(meta["classes"]), 2, 1_000), "summary": (int(meta.get("summary", 0)), 0, 4096),
+              "baseline.horizon": (int(meta["baseline"]["horizon"]), 1, 10_000_000),
+              "baseline.every": (int(meta["baseline"]["every"]), 1, 1_000_000)}
+    limits.update({f"hidden[{i}]": (int(h), 1, 4096) for i, h in enumerate(meta["hidden"])})
+    for name, (value, lo, hi) in limits.items():
+        if not lo <= value <= hi:
+            raise ValueError(f"{name} {value} is outside {lo}..{hi}")
+    if not 0 <= float(meta["dropout"]) < 1:
+        raise ValueError(f"dropout {meta['dropout']} is outside [0, 1)")

@@ -245,3 +245,29 @@ def test_an_explanation_scores_every_variant_with_the_network_the_window_went_to
     # the window and its 3 variants (one per feature occluded, a backlog one filled in among them): all
     # through the fallback; the main network's pass over every row is overwritten for those routed away
     assert scored["fallback"] == 4
+
+
+@pytest.mark.parametrize(("path", "value", "needle"), [
+    (("baseline", "every"), 0, "baseline.every 0 is outside 1..1000000"),  # a ZeroDivisionError every tick
+    (("baseline", "horizon"), float("inf"), "OverflowError"),
+    (("hidden",), [1 << 40, 8], "hidden[0] 1099511627776 is outside"),  # a tensor of terabytes
+    (("temperature",), -1.0, "temperature -1.0 is not a positive number"),  # inverted probabilities
+    (("temperature",), float("nan"), "temperature nan is not a positive number"),
+    (("window",), 1, "window 1 is outside 2..100000"),
+])
+def test_a_model_file_with_sizes_no_model_can_have_is_refused(tmp_path: Path, tiny_model: RcaModel,
+                                                               path: tuple[str, ...], value: object,
+                                                               needle: str) -> None:
+    import torch
+
+    good = tmp_path / "m.pt"
+    tiny_model.save(good)
+    blob = torch.load(good, weights_only=True)
+    target = blob["meta"]
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    torch.save(blob, good)
+    with pytest.raises(ModelError, match="incomplete or inconsistent") as err:
+        RcaModel.load(good)
+    assert needle in str(err.value), str(err.value)
