@@ -236,10 +236,12 @@ class Daemon:
         restart = [k for k in ("listen", "state_dir", "store", "tick_interval", "gpu", "sim", "slos", "alerting",
                                "servers", "workloads", "probes")
                    if getattr(new, k) != getattr(self.config, k)]
+        if new.rca.enabled and self.rca is None and not self.config.rca.enabled:  # never built: nothing to turn on
+            restart.append("rca.enabled")
         if restart:
             log.warning("SIGHUP: %s changed; these take effect after a restart", ", ".join(restart))
             # what runs keeps its settings until then, so nothing reads a value the daemon does not use
-            new = new.model_copy(update={k: getattr(self.config, k) for k in restart})
+            new = new.model_copy(update={k: getattr(self.config, k) for k in restart if "." not in k})
         logging.getLogger().setLevel(new.log_level.upper())
         self.config = new
         failed = []

@@ -82,12 +82,19 @@ class RcaEngine:
 
     def reload(self, cfg: Any) -> None:
         """SIGHUP: take the new ``rca`` section; reload the model when its path or file changed (a model
-        retrained in place), or when RCA is off (the file fixed since)."""
+        retrained in place), or when RCA is off (the file fixed since, or turned on again); ``enabled: false``
+        turns it off, a new ``threads`` applies at once."""
         new: RcaConfig = cfg.rca
         changed = new.model_path() != self.cfg.model_path() or _file_stamp(new.model_path()) != self._loaded
         self.cfg = new
-        if changed or self.model is None:
+        if not new.enabled:
+            self._disable("rca.enabled is false (SIGHUP); set it true and send SIGHUP again to turn it back on")
+        elif changed or self.model is None:
             self._load()
+        else:
+            import torch
+
+            torch.set_num_threads(new.threads)  # a new rca.threads, with the same model
         self.log.set_keep(new.keep_verdicts)  # last: a log that cannot be pruned now still gets the model
 
     # ---- per tick ------------------------------------------------------------------------------

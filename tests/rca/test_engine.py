@@ -327,3 +327,23 @@ def test_a_verdict_says_which_network_scored_it_and_keeps_it_in_the_log(
     assert [v["network"] for v in log.recent()] == ["fallback"]
     log.close()
     assert Verdict.from_dict({"cause": "healthy", "confidence": 0.9, "ts": 1.0}).network == "main"  # older rows
+
+
+def test_sighup_turns_rca_off_and_on_and_applies_threads(tmp_path: Path, tiny_model: RcaModel,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    path = tmp_path / "m.pt"
+    tiny_model.save(path)
+    daemon, engine = _daemon(tmp_path, path, every=5)
+    cfg = _config(tmp_path, path, every=5)
+    assert engine.model is not None
+    engine.reload(cfg.model_copy(update={"rca": cfg.rca.model_copy(update={"enabled": False})}))
+    assert engine.model is None and "rca.enabled is false" in (engine.error or "")
+    threads = []
+    monkeypatch.setattr(torch, "set_num_threads", threads.append)
+    engine.reload(cfg.model_copy(update={"rca": cfg.rca.model_copy(update={"threads": 2})}))
+    assert engine.model is not None and engine.error is None and threads[-1] == 2  # on again, with the new threads
+    engine.reload(cfg.model_copy(update={"rca": cfg.rca.model_copy(update={"threads": 1})}))
+    assert threads[-1] == 1  # the same model: only the threads change
+    engine.close()
