@@ -19,9 +19,11 @@ import numpy as np
 
 from ..errors import ModelError, StoreError
 from ..frame import Frame, Sample
+from ..store.features import unseen
 from ..store.series import SeriesStore
 from .config import RcaConfig
 from .explain import explain
+from .features import OPTIONAL_FEATURES
 from .log import VerdictLog
 from .model import RcaModel
 from .verdict import HEALTHY, UNKNOWN, Verdict
@@ -52,6 +54,8 @@ class RcaEngine:
         self._base_tick = -1
         self._loaded: tuple[int, int] | None = None  # the model file's (mtime_ns, size) when loaded
         self._short_history_logged = False
+        self._observed = np.zeros(0, dtype=bool)  # the model's features that are NaN on a tick without data
+        self._unseen_logged = False
         self._proba: dict[str, float] = {}
         self._counts: dict[str, int] = {}
         self._load()
@@ -70,6 +74,9 @@ class RcaEngine:
             self._disable(str(exc))
             return
         self.error = None
+        rates = np.array([f.endswith(".rate") for f in self.model.features])
+        self._observed = ~rates if (~rates).any() else np.ones_like(rates)
+        self._unseen_logged = False
         log.info("rca: model %s loaded (%d features, window %d, classes %s)", path, len(self.model.features),
                  self.model.window, ", ".join(self.model.classes))
 
@@ -120,9 +127,16 @@ class RcaEngine:
         except StoreError as exc:
             self._disable(f"the store cannot compute the model's features: {exc}")
             return
-        seen = ~np.isnan(raw).all(axis=1)
+        # a tick with data: a rate reads 0 without any, so only the other features say whether one came in
+        seen = ~np.isnan(raw[:, self._observed]).all(axis=1)
         if not seen[-1] or 2 * seen.sum() < len(seen):  # as in training: the last tick seen, at most half missing
             return
+        if not self._unseen_logged and (missing := unseen(store, [f for f in self.model.features
+                                                                   if f not in OPTIONAL_FEATURES])):
+            self._unseen_logged = True
+            log.warning("rca: this host has no series for %d of the model's features (%s): they read as 0 or "
+                        "missing, unlike in training, and verdicts may be off; was the model trained for "
+                        "another host (its probes, its workload names)?", len(missing), ", ".join(missing[:8]))
         verdict = self.classify(raw, base, frame.ts, "slo_burn" if burning else "periodic", store)
         self.record(verdict, burning)
 

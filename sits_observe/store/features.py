@@ -21,7 +21,7 @@ from ..errors import StoreError
 if TYPE_CHECKING:
     from .series import SeriesStore
 
-__all__ = ["feature_series"]
+__all__ = ["feature_series", "unseen"]
 
 _QUANTILES = {"p50": 0.5, "p90": 0.9, "p95": 0.95, "p99": 0.99}
 
@@ -95,3 +95,25 @@ def feature_series(store: SeriesStore, name: str, last: int) -> np.ndarray:
         if stat == "rate":
             return store.counter_window(base, wl, last) / store.intervals(last)
     raise StoreError(f"feature {name!r}: unknown kind or statistic")
+
+
+def unseen(store: SeriesStore, names: list[str] | tuple[str, ...]) -> list[str]:
+    """The names whose series the store has never had: no histogram of that stage, no gauge or counter of
+    that name, no GPU.  Such a rate reads as 0 and anything else as missing, which a model trained where
+    they existed does not expect (a host without that probe, a workload named otherwise)."""
+    out = []
+    for name in names:
+        kind, _, rest = name.partition(".")
+        head = rest.rpartition(".")[0]
+        base, wl = _split(head)
+        if kind == "stage":
+            known = bool(store.hists.rows_for(base, wl))
+        elif kind == "workload":
+            known = bool(store.gauges.rows_for(base, wl) or store.counters.rows_for(base, wl))
+        elif kind == "gpu":
+            known = bool(store.gpu_info())
+        else:
+            known = True
+        if not known:
+            out.append(name)
+    return out

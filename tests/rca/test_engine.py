@@ -347,3 +347,22 @@ def test_sighup_turns_rca_off_and_on_and_applies_threads(tmp_path: Path, tiny_mo
     engine.reload(cfg.model_copy(update={"rca": cfg.rca.model_copy(update={"threads": 1})}))
     assert threads[-1] == 1  # the same model: only the threads change
     engine.close()
+
+
+def test_no_verdict_is_made_from_ticks_without_data_even_with_rate_features(
+        tmp_path: Path, untrained: Callable[..., RcaModel], caplog: pytest.LogCaptureFixture) -> None:
+    model = untrained(("stage.e2e.rate", "stage.e2e.p99", "host.cpu_utilization_ratio", "stage.nosuch.p99"), 1)
+    path = tmp_path / "m.pt"
+    model.save(path)
+    daemon, engine = _daemon(tmp_path, path, every=1)
+    for _ in range(20):  # every source down: empty ticks, whose rates read 0 (not missing)
+        daemon.tick()
+    assert engine.log.count() == 0 and not engine.log.recent()
+    daemon.sources.append(HostSource(daemon.layout))
+    with caplog.at_level(logging.WARNING, logger="sits_observe.rca"):
+        for _ in range(20):
+            daemon.tick()
+    assert engine.log.count() > 0  # data again: verdicts again
+    warned = [r.getMessage() for r in caplog.records if "no series for" in r.getMessage()]
+    assert len(warned) == 1 and "stage.nosuch.p99" in warned[0] and "stage.e2e" not in warned[0], warned
+    engine.close()
