@@ -78,6 +78,15 @@ class RatioSli(Section):
     good: str | None = Field(None, pattern=COUNTER_PATTERN, validate_default=True)
     workload: str | None = Field(None, pattern=NAME_PATTERN)
 
+    @field_validator("total", "bad", "good")
+    @classmethod
+    def _a_counter(cls, v: str | None) -> str | None:
+        # the rules would still find sits_workload_<name>_total, while the daemon read nothing: never firing
+        if v is not None and not v.endswith("_total"):
+            raise ValueError(f"{v!r} is not a counter name: counters end in _total (e.g. requests_total, "
+                             "request_errors_total); write the name as the daemon exports it, minus sits_workload_")
+        return v
+
     @field_validator("good")
     @classmethod
     def _one_of(cls, v: str | None, info: ValidationInfo) -> str | None:

@@ -43,6 +43,8 @@ def _errors(tmp_path, data):
      "slos[0].ratio: set exactly one SLI: `latency` (stage, threshold) or `ratio` (total, bad|good)"),
     ({"objective": 0.999, "ratio": {"total": "requests_total"}},
      "slos[0].ratio.good: set exactly one of `bad` (error counter) or `good` (success counter) beside `total`"),
+    ({"objective": 0.999, "ratio": {"total": "requests", "bad": "request_errors_total"}},  # the daemon read nothing
+     "slos[0].ratio.total: 'requests' is not a counter name: counters end in _total"),
     ({"objective": 0.999, "latency": LATENCY, "tiers": {"page_fast": {"short": "2h"}}},
      "slos[0].tiers: page_fast: short window 2h must be shorter than the long window 1h"),
     ({"objective": 0.999, "latency": LATENCY, "labels": {"severity": "low"}},
