@@ -108,6 +108,7 @@ class SloEngine:
         now = self.state.now()
         if now is not None:
             self.ring.resume(*now)
+        self.stopped_at = self.ring.ts  # the last time the engine saw before the restart (None: a first start)
         self.notes = self.state.notes()
         shape = (len(self.specs), len(TIER_NAMES))
         self.alerts: dict[tuple[int, str], Alert] = {}
@@ -166,7 +167,8 @@ class SloEngine:
                 self.resume = np.zeros_like(self.resume)
                 written = self.ring.add(frame.ts, good, total)
             ts = frame.ts if self.ring.ts is None else self.ring.ts
-            last_true = np.where(self.resume, ts, self.last_true)  # held up to a restart: held at the first tick
+            # held up to a restart: held when the engine stopped, so the downtime counts against the flap guard
+            last_true = np.where(self.resume, ts if self.stopped_at is None else self.stopped_at, self.last_true)
             self.last = ev = self.plan.evaluate(self.ring, ts, last_true, self.held_until)
             prune = [(lvl, idx - self.plan.levels.slots + 1) for lvl, idx, _ in written]
             self.state.save(written, prune)

@@ -197,3 +197,36 @@ def test_a_damaged_state_or_outbox_file_leaves_no_database_open(tmp_path, receiv
     for db in opened:  # every connection the failed starts made is closed
         with pytest.raises(sqlite3.ProgrammingError):
             db.execute("SELECT 1")
+
+
+def test_the_flap_guard_counts_the_downtime_after_a_restart(tmp_path, receiver):
+    data = config_for(tmp_path, receiver.url).model_dump(mode="python")
+    data["alerting"]["receivers"][0]["secret"] = SECRET
+    data["slos"][0]["keep_firing_for"] = "5m"
+    cfg = parse(data, env={})
+    feed, engine = burning(cfg)
+    assert engine.firing == ["page_fast"]
+    engine.close()  # stopped while the condition held
+    feed.ts += 86400  # back a day later: the burn is long over
+    engine = SloEngine.from_config(cfg)
+    engine.on_tick(feed.frame(0.0))
+    assert engine.firing == [None]  # resolved at once: the 5 minutes of the guard passed while it was down
+    engine.close()
+
+
+def test_a_short_restart_keeps_the_flap_guard(tmp_path, receiver):
+    data = config_for(tmp_path, receiver.url).model_dump(mode="python")
+    data["alerting"]["receivers"][0]["secret"] = SECRET
+    data["slos"][0]["keep_firing_for"] = "5m"
+    cfg = parse(data, env={})
+    feed, engine = burning(cfg)
+    engine.close()
+    feed.ts += 30  # back in 30 s
+    engine = SloEngine.from_config(cfg)
+    for _ in range(200):  # clean ticks, inside the guard's 5 minutes counted from the stop
+        engine.on_tick(feed.frame(0.0))
+    assert engine.firing == ["page_fast"]
+    for _ in range(100):
+        engine.on_tick(feed.frame(0.0))
+    assert engine.firing == [None]
+    engine.close()
