@@ -19,6 +19,13 @@ __all__ = ["STRATEGIES", "ScoreWeights", "ShardSpec", "WebhookActuatorConfig", "
 class ScoreWeights(Section):
     """Weights of the placement score terms (each term is in [0, 1], higher is better)."""
 
+    @model_validator(mode="after")
+    def _not_all_zero(self) -> ScoreWeights:
+        if not any(getattr(self, k) > 0 for k in type(self).model_fields):
+            raise ValueError("all weights are 0: every GPU set would score the same, so no move would ever gain "
+                             "and a verdict's move would land anywhere; give at least one term a weight above 0")
+        return self
+
     comm: float = Field(ge=0, description="link bandwidth inside the set, scaled by the shard's comm intensity")
     memory: float = Field(ge=0, description="snug memory fit: little free memory stranded on the chosen GPUs")
     load: float = Field(ge=0, description="headroom: low utilization and memory use on the chosen GPUs after the move")

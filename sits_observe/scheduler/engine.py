@@ -164,11 +164,17 @@ class Scheduler:
             self.register_shard(spec.model_dump(), origin)
         elif spec.placement is not None and tuple(sorted(spec.placement)) != v.gpus and (
                 origin == "simulator" or not v.live):
+            self._on_this_host(spec)
             now = self.seen.now
             for p in v.live:
                 self.store.update(p, now, State.FAILED, step=None, reason=f"{origin} runs it on {spec.placement}")
             gpus = tuple(sorted(spec.placement))
             self.walker.adopt(spec.id, gpus, self.decider.node(gpus), now, f"running on start-up ({origin})")
+
+    def _on_this_host(self, spec: ShardSpec) -> None:
+        bad = [g for g in spec.placement or () if not 0 <= g < self.topo.n]  # -1 would index the last GPU
+        if bad:
+            raise ConfigError(f"shard {spec.id}: placement: GPUs {bad} not on this host (0-{self.topo.n - 1})")
 
     def register_shard(self, body: Any, origin: str = "api") -> dict[str, Any]:
         """``POST /api/v1/shards``: validate, place (or adopt ``placement``), then store; refused -> unchanged."""
@@ -183,9 +189,7 @@ class Scheduler:
             req, load = request_for(spec, views, self.seen.util), self.seen.load(views)
             t = Trigger("adopt" if spec.placement else "register", "none", True, now, f"registered by {origin}")
             if spec.placement is not None:
-                bad = [g for g in spec.placement if not 0 <= g < self.topo.n]
-                if bad:
-                    raise ConfigError(f"shard {spec.id}: placement: GPUs {bad} not on this host (0-{self.topo.n - 1})")
+                self._on_this_host(spec)
                 c = planner.score(req, load, tuple(sorted(spec.placement)))
                 res = Result(c, [c], "given", 1)
             else:

@@ -102,3 +102,28 @@ def test_a_command_that_may_outlive_its_step_is_refused_at_load() -> None:
         parse({"scheduler": {"actuator": "command", "command": {"argv": ["true"], "timeout": 900}}}, "c.yaml", env={})
     parse({"scheduler": {"actuator": "command", "command": {"argv": ["true"], "timeout": 900}, "step_timeout": 1200}},
           "c.yaml", env={})
+
+
+def test_weights_that_are_all_zero_are_refused_at_load() -> None:
+    from sits_observe.config import parse
+    from sits_observe.errors import ConfigError
+
+    zero = {"comm": 0, "memory": 0, "load": 0, "balance": 0, "numa": 0}
+    with pytest.raises(ConfigError, match="scheduler.weights: all weights are 0"):
+        parse({"scheduler": {"weights": zero}}, "c.yaml", env={})
+    parse({"scheduler": {"weights": zero | {"load": 1}}}, "c.yaml", env={})
+
+
+def test_a_config_placement_off_this_host_is_refused_when_a_known_shard_is_adopted_again(
+        make_scheduler: Callable[..., Scheduler]) -> None:
+    from sits_observe.errors import ConfigError
+    from sits_observe.scheduler.config import ShardSpec
+    from sits_observe.scheduler.states import State
+
+    s = make_scheduler()
+    s.register_shard({"id": "a", "gpus": 1, "memory_per_gpu": 1 << 30, "placement": [0]})
+    for p in s.store.placements("a"):  # it stopped serving: known, with no live placement
+        s.store.update(p, 1000.0, State.FAILED, reason="test")
+    with pytest.raises(ConfigError, match=r"placement: GPUs \[-1\] not on this host"):
+        s._ensure(ShardSpec(id="a", gpus=1, memory_per_gpu=1 << 30, placement=[-1]), "config")
+    assert all(p.state is State.FAILED for p in s.store.placements("a"))  # nothing adopted on "the last GPU"
