@@ -22,7 +22,9 @@ __all__ = ["Levels", "WindowRing"]
 
 SLOTS = 2048
 FACTOR = 30
-CLOCK_SLACK = 60.0  # seconds a source clock may step back (NTP) before a new timeline starts
+# seconds a source clock may step back before a new timeline starts (every window afresh, the stored
+# history dropped): NTP or chrony correcting a host that booted with its clock some minutes fast is held
+CLOCK_SLACK = 900.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -214,5 +214,7 @@ def test_window_ring_clock_steps():
     ring.add(100.0, np.array([1.0]), np.array([1.0]))
     ring.add(90.0, np.array([1.0]), np.array([1.0]))  # NTP step back within the slack: held at 100
     assert ring.ts == 100.0 and ring.cum[1, 0] == 2.0
+    ring.add(100.0 - 300, np.array([1.0]), np.array([1.0]))  # chrony correcting a clock 5 min fast at boot: held
+    assert ring.ts == 100.0 and ring.cum[1, 0] == 3.0
     with pytest.raises(SloError, match="went back"):
-        ring.add(10.0, np.array([1.0]), np.array([1.0]))
+        ring.add(100.0 - 901, np.array([1.0]), np.array([1.0]))
