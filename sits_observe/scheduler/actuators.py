@@ -10,12 +10,14 @@ step and before every webhook retry: a step already acked, timed out or failed i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import queue
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.error
@@ -34,6 +36,7 @@ __all__ = ["StepOutcome", "Actuator", "LogActuator", "WebhookActuator", "Command
            "build_actuator"]
 
 log = logging.getLogger("sits_observe.scheduler.actuator")
+STDERR_KEPT = 4096  # bytes of a failed command's stderr read back (its last line is the reason)
 
 # (placement_id, step) -> whether that step still waits for its outcome
 Pending = Callable[[int, str], bool]
@@ -201,27 +204,28 @@ class CommandActuator(_Worker):
 
     def _run_command(self, plan: dict[str, Any]) -> StepOutcome:
         pid, step, prog = int(plan["placement_id"]), str(plan["step"]), self.argv[0]
-        try:
-            proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.PIPE, start_new_session=True)
-        except OSError as exc:
-            return StepOutcome(pid, step, False, f"{prog}: cannot run: {exc.strerror or exc}")
-        with proc:
+        # stderr to a file, not a pipe: read whole, a chatty program's output would sit in memory; and a
+        # program that exits, leaving a helper it started (a server launched in the background) holding a
+        # pipe, would be waited for until the timeout, then killed with its helper
+        with tempfile.TemporaryFile() as err:
             try:
-                _, err = proc.communicate(json.dumps(plan, sort_keys=True).encode(), timeout=self.timeout)
-            except subprocess.TimeoutExpired as exc:
-                exited = proc.poll() is not None  # it did; something it started still holds its stderr open
+                proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err,
+                                        start_new_session=True)
+            except OSError as exc:
+                return StepOutcome(pid, step, False, f"{prog}: cannot run: {exc.strerror or exc}")
+            with proc:
                 try:
-                    os.killpg(proc.pid, signal.SIGKILL)  # its own group: the program and what it started
-                except ProcessLookupError:
-                    pass
-                proc.wait()
-                if not exited:
+                    proc.communicate(json.dumps(plan, sort_keys=True).encode(), timeout=self.timeout)
+                except subprocess.TimeoutExpired:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)  # its own group: the program and what it started
+                    proc.wait()
                     return StepOutcome(pid, step, False, f"{prog}: no exit within {self.timeout:g} s; killed")
-                err = exc.stderr or b""
-        if proc.returncode == 0:
-            return _ok(plan)
-        tail = err.decode(errors="replace").strip().splitlines()[-1:] or [""]
+            if proc.returncode == 0:
+                return _ok(plan)
+            err.seek(max(0, err.seek(0, os.SEEK_END) - STDERR_KEPT))
+            text = err.read()
+        tail = text.decode(errors="replace").strip().splitlines()[-1:] or [""]
         return StepOutcome(pid, step, False, f"{prog} exited {proc.returncode}: {tail[0][:200]}")
 
 

@@ -93,6 +93,36 @@ def test_command_timeout_kills_the_group_and_keeps_arguments_out_of_the_reason(t
 
 
 
+LAUNCHES = """
+import subprocess, sys
+server = subprocess.Popen(["sleep", "60"])  # e.g. the inference server, left running (it inherits stderr)
+open(sys.argv[1], "w").write(str(server.pid))
+sys.stderr.write("x" * (8 << 20) + "\\nstarting\\n")  # chatty: 8 MiB of it
+"""
+
+
+def test_a_command_that_leaves_a_helper_running_is_acked_at_its_exit_and_the_helper_lives(tmp_path: Path) -> None:
+    """The step is the program's exit; what it started and left running (a server launched in the background)
+    is its business: neither waited for until the timeout nor killed then."""
+    pidfile = tmp_path / "server.pid"
+    act = CommandActuator([sys.executable, "-c", LAUNCHES, str(pidfile)], timeout=20.0)
+    server = 0
+    try:
+        started = time.monotonic()
+        assert act.submit({"placement_id": 5, "step": "launch"}) is None
+        while not (out := act.poll()) and time.monotonic() - started < 30:
+            time.sleep(0.05)
+        took = time.monotonic() - started
+        server = int(pidfile.read_text())
+        (o,) = out
+        assert (o.placement_id, o.step, o.ok) == (5, "launch", True) and took < 10, (o, took)
+        assert _running(server)
+    finally:
+        if server and _running(server):
+            os.kill(server, signal.SIGKILL)
+        act.close()
+
+
 def test_a_command_that_may_outlive_its_step_is_refused_at_load() -> None:
     from sits_observe.config import parse
     from sits_observe.errors import ConfigError
