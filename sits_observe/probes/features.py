@@ -44,12 +44,36 @@ def environment_problem() -> str | None:
         import bcc  # noqa: F401
     except ImportError:
         return "bcc is not importable; install python3-bpfcc (`make venv` links it into .venv)"
-    if not any((p / "events").is_dir() for p in _TRACEFS):
-        return "tracefs is not mounted; mount -t tracefs tracefs /sys/kernel/tracing"
+    if own_pid_namespace():
+        return ("the daemon runs in a PID namespace of its own (a container without hostPID): the kernel's thread "
+                "ids are not the ones its /proc shows, so probes would time other processes; run it in the host's "
+                "PID namespace")
+    if not any(_is_dir(p / "events") for p in _TRACEFS):
+        return ("tracefs is not mounted or not readable (it is root's: mode 700); mount -t tracefs tracefs "
+                "/sys/kernel/tracing, and give a non-root daemon CAP_DAC_READ_SEARCH as the shipped unit does")
     build = Path("/lib/modules") / platform.release() / "build"
     if not (build / "include").is_dir():
         return f"no kernel headers at {build}; install linux-headers or run .ci/setup-system.sh"
     return None
+
+
+def _is_dir(path: Path) -> bool:
+    """``path.is_dir()``, False where it cannot be looked at (tracefs is root's, mode 700)."""
+    try:
+        return path.is_dir()
+    except OSError:
+        return False
+
+
+_INIT_PID_NS = 0xEFFFFFFC  # the inode of the host's (initial) PID namespace, fixed by the kernel since 3.8
+
+
+def own_pid_namespace(ns: str = "/proc/self/ns/pid") -> bool:
+    """True when this process runs in a PID namespace other than the host's (a container without hostPID)."""
+    try:
+        return os.stat(ns).st_ino != _INIT_PID_NS
+    except OSError:  # no /proc/self/ns (very old kernels): assume the host's
+        return False
 
 
 def tracepoint_exists(category: str, event: str) -> bool:
@@ -57,7 +81,7 @@ def tracepoint_exists(category: str, event: str) -> bool:
     try:
         from bcc import BPF
     except ImportError:
-        return any((p / "events" / category / event).is_dir() for p in _TRACEFS)
+        return any(_is_dir(p / "events" / category / event) for p in _TRACEFS)
     return bool(BPF.tracepoint_exists(category, event))
 
 

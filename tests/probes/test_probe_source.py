@@ -43,6 +43,26 @@ def test_without_privileges_probes_are_off_and_say_so_once() -> None:
     assert len(said) == 1 and "run the daemon as root" in said[0]
 
 
+def test_a_non_root_daemon_with_bpf_capabilities_but_no_tracefs_access_runs_with_probes_off() -> None:
+    """CAP_BPF and CAP_PERFMON as user nobody: tracefs is root's (mode 700), which raised PermissionError out of
+    the probe source and stopped the daemon's start."""
+    probe = "import json; from sits_observe.probes.features import environment_problem; print(json.dumps(" \
+            "environment_problem()))"
+    out = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
+                          "--inh-caps=+bpf,+perfmon", "--ambient-caps=+bpf,+perfmon", sys.executable, "-c", probe],
+                         capture_output=True, text=True, timeout=60, check=True, cwd="/")
+    assert json.loads(out.stdout).startswith("tracefs is not mounted or not readable"), out.stdout + out.stderr
+
+
+def test_a_daemon_in_its_own_pid_namespace_runs_with_probes_off() -> None:
+    """A container without hostPID: the kernel's thread ids are not the ones its /proc shows."""
+    probe = "import json; from sits_observe.probes.features import environment_problem; print(json.dumps(" \
+            "environment_problem()))"
+    out = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", probe],
+                         capture_output=True, text=True, timeout=60, check=True)
+    assert "PID namespace of its own" in json.loads(out.stdout), out.stdout + out.stderr
+
+
 def test_disabled_in_config_loads_nothing() -> None:
     src, _ = make_source({"probes": {"enabled": False}})
     assert src.off == "disabled in config (probes.enabled: false)"
