@@ -1,7 +1,8 @@
 /* runq: run-queue latency (runnable -> on CPU) of the tracked workloads' threads.
  *
  * Tracepoints: sched:sched_wakeup, sched:sched_switch, and where present sched:sched_wakeup_new
- * (HAVE_SCHED_WAKEUP_NEW) and sched:sched_process_exit (HAVE_SCHED_PROCESS_EXIT). Fields come only from
+ * (HAVE_SCHED_WAKEUP_NEW), sched:sched_process_exit (HAVE_SCHED_PROCESS_EXIT) and sched:sched_process_free
+ * (HAVE_SCHED_PROCESS_FREE). Fields come only from
  * the tracepoint args. A wakeup names a thread id; its tgid is learnt when the thread is switched out
  * (it is then `current`, so bpf_get_current_pid_tgid() names it) and kept in `threads`.
  * A task switched out still runnable (prev_state & RUNQ_STATE_MASK == 0: preempted or yielded) is queued
@@ -58,7 +59,9 @@ TRACEPOINT_PROBE(sched, sched_switch)
 	struct runq_start *start;
 
 	if (prev && workload_of(tgid)) {
-		if (!threads.lookup(&prev))
+		u32 *known = threads.lookup(&prev);
+
+		if (!known || *known != tgid) /* a thread id reused by another tracked process */
 			threads.update(&prev, &tgid);
 		if ((args->prev_state & RUNQ_STATE_MASK) == 0)
 			runq_enqueue(prev, tgid);
@@ -75,6 +78,19 @@ TRACEPOINT_PROBE(sched, sched_switch)
 TRACEPOINT_PROBE(sched, sched_process_exit)
 {
 	u32 tid = bpf_get_current_pid_tgid();
+
+	threads.delete(&tid);
+	runq_start.delete(&tid);
+	return 0;
+}
+#endif
+
+#ifdef HAVE_SCHED_PROCESS_FREE
+/* The task is freed after its last switch, which (after sched_process_exit) learnt its tgid again: without
+ * this its thread id would stay mapped to the workload, and a thread that reuses the id be charged to it. */
+TRACEPOINT_PROBE(sched, sched_process_free)
+{
+	u32 tid = args->pid;
 
 	threads.delete(&tid);
 	runq_start.delete(&tid);

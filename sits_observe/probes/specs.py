@@ -63,7 +63,8 @@ SPECS: dict[str, ProbeSpec] = {
         features=(Feature("HAVE_SCHED_WAKEUP", ("sched:sched_wakeup",)),
                   Feature("HAVE_SCHED_SWITCH", ("sched:sched_switch",)),
                   Feature("HAVE_SCHED_WAKEUP_NEW", ("sched:sched_wakeup_new",)),
-                  Feature("HAVE_SCHED_PROCESS_EXIT", ("sched:sched_process_exit",))),
+                  Feature("HAVE_SCHED_PROCESS_EXIT", ("sched:sched_process_exit",)),
+                  Feature("HAVE_SCHED_PROCESS_FREE", ("sched:sched_process_free",))),
         requires=(("HAVE_SCHED_WAKEUP",), ("HAVE_SCHED_SWITCH",)),
         defines={"RUNQ_STATE_MASK": hex(RUNQ_STATE_MASK)}),
     "syscalls": ProbeSpec(

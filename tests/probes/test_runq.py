@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -73,3 +74,26 @@ def test_busy_core_shows_runq_latency_idle_core_does_not(source: ProbeSource) ->
     # vCPU away (steal time). CI once saw 2 slow of 60; a tenth is far below the contended share (~2/3).
     assert idle_slow * 10 <= idle_total, seen
     assert ("runq", "idle") not in frame_busy.hists and ("runq", "contended") not in frame_idle.hists
+
+
+def test_a_workload_thread_that_exits_leaves_no_thread_id_behind() -> None:
+    """Its last switch, after sched_process_exit, learnt its tgid again: the id stayed mapped to the workload,
+    and a thread that reused it later was charged to it. sched_process_free forgets it."""
+    src, _ = make_source({
+        "workloads": [{"name": "short", "comm": "sits-t-rq-free"}],
+        "probes": {"syscalls": OFF, "block_io": OFF, "cuda": OFF, "nccl": OFF, "scan_interval": 3600},
+    })
+    try:
+        threads = src.states["runq"].program.bpf[b"threads"]
+        with Workload("sits-t-rq-free") as w:
+            src.rescan()
+            w.run(*SPIN_SLEEP)
+            pid = w.pid
+            assert any(k.value == pid for k in threads.keys())  # learnt while it ran
+        for _ in range(50):  # the task is freed after an RCU grace period
+            if not any(k.value == pid for k in threads.keys()):
+                break
+            time.sleep(0.1)
+        assert not any(k.value == pid for k in threads.keys())
+    finally:
+        src.close()
