@@ -19,7 +19,11 @@ from .actuators import Actuator, StepOutcome
 from .states import NotFound, State
 from .store import Placement, PlacementStore, SpanRecord
 
-__all__ = ["STEPS", "Walker"]
+__all__ = ["STEPS", "StepRefused", "Walker"]
+
+class StepRefused(SchedulerError):
+    """An outcome or ack for a step the placement is not waiting for (HTTP 409)."""
+
 
 # step -> (state it is sent from, state it leads to)
 STEPS = {"stage": (State.PLACED, State.STAGED), "launch": (State.STAGED, State.LAUNCHED),
@@ -36,6 +40,7 @@ class Walker:
     def __init__(self, store: PlacementStore, actuator: Actuator, choose: Chooser, step_timeout: float) -> None:
         self.store, self.actuator, self.choose, self.step_timeout = store, actuator, choose, step_timeout
         self.waiting: set[int] = set()  # pending placements whose choice ``choose`` put off
+        self._unwritten: list[StepOutcome] = []  # outcomes whose write failed: applied at the next poll
 
     def start(self, shard_id: str, kind: str, gpus: tuple[int, ...], node: str, ts: float, *,
               source: Placement | None = None, decision_id: str = "", reason: str = "",
@@ -97,17 +102,22 @@ class Walker:
             if p.state in _WALK and _WALK.index(p.state) >= _WALK.index(STEPS[o.step][1]):
                 return p  # that step was done already (a repeated ack)
             waiting = f"waiting for step {p.step}" if p.step else "not waiting for any step"
-            raise SchedulerError(f"shard {p.shard_id}: placement {p.id}: ack for step {o.step} refused: expected "
+            raise StepRefused(f"shard {p.shard_id}: placement {p.id}: ack for step {o.step} refused: expected "
                                  f"state {STEPS[o.step][0].value}, actual {p.state.value} ({waiting})")
         return self.advance(self._apply(p, o, ts), ts)
 
     def poll(self, ts: float) -> None:
-        """Outcomes the actuator finished since the last tick; stale ones (step already moved on) are ignored."""
-        for o in self.actuator.poll():
+        """Outcomes the actuator finished since the last tick; stale ones (step already moved on) are ignored,
+        and one whose write the database refused (a full disk) is tried again at the next tick, not lost (the
+        step would time out as failed although it was carried out)."""
+        unwritten, self._unwritten = self._unwritten, []
+        for o in [*unwritten, *self.actuator.poll()]:
             try:
                 self.complete(o, ts)
-            except SchedulerError:
+            except (StepRefused, NotFound):
                 continue
+            except SchedulerError:
+                self._unwritten.append(o)
 
     def expire(self, ts: float) -> None:
         """Fail steps not acked within ``step_timeout`` (source clock), and walk on placements left between

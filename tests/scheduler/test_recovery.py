@@ -177,3 +177,45 @@ def test_a_placement_left_between_steps_by_a_failed_write_walks_on_at_the_next_t
     q = store.placement(p.id)
     assert (q.state, q.step, orch.sent) == (State.STAGED, "launch", ["stage", "launch"])
     store.close()
+
+
+def test_an_actuator_outcome_whose_write_fails_is_applied_at_the_next_tick(tmp_path: Path) -> None:
+    from sits_observe.errors import SchedulerError
+    from sits_observe.scheduler.actuators import StepOutcome
+    from sits_observe.scheduler.config import ShardSpec
+    from sits_observe.scheduler.migrate import Walker
+    from sits_observe.scheduler.store import PlacementStore
+
+    class Worker:  # a command or webhook actuator: outcomes come back through poll()
+        name = "test"
+
+        def __init__(self) -> None:
+            self.done: list[StepOutcome] = []
+
+        def submit(self, plan: dict) -> None:
+            self.done.append(StepOutcome(int(plan["placement_id"]), str(plan["step"]), True, ""))
+
+        def poll(self) -> list:
+            out, self.done = self.done, []
+            return out
+
+    store = PlacementStore(tmp_path)
+    store.add_shard(ShardSpec(id="s", gpus=1, memory_per_gpu=1 << 30), 0.0)
+    walker = Walker(store, Worker(), lambda p: None, step_timeout=600.0)
+    p = walker.start("s", "assign", (0,), "0", 0.0)
+    real, failed = store.update, []
+
+    def full_disk_once(q, ts, state=None, **fields):  # the write of the stage's outcome fails once
+        if state is State.STAGED and not failed:
+            failed.append(q.id)
+            raise SchedulerError(f"{store.path}: database or disk is full")
+        return real(q, ts, state, **fields)
+
+    store.update = full_disk_once
+    walker.poll(1.0)
+    assert failed and store.placement(p.id).state is State.PLACED
+    walker.poll(2.0)  # the next tick: the stage was done, and it is not lost
+    assert (store.placement(p.id).state, store.placement(p.id).step) == (State.STAGED, "launch")
+    walker.poll(3.0)
+    assert store.placement(p.id).state is State.LAUNCHED
+    store.close()
