@@ -61,6 +61,7 @@ __all__ = ["SloEngine"]
 
 log = logging.getLogger("sits_observe.slo")
 RECENT_KEPT = 50
+UNSAVED_KEPT = 10000  # ring edges kept for the next write while slo.db refuses writes (newest first kept)
 
 
 class SloEngine:
@@ -109,6 +110,7 @@ class SloEngine:
         if now is not None:
             self.ring.resume(*now)
         self.stopped_at = self.ring.ts  # the last time the engine saw before the restart (None: a first start)
+        self._unsaved: list[tuple[int, int, np.ndarray]] = []  # ring edges a failed slo.db write did not store
         self.notes = self.state.notes()
         shape = (len(self.specs), len(TIER_NAMES))
         self.alerts: dict[tuple[int, str], Alert] = {}
@@ -160,6 +162,7 @@ class SloEngine:
                 log.warning("%s: SLO windows and budgets start afresh", exc)
                 self.state.clear_edges()
                 self.ring = WindowRing(len(self.specs), self.plan.levels)
+                self._unsaved = []
                 # the flap guard's times are in the abandoned future: or a firing alert would be kept
                 # until the clock caught up with them; with empty windows it resolves now
                 self.last_true = np.full_like(self.last_true, np.nan)
@@ -170,8 +173,14 @@ class SloEngine:
             # held up to a restart: held when the engine stopped, so the downtime counts against the flap guard
             last_true = np.where(self.resume, ts if self.stopped_at is None else self.stopped_at, self.last_true)
             self.last = ev = self.plan.evaluate(self.ring, ts, last_true, self.held_until)
+            written = self._unsaved + list(written)  # with the edges a failed write left (a full disk)
             prune = [(lvl, idx - self.plan.levels.slots + 1) for lvl, idx, _ in written]
-            self.state.save(written, prune)
+            try:
+                self.state.save(written, prune)
+            except SloError:
+                self._unsaved = written[-UNSAVED_KEPT:]  # stored with the next tick's, not lost
+                raise
+            self._unsaved = []
             for i in np.flatnonzero((~_same(ev.held_until, self.held_until)).any(axis=1)):
                 self.state.set_held(self.specs[i].name, {t: float(u) for t, u in zip(TIER_NAMES, ev.held_until[i])
                                                          if not np.isnan(u)})

@@ -176,6 +176,48 @@ def test_a_clean_restart_keeps_the_events_since_the_last_slot_edge(tmp_path):
     restarted.close()
 
 
+def test_edges_a_failed_state_write_did_not_store_are_stored_with_the_next(tmp_path):
+    def engine(state_dir):
+        state_dir.mkdir(exist_ok=True)
+        cfg = parse({"state_dir": str(state_dir), "slos": [
+            {"name": "chat", "objective": 0.99, "latency": {"stage": "e2e", "workload": "chat", "threshold": 0.25}}]},
+            env={})
+        return cfg, SloEngine.from_config(cfg)
+
+    cfg, through = engine(tmp_path / "a")
+    _, flaky = engine(tmp_path / "b")
+    feed = Feeder(cfg)
+    real, failed = flaky.state.save, []
+
+    def full_once(written, prune=()):
+        written = list(written)
+        if written and not failed:  # the write at a slot edge fails once (disk full)
+            failed.append(len(written))
+            raise SloError("SLO state slo.db: database or disk is full")
+        return real(written, prune)
+
+    flaky.state.save = full_once
+    for k in range(45):
+        frame = feed.frame(0.1 * (k % 3))
+        through.on_tick(frame)
+        try:
+            flaky.on_tick(frame)
+        except SloError:
+            pass
+    assert failed
+    through.close()
+    flaky.close()
+    _, through = engine(tmp_path / "a")  # both restarted: what slo.db holds
+    _, flaky = engine(tmp_path / "b")
+    frame = feed.frame(0.0)
+    through.on_tick(frame)
+    flaky.on_tick(frame)
+    want = [(w["window"], w["good"], w["total"]) for w in through.slos_state()[0]["windows"]]
+    assert [(w["window"], w["good"], w["total"]) for w in flaky.slos_state()[0]["windows"]] == want
+    through.close()
+    flaky.close()
+
+
 def test_a_damaged_state_or_outbox_file_leaves_no_database_open(tmp_path, receiver, monkeypatch):
     import sqlite3
 
