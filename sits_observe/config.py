@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -146,6 +147,13 @@ class Config(Section):
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     otlp: OtlpConfig = Field(default_factory=OtlpConfig)
 
+    @field_validator("state_dir")
+    @classmethod
+    def _a_path(cls, v: str) -> str:
+        if not v or "\0" in v:
+            raise ValueError("must be a directory path (not empty, no NUL byte)")
+        return v
+
     @field_validator("api_token")
     @classmethod
     def _token(cls, v: SecretStr | None) -> SecretStr | None:
@@ -252,6 +260,9 @@ def parse(data: Any, source: str = "<config>", env: dict[str, str] | None = None
     return cfg
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a config file with every section filled in is a few KiB
+
+
 def load(path: str | Path | None = None, env: dict[str, str] | None = None) -> Config:
     """Load ``path`` (or ``$SITS_CONFIG``; none means all defaults) and validate it."""
     env = os.environ if env is None else env
@@ -260,7 +271,13 @@ def load(path: str | Path | None = None, env: dict[str, str] | None = None) -> C
         return parse({}, "<defaults>", env)
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        if not stat.S_ISREG(p.stat().st_mode):  # /dev/zero would never end, a FIFO never answer
+            raise ConfigError(f"{p}: not a regular file; give the path of the YAML config file")
+        with p.open("rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{p}: larger than {MAX_CONFIG_BYTES >> 20} MiB; is this the config file?")
+        text = raw.decode("utf-8")
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read config file: {exc.strerror}; check the path") from None
     except UnicodeDecodeError as exc:

@@ -49,6 +49,10 @@ def parse_yaml(text: str, source: str) -> Any:
     the position."""
     try:
         return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.reader.ReaderError as exc:  # a character YAML refuses (a control byte): it has no problem_mark
+        line = text.count("\n", 0, exc.position) + 1
+        char = chr(exc.character) if isinstance(exc.character, int) else exc.character
+        raise ConfigError(f"{source}: not valid YAML at line {line}: {exc.reason} ({char!r}); remove it") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -168,3 +168,27 @@ def test_partial_scheduler_weights_override_only_the_terms_given(tmp_path):
     w = load(f, env={}).scheduler.score_weights()
     assert (w.comm, w.memory, w.load, w.balance, w.numa) == (10, 4, 0.5, 0, 1)
 
+
+
+def test_a_control_byte_is_one_line_with_its_line_number(tmp_path):
+    _one(tmp_path, "tick_interval: 2\nlog_level: info\x01\n", "{f}: not valid YAML at line 2: special characters",
+         "'\\x01'")
+
+
+def test_a_nul_byte_in_state_dir_is_refused_at_load(tmp_path):
+    _one(tmp_path, 'state_dir: "a\\0b"\n', "{f}: state_dir: must be a directory path (not empty, no NUL byte)")
+
+
+@pytest.mark.parametrize("path", ["/dev/zero", "fifo", "big"])
+def test_a_config_path_that_is_no_small_regular_file_is_refused_at_once(tmp_path, path):
+    import os
+
+    if path == "fifo":
+        path = str(tmp_path / "fifo")
+        os.mkfifo(path)  # reading it would wait for a writer for ever
+    elif path == "big":
+        path = str(tmp_path / "big.yaml")
+        with open(path, "w") as f:
+            f.write("# padding\n" * 200_000)  # 2 MB
+    with pytest.raises(ConfigError, match="not a regular file|larger than 1 MiB"):
+        load(path, env={})
