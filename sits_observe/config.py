@@ -292,3 +292,20 @@ def validate(model: type[M], data: Any, source: str, sep: str = "\n", origins: M
         return model.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(sep.join(format_errors(exc, source, origins))) from None
+
+
+RESTART_ONLY = ("listen", "state_dir", "store", "tick_interval", "gpu", "sim", "slos", "alerting", "servers",
+                "workloads", "probes", "otlp")
+
+
+def restart_only(old: Config, new: Config, *, rca_built: bool) -> tuple[list[str], Config]:
+    """What of ``new`` (a SIGHUP's) takes effect only after a restart, and ``new`` with those kept as in
+    ``old``, so nothing reads a value the daemon does not use."""
+    keys = [k for k in RESTART_ONLY if getattr(new, k) != getattr(old, k)]
+    update: dict[str, Any] = {k: getattr(old, k) for k in keys}
+    if new.scheduler.enabled != old.scheduler.enabled:  # the scheduler is built, or not, at start-up
+        keys.append("scheduler.enabled")
+        update["scheduler"] = new.scheduler.model_copy(update={"enabled": old.scheduler.enabled})
+    if new.rca.enabled and not old.rca.enabled and not rca_built:  # never built: nothing to turn on
+        keys.append("rca.enabled")
+    return keys, new.model_copy(update=update) if update else new

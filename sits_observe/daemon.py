@@ -22,7 +22,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from . import __version__
 from .clock import Clock
-from .config import Config
+from .config import Config, restart_only
 from .errors import SitsError, StillDown, StoreError
 from .frame import BucketLayout, Frame, Sample
 from .store import SeriesStore
@@ -233,15 +233,9 @@ class Daemon:
 
     def reload(self, new: Config) -> None:
         """Apply a validated new config (SIGHUP); parts that can reload take it, the rest need a restart."""
-        restart = [k for k in ("listen", "state_dir", "store", "tick_interval", "gpu", "sim", "slos", "alerting",
-                               "servers", "workloads", "probes")
-                   if getattr(new, k) != getattr(self.config, k)]
-        if new.rca.enabled and self.rca is None and not self.config.rca.enabled:  # never built: nothing to turn on
-            restart.append("rca.enabled")
+        restart, new = restart_only(self.config, new, rca_built=self.rca is not None)
         if restart:
             log.warning("SIGHUP: %s changed; these take effect after a restart", ", ".join(restart))
-            # what runs keeps its settings until then, so nothing reads a value the daemon does not use
-            new = new.model_copy(update={k: getattr(self.config, k) for k in restart if "." not in k})
         logging.getLogger().setLevel(new.log_level.upper())
         self.config = new
         failed = []

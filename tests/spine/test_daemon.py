@@ -366,3 +366,16 @@ def test_health_and_readiness_say_when_the_tick_loop_has_stalled(tmp_path):
     assert client.get("/readyz").status_code == 503
     daemon.tick()  # it came back
     assert client.get("/healthz").status_code == 200 and client.get("/readyz").status_code == 200
+
+
+def test_sighup_says_which_changes_need_a_restart_and_keeps_them_as_running(tmp_path, caplog):
+    cfg = parse({"state_dir": str(tmp_path)}, env={})
+    daemon = Daemon(config=cfg, clock=WallClock(1.0))
+    new = parse({"state_dir": str(tmp_path), "scheduler": {"enabled": False, "cooldown": 60},
+                 "otlp": {"endpoint": "http://127.0.0.1:4318"}}, env={})
+    with caplog.at_level(logging.WARNING, logger="sits_observe.daemon"):
+        daemon.reload(new)
+    warned = [r.getMessage() for r in caplog.records if "take effect after a restart" in r.getMessage()]
+    assert len(warned) == 1 and "otlp" in warned[0] and "scheduler.enabled" in warned[0], warned
+    assert daemon.config.scheduler.enabled and daemon.config.otlp.endpoint is None  # as running
+    assert daemon.config.scheduler.cooldown == 60  # the rest of the section is taken
