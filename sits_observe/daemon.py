@@ -97,6 +97,8 @@ class Daemon:
         ts = self.clock.next_ts()
         frame = Frame(ts=ts, interval=self.clock.elapsed(ts))
         for src in self.sources:
+            if self.stop_event.is_set():  # a stop asked: no more sources (each may take its timeout)
+                break
             self._collect(src, frame)
         try:
             self.store.ingest(frame)

@@ -164,12 +164,20 @@ def serve(cfg: Config, *, duration: float | None = None, reload: Callable[[], Co
                 print(f"  simulated host: topology {cfg.sim.topology}, scenario {cfg.sim.scenario}, "
                       f"speed {cfg.sim.speed:g}x, state in {cfg.state_dir}", file=sys.stderr, flush=True)
             daemon.run(duration=duration)
-        finally:
-            try:
-                server.close()
-            finally:
-                closed = daemon.close()
+        finally:  # the HTTP server beside the parts, not before them: in all within the unit's TimeoutStopSec
+            http = threading.Thread(target=_close_quietly, args=(server,), name="http-close", daemon=True)
+            http.start()
+            closed = daemon.close()
+            http.join(1.0)
         return 0 if closed else 1
     finally:
         for sig, handler in previous.items():  # None: one not set from Python, which cannot be put back
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+
+
+def _close_quietly(server: Any) -> None:
+    try:
+        server.close()
+    except Exception as exc:  # noqa: BLE001 - a stop goes on; the parts are closing beside it
+        logging.getLogger("sits_observe.http").error("HTTP server did not close cleanly: %s: %s",
+                                                     type(exc).__name__, exc)
