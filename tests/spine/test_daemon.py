@@ -379,3 +379,22 @@ def test_sighup_says_which_changes_need_a_restart_and_keeps_them_as_running(tmp_
     assert len(warned) == 1 and "otlp" in warned[0] and "scheduler.enabled" in warned[0], warned
     assert daemon.config.scheduler.enabled and daemon.config.otlp.endpoint is None  # as running
     assert daemon.config.scheduler.cooldown == 60  # the rest of the section is taken
+
+
+def test_a_stop_asked_during_a_tick_asks_no_more_sources(tmp_path):
+    cfg = parse({"state_dir": str(tmp_path)}, env={})
+    daemon = Daemon(config=cfg, clock=WallClock(1.0))
+    asked = []
+
+    class Source:
+        def __init__(self, name, stops=False):
+            self.name, self.stops = name, stops
+
+        def collect(self, frame):
+            asked.append(self.name)
+            if self.stops:
+                daemon.stop_event.set()  # SIGTERM while this source was being read
+
+    daemon.sources += [Source("first", stops=True), Source("hung-server"), Source("another")]
+    daemon.tick()
+    assert asked == ["first"]  # each left would have had its timeout (up to 30 s) before the stop could start
