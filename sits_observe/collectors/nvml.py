@@ -9,6 +9,7 @@ while the other GPUs go on; no driver means the source cannot start (one-line :c
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import time
 from collections.abc import Callable
@@ -190,6 +191,7 @@ class NvmlSource:
             except _Lost:
                 snap.gpu.values[i] = np.nan
                 snap.gpu.healthy[i] = False
+                self._xid_fields(i, g, snap.gpu.values[i], snap.samples)  # an XID 79 is why it fell off the bus
                 snap.errors.append(f"GPU {i} ({g.info.uuid}, {g.info.pci_bus_id}) is lost (NVML: GPU is lost); "
                                    "drain and reset it")
                 if i not in self._lost:
@@ -253,12 +255,15 @@ class NvmlSource:
         if rows is not None:
             samples.append(gpu_sample("sits_gpu_remapped_rows", g.info, rows[0], kind="correctable"))
             samples.append(gpu_sample("sits_gpu_remapped_rows", g.info, rows[1], kind="uncorrectable"))
+        self._xid_fields(i, g, row, samples)
+        self._read_nvlink(i, g, row, samples, snap)
+        self._read_processes(i, g, row, samples, snap)
+
+    def _xid_fields(self, i: int, g: _Gpu, row: np.ndarray, samples: list[Sample]) -> None:
         if g.xid:
             row[_F["xid_errors_total"]] = self._xid_count[i]
             if i in self._last_xid:
                 samples.append(gpu_sample("sits_gpu_last_xid", g.info, self._last_xid[i]))
-        self._read_nvlink(i, g, row, samples, snap)
-        self._read_processes(i, g, row, samples, snap)
 
     def _clock_event_reasons(self, handle: Any) -> int:
         nv = self.nvml
@@ -314,14 +319,36 @@ class NvmlSource:
         for _ in range(_MAX_XID_EVENTS):
             try:
                 event = nv.nvmlEventSetWait_v2(self._events, 0)  # 0 ms: never blocks
-                if not event.eventType & nv.nvmlEventTypeXidCriticalError:
-                    continue
-                i = nv.nvmlDeviceGetIndex(event.device)
             except nv.NVMLError as exc:
                 if exc.value != nv.NVML_ERROR_TIMEOUT:  # timeout = no event waiting
                     snap.errors.append(f"XID events: {exc}")
                 return
-            if 0 <= i < len(self.gpus):
-                self._xid_count[i] += 1
-                self._last_xid[i] = int(event.eventData)
+            if not event.eventType & nv.nvmlEventTypeXidCriticalError:
+                continue
+            i = self._position(event.device)
+            if i is None:
+                snap.errors.append(f"XID {int(event.eventData)} of a GPU not known here; not counted")
+                continue
+            self._xid_count[i] += 1
+            self._last_xid[i] = int(event.eventData)
 
+    def _position(self, device: Any) -> int | None:
+        """Which of our GPUs an event's device is: by its handle (no NVML call, which a GPU that fell off the
+        bus would answer with GPU_IS_LOST), else by its NVML index."""
+        for i, g in enumerate(self.gpus):
+            if g.handle is not None and _same_handle(g.handle, device):
+                return i
+        try:
+            i = self.nvml.nvmlDeviceGetIndex(device)
+        except self.nvml.NVMLError:
+            return None
+        return i if 0 <= i < len(self.gpus) else None
+
+
+def _same_handle(a: Any, b: Any) -> bool:
+    """NVML device handles are pointers: equal when they point at the same device (two ctypes pointer objects
+    to one address are not ``==``)."""
+    try:
+        return ctypes.cast(a, ctypes.c_void_p).value == ctypes.cast(b, ctypes.c_void_p).value
+    except (ctypes.ArgumentError, TypeError):
+        return bool(a == b)

@@ -151,6 +151,25 @@ def test_no_nvlink_on_pcie_boards_leaves_fields_empty() -> None:
     assert np.isnan(_value(frame, 2, "nvlink_rx_bytes_total")) and not frame.errors
 
 
+def _but_xid(row: np.ndarray) -> np.ndarray:
+    """A lost GPU's row without its XID count, which is kept: it says why the GPU was lost."""
+    return np.delete(row, GPU_FIELD_INDEX["xid_errors_total"])
+
+
+def test_an_xid_of_a_gpu_that_fell_off_the_bus_is_kept_and_shown(fake: FakeNvml) -> None:
+    clock = Clock()
+    src = NvmlSource(fake, clock=clock)
+    _frame(src)
+    fake.gpus[2].lost = True  # XID 79: the GPU fell off the bus; every call on it answers GPU_IS_LOST
+    fake.push_xid(2, 79)
+    fake.push_xid(5, 31)  # and another GPU's event behind it is drained too
+    clock.t += 5
+    frame = _frame(src)
+    assert not frame.gpu.healthy[2] and _value(frame, 2, "xid_errors_total") == 1
+    assert _samples(frame, "sits_gpu_last_xid", 2) == {(): 79.0}
+    assert _value(frame, 5, "xid_errors_total") == 1 and "XID events" not in frame.errors.get("nvml", "")
+
+
 def test_xid_events_are_counted_without_blocking(fake: FakeNvml) -> None:
     clock = Clock()
     src = NvmlSource(fake, clock=clock)
@@ -280,7 +299,7 @@ def test_gpu_lost_while_reading_process_samples_leaves_the_others(fake: FakeNvml
         g.processes = [(4242, 1 << 30)]
     fake.gpus[2].fail["nvmlDeviceGetProcessUtilization"] = pynvml.NVML_ERROR_GPU_IS_LOST
     frame = _frame(NvmlSource(fake, clock=Clock(), resolve_workload={4242: "chat"}.get))
-    assert not frame.gpu.healthy[2] and np.isnan(frame.gpu.values[2]).all()
+    assert not frame.gpu.healthy[2] and np.isnan(_but_xid(frame.gpu.values[2])).all()
     assert frame.gpu.healthy[[0, 1, 3]].all() and _value(frame, 3, "serving_utilization_ratio") == pytest.approx(0.73)
     assert "GPU 2" in frame.errors["nvml"]
 
@@ -385,7 +404,7 @@ def test_lost_gpu_is_unhealthy_and_reported_while_others_go_on(fake: FakeNvml,
         clock.t += 5
         _frame(src)
     assert list(frame.gpu.healthy) == [True, True, True, False, True, True, True, True]
-    assert np.isnan(frame.gpu.values[3]).all()
+    assert np.isnan(_but_xid(frame.gpu.values[3])).all() and _value(frame, 3, "xid_errors_total") == 0
     assert _value(frame, 4, "power_watts") == pytest.approx(512.345)
     assert fake.gpus[3].uuid in frame.errors["nvml"] and "lost" in frame.errors["nvml"]
     assert _samples(frame, "sits_gpu_nvlink_link_up", 3) == {} and len(_samples(frame, "sits_gpu_nvlink_link_up", 4)) == 18
