@@ -48,8 +48,11 @@ _F = GPU_FIELD_INDEX
 _LINK_BYTES = ("sits_gpu_nvlink_link_rx_bytes_total", "sits_gpu_nvlink_link_tx_bytes_total")
 
 
+SKIP_RECHECK_S = 300.0  # a field a GPU does not support is asked again after this long
+
+
 class _Lost(Exception):
-    """The GPU answered NVML_ERROR_GPU_IS_LOST."""
+    """The GPU answered NVML_ERROR_GPU_IS_LOST or NVML_ERROR_RESET_REQUIRED: no call on it will work."""
 
 
 @dataclass
@@ -89,7 +92,7 @@ class NvmlSource:
         self.resolve_workload = resolve_workload or (lambda pid: None)
         self._attributes = resolve_workload is not None  # workloads configured: serving / foreign fields
         self._attribution = Attribution()
-        self._skip: set[tuple[int, str]] = set()  # (gpu, group) the GPU does not support
+        self._skip: dict[tuple[int, str], float] = {}  # (gpu, group) the GPU does not support: until when
         self._noted: set[tuple[int, str, int]] = set()  # (gpu, group, code) already logged
         self._lost: set[int] = set()
         self._snap: _Snapshot | None = None
@@ -188,12 +191,12 @@ class NvmlSource:
             samples: list[Sample] = []
             try:
                 self._read(i, g, snap.gpu.values[i], samples, snap)
-            except _Lost:
+            except _Lost as lost:
                 snap.gpu.values[i] = np.nan
                 snap.gpu.healthy[i] = False
                 self._xid_fields(i, g, snap.gpu.values[i], snap.samples)  # an XID 79 is why it fell off the bus
-                snap.errors.append(f"GPU {i} ({g.info.uuid}, {g.info.pci_bus_id}) is lost (NVML: GPU is lost); "
-                                   "drain and reset it")
+                snap.errors.append(f"GPU {i} ({g.info.uuid}, {g.info.pci_bus_id}) is lost (NVML: "
+                                   f"{lost.args[0] if lost.args else 'GPU is lost'}); drain and reset it")
                 if i not in self._lost:
                     log.warning("nvml: %s", snap.errors[-1])
                 self._lost.add(i)
@@ -208,16 +211,18 @@ class NvmlSource:
 
     def _get(self, i: int, group: str, snap: _Snapshot, fn: Callable[..., Any], *args: Any) -> Any:
         """Call NVML; None when unsupported (remembered) or failed (reported); _Lost when the GPU is lost."""
-        if (i, group) in self._skip:
+        if snap.at < self._skip.get((i, group), -np.inf):
             return None
         nv = self.nvml
         try:
             return fn(*args)
         except nv.NVMLError as exc:
             if exc.value == nv.NVML_ERROR_GPU_IS_LOST:
-                raise _Lost from exc
-            if is_unsupported(nv, exc):
-                self._skip.add((i, group))
+                raise _Lost("GPU is lost") from exc
+            if exc.value == getattr(nv, "NVML_ERROR_RESET_REQUIRED", None):
+                raise _Lost("GPU needs a reset") from exc
+            if is_unsupported(nv, exc):  # asked again later: MIG turned off, a driver updated, a reset
+                self._skip[(i, group)] = snap.at + SKIP_RECHECK_S
                 log.debug("nvml: GPU %d does not support %s (%s); omitted", i, group, exc)
                 return None
             snap.errors.append(f"GPU {i}: {group}: {exc}")

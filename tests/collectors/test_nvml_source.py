@@ -256,7 +256,7 @@ def test_each_read_asks_for_the_last_interval_only(fake: FakeNvml) -> None:
 
 
 @pytest.mark.parametrize("code,reported", [
-    (pynvml.NVML_ERROR_NOT_SUPPORTED, False),  # e.g. MIG: omitted quietly, not asked again
+    (pynvml.NVML_ERROR_NOT_SUPPORTED, False),  # e.g. MIG: omitted quietly, not asked again for a while
     (pynvml.NVML_ERROR_UNKNOWN, True),  # a failure: reported in frame.errors
 ])
 def test_no_per_process_samples_means_neither_field(fake: FakeNvml, code: int, reported: bool) -> None:
@@ -367,7 +367,32 @@ def test_unsupported_field_is_omitted_for_that_gpu_only(fake: FakeNvml, call: st
     clock.t += 5
     _frame(src)
     asked = {args[0].index for name, args in fake.log if name == call}
-    assert asked == {0, 2, 3, 4, 5, 6, 7}  # GPU 1 is not asked again
+    assert asked == {0, 2, 3, 4, 5, 6, 7}  # GPU 1 is not asked again (for SKIP_RECHECK_S)
+
+
+def test_an_unsupported_field_is_asked_again_after_a_while(fake: FakeNvml) -> None:
+    from sits_observe.collectors.nvml import SKIP_RECHECK_S
+
+    fake.gpus[1].fail["nvmlDeviceGetUtilizationRates"] = pynvml.NVML_ERROR_NOT_SUPPORTED  # MIG on
+    clock = Clock()
+    src = NvmlSource(fake, clock=clock)
+    assert np.isnan(_value(_frame(src), 1, "utilization_ratio"))
+    del fake.gpus[1].fail["nvmlDeviceGetUtilizationRates"]  # MIG turned off, the GPU reset
+    clock.t += 5
+    assert np.isnan(_value(_frame(src), 1, "utilization_ratio"))  # not asked yet
+    clock.t += SKIP_RECHECK_S
+    assert not np.isnan(_value(_frame(src), 1, "utilization_ratio"))  # asked again: it is back
+
+
+def test_a_gpu_that_needs_a_reset_is_unhealthy(fake: FakeNvml) -> None:
+    clock = Clock()
+    src = NvmlSource(fake, clock=clock)
+    _frame(src)
+    fake.gpus[2].fail["nvmlDeviceGetUtilizationRates"] = pynvml.NVML_ERROR_RESET_REQUIRED
+    clock.t += 5
+    frame = _frame(src)
+    assert list(frame.gpu.healthy) == [True, True, False, True, True, True, True, True]
+    assert "GPU 2" in frame.errors["nvml"] and "GPU needs a reset" in frame.errors["nvml"]
 
 
 def test_old_driver_without_clock_event_reasons_uses_throttle_reasons(fake: FakeNvml) -> None:
