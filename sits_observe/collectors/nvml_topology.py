@@ -138,7 +138,10 @@ def _nvlinks(nv: Any, h: Any, bus_index: dict[str, int]) -> tuple[Counter[int], 
     for link in range(nv.NVML_NVLINK_MAX_LINKS):
         if _try(nv, nv.nvmlDeviceGetNvLinkState, h, link) != nv.NVML_FEATURE_ENABLED:
             continue
-        remote = _bus(nv.nvmlDeviceGetNvLinkRemotePciInfo(h, link).busId)
+        info = _try(nv, nv.nvmlDeviceGetNvLinkRemotePciInfo, h, link)
+        if info is None:  # a link whose far end the driver will not name (some VMs): not counted
+            continue
+        remote = _bus(info.busId)
         kind = _try(nv, nv.nvmlDeviceGetNvLinkRemoteDeviceType, h, link)
         if kind is None:  # older drivers: a peer GPU's address, else a switch
             kind = nv.NVML_NVLINK_DEVICE_TYPE_GPU if remote in bus_index else nv.NVML_NVLINK_DEVICE_TYPE_SWITCH
@@ -173,14 +176,16 @@ def _read(nv: Any, sysfs: Path, name: str) -> Topology:
             if a == b:
                 continue
             rate = min(links[a][2], links[b][2])
-            if links[a][0][b]:
-                kinds[a][b], nvl[a, b] = LinkKind.NVLINK, links[a][0][b]
+            if pair := max(links[a][0][b], links[b][0][a]):  # either end naming the other is enough
+                kinds[a][b], nvl[a, b] = LinkKind.NVLINK, pair
                 bw[a, b] = nvl[a, b] * rate
             elif links[a][1] and links[b][1]:
                 kinds[a][b], nvl[a, b] = LinkKind.NVSWITCH, min(links[a][1], links[b][1])
                 bw[a, b] = nvl[a, b] * rate
             else:
-                kind = ancestor_kind(nv, nv.nvmlDeviceGetTopologyCommonAncestor(handles[a], handles[b]))
+                level = _try(nv, nv.nvmlDeviceGetTopologyCommonAncestor, handles[a], handles[b])
+                # not offered (some VMs): the slowest path between two GPUs of one host, not no topology at all
+                kind = LinkKind.NUMA_INTERCONNECT if level is None else ancestor_kind(nv, level)
                 kinds[a][b], bw[a, b] = kind, min(DEFAULT_BANDWIDTH[kind], pcie[a], pcie[b])
     return Topology(name, tuple(gpus), tuple(tuple(r) for r in kinds), bw, nvl)
 

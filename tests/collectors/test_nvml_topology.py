@@ -108,6 +108,18 @@ def test_old_driver_fallbacks_sysfs_and_remote_type(tmp_path) -> None:
     assert topo.kinds == want.kinds and topo.gpus == want.gpus
 
 
+def test_a_vm_that_will_not_name_link_ends_or_common_ancestors_still_has_a_topology(tmp_path) -> None:
+    """Some VMs answer NOT_SUPPORTED there: the topology (and with it the scheduler) was off for the host."""
+    fake = FakeNvml(fixture("pcie-8"))
+    for g in fake.gpus:
+        g.fail["nvmlDeviceGetTopologyCommonAncestor"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    fake.gpus[2].fail["nvmlDeviceGetNvLinkRemotePciInfo"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    topo = topology_from_nvml(fake, sysfs=tmp_path)
+    assert topo.kinds[0][4] == LinkKind.NUMA_INTERCONNECT  # no ancestor named: the slowest in-host path
+    assert topo.kinds[2][3] == topo.kinds[3][2] == LinkKind.NVLINK  # GPU 3 names the bridge GPU 2 does not
+    assert topo.kinds[0][1] == LinkKind.NVLINK
+
+
 def test_gpus_without_any_numa_answer_are_node_0(tmp_path) -> None:
     fake = FakeNvml(fixture("nvswitch-8"))
     for g in fake.gpus:
