@@ -56,6 +56,9 @@ DEFAULT_BUCKETS = (
 )
 
 
+MAX_STORE_BYTES = 1 << 30  # the series store's rings at full cardinality, at most
+
+
 class StoreConfig(Section):
     history: int = Field(3600, ge=60, le=86400, description="ticks kept in the ring (1 h at 1 s)")
     max_series: int = Field(1024, ge=16, le=65536, description="cap on (stage, workload) histogram series")
@@ -77,6 +80,16 @@ class StoreConfig(Section):
     def snapped(self) -> tuple[float, ...]:
         """The exported edges, snapped to kernel bucket edges."""
         return snap_edges(self.buckets)
+
+    @model_validator(mode="after")
+    def _fits_in_memory(self) -> StoreConfig:
+        # the rings at full cardinality: bucket counts (uint32) and sums per histogram series, gauges, counters
+        need = self.history * self.max_series * ((len(self.buckets) + 1) * 4 + 8 + 8 + 8)
+        if need > MAX_STORE_BYTES:
+            raise ValueError(f"history {self.history} x max_series {self.max_series} could need "
+                             f"{need / 2**30:.1f} GiB of rings at full cardinality, over {MAX_STORE_BYTES >> 30} GiB "
+                             "(the shipped unit caps the daemon at 2 GiB); lower one of them")
+        return self
 
 
 class WorkloadConfig(Section):

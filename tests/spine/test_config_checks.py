@@ -192,3 +192,11 @@ def test_a_config_path_that_is_no_small_regular_file_is_refused_at_once(tmp_path
             f.write("# padding\n" * 200_000)  # 2 MB
     with pytest.raises(ConfigError, match="not a regular file|larger than 1 MiB"):
         load(path, env={})
+
+
+def test_a_store_that_could_outgrow_the_memory_cap_is_refused_at_load(tmp_path):
+    _one(tmp_path, "store:\n  history: 86400\n", "{f}: store: history 86400 x max_series 1024 could need 9.6 GiB",
+         "lower one of them")
+    load_ok = tmp_path / "ok.yaml"
+    load_ok.write_text("store:\n  history: 86400\n  max_series: 64\n")  # a day at 1 s for 64 series: 0.6 GiB
+    assert load(load_ok, env={}).store.history == 86400
