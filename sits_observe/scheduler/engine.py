@@ -82,6 +82,7 @@ class Scheduler:
         self.decider = Decider(cfg, topology, self.seen, self.store, self.walker, self.tracer, annotate=annotate,
                                alerts=alerts)
         self._lock = threading.RLock()
+        self._scraped: tuple[dict[Any, int], dict[str, Any]] = ({}, {})  # the last scrape's counts and views
         self._verdicts: deque[Verdict] = deque(maxlen=256)
         self._unplaced: dict[str, ShardSpec] = {}  # config shards waiting for GPU values to be placed
         with self._lock:
@@ -255,8 +256,12 @@ class Scheduler:
                 "decisions": self.tracer.recent(limit)}
 
     def metrics(self) -> Iterable[Sample]:
-        with self._lock:
-            counts, views = dict(self.decider.counts), self.decider.views()
+        if self._lock.acquire(timeout=0.25):  # a tick deciding (or a slow database) holds it: last values then
+            try:
+                self._scraped = (dict(self.decider.counts), self.decider.views())
+            finally:
+                self._lock.release()
+        counts, views = self._scraped
         states, pending = self.store.counts(), self.store.span_backlog()  # plain reads, under the store's own lock
         for (trigger, action), n in sorted(counts.items()):
             yield Sample("sits_scheduler_decisions_total", "counter", "Scheduler decisions by trigger and action.",

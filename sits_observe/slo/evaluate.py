@@ -61,6 +61,7 @@ __all__ = ["SloEngine"]
 
 log = logging.getLogger("sits_observe.slo")
 RECENT_KEPT = 50
+SCRAPE_WAIT_S = 0.25  # a scrape waits this long for the tick's lock, then answers with the last values
 UNSAVED_KEPT = 10000  # ring edges kept for the next write while slo.db refuses writes (newest first kept)
 
 
@@ -93,6 +94,7 @@ class SloEngine:
         self.recent: deque[Alert] = deque(maxlen=RECENT_KEPT)
         self._lock = threading.Lock()
         self._started = False
+        self._scraped: list[Sample] = []  # what the last scrape read, for one that finds the tick holding the lock
 
     @classmethod
     def from_config(cls, config: Config) -> SloEngine | None:
@@ -272,8 +274,13 @@ class SloEngine:
                     self._notify(self.alerts[key])
 
     def metrics(self) -> Iterable[Sample]:
-        with self._lock:
-            out = metrics_of(self)
+        if self._lock.acquire(timeout=SCRAPE_WAIT_S):
+            try:
+                out = self._scraped = metrics_of(self)
+            finally:
+                self._lock.release()
+        else:  # the tick holds the lock (slo.db slow or locked): the last scrape's values, not a stalled scrape
+            out = list(self._scraped)
         if self.dispatcher is not None:
             out += list(self.dispatcher.metrics())
         return out

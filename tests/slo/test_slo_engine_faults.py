@@ -272,3 +272,29 @@ def test_a_short_restart_keeps_the_flap_guard(tmp_path, receiver):
         engine.on_tick(feed.frame(0.0))
     assert engine.firing == [None]
     engine.close()
+
+
+def test_a_scrape_does_not_wait_for_a_tick_stuck_in_slo_db(tmp_path, receiver):
+    import threading
+    import time
+
+    cfg = config_for(tmp_path, receiver.url)
+    feed, engine = burning(cfg)
+    before = {(s.name, s.labels): s.value for s in engine.metrics() if s.name.startswith("sits_slo")}
+    held, release = threading.Event(), threading.Event()
+
+    def stuck_tick():  # a tick holding the engine's lock while slo.db answers "database is locked" for 5 s
+        with engine._lock:
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=stuck_tick)
+    t.start()
+    held.wait(5)
+    start = time.monotonic()
+    during = {(s.name, s.labels): s.value for s in engine.metrics() if s.name.startswith("sits_slo")}
+    took = time.monotonic() - start
+    release.set()
+    t.join()
+    assert took < 2 and during == before and before  # the last values, at once (deliveries may move on)
+    engine.close()
