@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import ctypes as ct
 import re
-from pathlib import Path
 from collections.abc import Callable
+from contextlib import suppress
+from pathlib import Path
 from typing import Any
 
 from ..errors import ProbeError
@@ -62,15 +63,30 @@ class Program:
     def set_workloads(self, tgids: dict[int, int]) -> None:
         """Make the kernel's tgid -> workload map equal ``tgids``."""
         table = self._workloads
-        for tgid in self._tgids.keys() - tgids.keys():
+        gone = self._tgids.keys() - tgids.keys()
+        for tgid in gone:
             try:
                 del table[table.Key(tgid)]
             except KeyError:
                 pass
+        if gone:
+            self._forget_connections(gone)
         for tgid, wid in tgids.items():
             if self._tgids.get(tgid) != wid:
                 table[table.Key(tgid)] = table.Leaf(wid)
         self._tgids = dict(tgids)
+
+    def _forget_connections(self, gone: set[int]) -> None:
+        """Delete the connections of processes no longer tracked (the syscalls program's ``conns``): a process
+        that exits forgets no fd it did not close, and one that reused its tgid would find them."""
+        try:
+            conns = self.bpf[b"conns"]
+        except KeyError:  # not the syscalls program
+            return
+        stale = [k for k in conns.keys() if k.tgid in gone]
+        for key in stale:
+            with suppress(KeyError):
+                del conns[key]
 
     def drain(self) -> list[SeriesDelta]:
         return self._drain.drain()

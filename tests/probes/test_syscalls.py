@@ -65,3 +65,25 @@ def test_untracked_server_and_client_are_not_counted(source: ProbeSource) -> Non
         server.expect("ok")
         frame = drain(source)
     assert frame.hists == {}
+
+
+def test_the_connections_of_a_process_that_exits_without_closing_them_are_forgotten(source: ProbeSource) -> None:
+    """A killed server closes no fd through close(): its (tgid, fd) entries stayed, for a process that later
+    reuses the tgid to find."""
+    import time
+
+    conns = source.states["syscalls"].program.bpf[b"conns"]
+    with Workload("sits-t-server") as server:
+        source.rescan()
+        server.send("serve", 1)
+        port = int(server.proc.stdout.readline())
+        pid = server.pid
+        with socket.create_connection(("127.0.0.1", port)):  # accepted, then nothing sent: the fd stays open
+            deadline = time.monotonic() + 10
+            while not any(k.tgid == pid for k in conns.keys()) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert any(k.tgid == pid for k in conns.keys())
+            server.proc.kill()
+            server.proc.wait()
+    source.rescan()  # the process is gone: so are its connections
+    assert not any(k.tgid == pid for k in conns.keys())
