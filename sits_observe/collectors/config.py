@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 import re
 from typing import Literal
-from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from pydantic import Field, field_validator
 
@@ -20,7 +20,7 @@ _SPACE_OR_CONTROL = re.compile(r"[\x00-\x20\x7f]")
 def check_url(url: str) -> str:
     """Accept an absolute http(s) URL with a host; raise ValueError with the fix otherwise."""
     parts = urlsplit(url)
-    if _misplaced_at(parts):
+    if _misplaced_at(url):
         raise ValueError("has '@' after the host part: percent-encode '/', '?', '#' and '@' in a user name or "
                          "password (%2F, %3F, %23, %40)")
     if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -46,16 +46,24 @@ def redact(url: str) -> str:
     return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
 
-def _misplaced_at(parts: SplitResult) -> bool:
-    """'@' past the host part: "http://u:pa/ss@host/" ('/', '?' or '#' in a password ends the host part
-    early, and the rest of the password would be sent, and shown, as part of the path)."""
-    return "@" in parts.path + parts.query + parts.fragment
+def _misplaced_at(url: str) -> bool:
+    """A password cut short: "http://u:pa/ss@host/" ('/', '?' or '#' in it ends the host part early, and the
+    rest of the password would be sent, and shown, as part of the path).  '@' further on ("?to=a@b", a Teams
+    webhook's path) and a host:port before the '/' are fine."""
+    rest = url.partition("//")[2]
+    if "@" not in rest:
+        return False
+    head = rest.partition("@")[0]
+    end = min((head.index(c) for c in "/?#" if c in head), default=-1)
+    if end < 0 or ":" not in head[:end]:
+        return False
+    return not head[:end].rpartition(":")[2].isdigit()
 
 
 def shown_url(url: str) -> str:
     """The URL for messages and logs: without ``user:password@`` and with any query hidden (either may carry a
     credential); one with '@' past its host part (a password not split off) shows only its scheme."""
-    if _misplaced_at(urlsplit(url)):
+    if _misplaced_at(url):
         return url.partition("//")[0] + "//<hidden>"
     parts = urlsplit(redact(url))
     return urlunsplit(parts._replace(query="<hidden>" if parts.query else "", fragment=""))

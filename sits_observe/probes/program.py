@@ -176,7 +176,12 @@ class LibraryAttacher:
                 try:  # the return first: a call entered between the two would never be seen to return, and its
                     # thread's slot would stay busy (nothing timed on it) until CALL_STALE_NS
                     self._bpf.attach_uretprobe(name=path.encode(), addr=addr, fn_name=b"call_return")
-                    self._bpf.attach_uprobe(name=path.encode(), addr=addr, fn_name=f"enter_{stage}".encode())
+                    try:
+                        self._bpf.attach_uprobe(name=path.encode(), addr=addr, fn_name=f"enter_{stage}".encode())
+                    except Exception:
+                        with suppress(Exception):  # a lone return probe would end an enclosing call's timing
+                            self._bpf.detach_uretprobe(name=path.encode(), addr=addr)
+                        raise
                 except Exception as exc:
                     problems.append(f"{sym}: attach failed: {exc}")
                     continue

@@ -205,8 +205,8 @@ class CommandActuator(_Worker):
     def _run_command(self, plan: dict[str, Any]) -> StepOutcome:
         pid, step, prog = int(plan["placement_id"]), str(plan["step"]), self.argv[0]
         # stderr to a file, not a pipe: read whole, a chatty program's output would sit in memory; and a
-        # program that exits, leaving a helper it started (a server launched in the background) holding a
-        # pipe, would be waited for until the timeout, then killed with its helper
+        # program that exits 0, leaving a helper it started (a server launched in the background) holding a
+        # pipe, would be waited for until the timeout, then killed with its helper (on a failure it is killed)
         with tempfile.TemporaryFile() as err:
             try:
                 proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err,
@@ -223,6 +223,8 @@ class CommandActuator(_Worker):
                     return StepOutcome(pid, step, False, f"{prog}: no exit within {self.timeout:g} s; killed")
             if proc.returncode == 0:
                 return _ok(plan)
+            with contextlib.suppress(ProcessLookupError):  # failed: a helper it left must not go on with the step
+                os.killpg(proc.pid, signal.SIGKILL)
             err.seek(max(0, err.seek(0, os.SEEK_END) - STDERR_KEPT))
             text = err.read()
         tail = text.decode(errors="replace").strip().splitlines()[-1:] or [""]

@@ -284,6 +284,10 @@ class Scheduler:
         keep = {"actuator": self.cfg.actuator, "webhook": self.cfg.webhook, "command": self.cfg.command}
         if any(getattr(new, k) != v for k, v in keep.items()):
             log.warning("SIGHUP: scheduler actuator settings changed; they take effect after a restart")
+        if self.cfg.actuator == "command" and new.step_timeout <= self.cfg.command.timeout:  # the running command's
+            log.warning("SIGHUP: scheduler.step_timeout %g s kept at %g s: it must stay above the running "
+                        "command.timeout (%g s)", new.step_timeout, self.cfg.step_timeout, self.cfg.command.timeout)
+            keep["step_timeout"] = self.cfg.step_timeout
         with self._lock:
             self.cfg = new = new.model_copy(update=keep)
             self.decider.configure(new)

@@ -72,15 +72,16 @@ def in_flight(views: dict[str, ShardView]) -> int:
 
 def gpu_load(views: dict[str, ShardView], util: np.ndarray, mem_used: np.ndarray, healthy: np.ndarray) -> GpuLoad:
     """What the planner needs: memory held by placements (placed through draining), memory used by anything
-    else (observed minus held), and which GPUs may take a shard (healthy, read, no migration in flight)."""
+    else (observed minus held), and which GPUs may take a shard (healthy, memory read, no migration in flight)."""
     reserved = np.zeros(len(util))
     for v in views.values():
         for p in v.live:
             if p.state in ACTIVE:
                 reserved[list(p.gpus)] += v.spec.memory_per_gpu
     foreign = np.maximum(np.nan_to_num(mem_used, nan=0.0) - reserved, 0.0)
-    # a GPU whose memory or utilization was not read is no candidate: unread would look empty and idle
-    eligible = np.asarray(healthy, dtype=bool) & ~np.isnan(mem_used) & ~np.isnan(util)
+    # a GPU whose memory was not read is no candidate: unread, it would look empty (utilization may be never
+    # read at all: MIG, some vGPUs, a dcgm page without it; it then counts as idle, as before)
+    eligible = np.asarray(healthy, dtype=bool) & ~np.isnan(mem_used)
     eligible[list(locked_gpus(views))] = False
     return GpuLoad(util, reserved, foreign, eligible)
 

@@ -276,7 +276,8 @@ class SloEngine:
     def metrics(self) -> Iterable[Sample]:
         if self._lock.acquire(timeout=SCRAPE_WAIT_S):
             try:
-                out = self._scraped = metrics_of(self)
+                self._scraped = metrics_of(self)
+                out = list(self._scraped)  # a copy: the dispatcher's samples join it below, not the cache
             finally:
                 self._lock.release()
         else:  # the tick holds the lock (slo.db slow or locked): the last scrape's values, not a stalled scrape

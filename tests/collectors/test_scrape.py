@@ -406,3 +406,10 @@ def test_a_password_that_ends_the_host_part_early_is_refused_and_never_shown(url
     msg = str(err.value)
     assert msg.startswith("sits.yaml: servers[0].url: has '@' after the host part: percent-encode"), msg
     assert "ss9" not in msg
+
+
+
+@pytest.mark.parametrize("url", ["https://outlook.office.com/webhookb2/g@t/IncomingWebhook/a/b",
+                                 "http://host:8000/hook?to=oncall@example.com", "http://u:p%2Fq@host:9/metrics"])
+def test_an_at_sign_past_the_host_or_an_encoded_password_is_fine(url: str) -> None:
+    parse({"servers": [{"kind": "vllm", "url": url, "workload": "w"}]}, "sits.yaml", env={})

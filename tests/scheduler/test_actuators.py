@@ -123,6 +123,36 @@ def test_a_command_that_leaves_a_helper_running_is_acked_at_its_exit_and_the_hel
         act.close()
 
 
+FAILS = """
+import subprocess, sys
+helper = subprocess.Popen(["sleep", "60"])  # a tool it started to carry out the step
+open(sys.argv[1], "w").write(str(helper.pid))
+sys.exit(4)
+"""
+
+
+def test_a_command_that_fails_takes_its_helpers_with_it(tmp_path: Path) -> None:
+    pidfile = tmp_path / "helper.pid"
+    act = CommandActuator([sys.executable, "-c", FAILS, str(pidfile)], timeout=20.0)
+    helper = 0
+    try:
+        assert act.submit({"placement_id": 6, "step": "stage"}) is None
+        deadline = time.monotonic() + 20
+        while not (out := act.poll()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        helper = int(pidfile.read_text())
+        (o,) = out
+        assert (o.placement_id, o.ok) == (6, False) and "exited 4" in o.reason
+        deadline = time.monotonic() + 5
+        while _running(helper) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _running(helper)  # the step failed: nothing it started goes on applying it
+    finally:
+        if helper and _running(helper):
+            os.kill(helper, signal.SIGKILL)
+        act.close()
+
+
 def test_a_command_that_may_outlive_its_step_is_refused_at_load() -> None:
     from sits_observe.config import parse
     from sits_observe.errors import ConfigError
@@ -157,3 +187,18 @@ def test_a_config_placement_off_this_host_is_refused_when_a_known_shard_is_adopt
     with pytest.raises(ConfigError, match=r"placement: GPUs \[-1\] not on this host"):
         s._ensure(ShardSpec(id="a", gpus=1, memory_per_gpu=1 << 30, placement=[-1]), "config")
     assert all(p.state is State.FAILED for p in s.store.placements("a"))  # nothing adopted on "the last GPU"
+
+
+def test_sighup_cannot_lower_step_timeout_below_the_running_command_timeout(
+        make_scheduler: Callable[..., Scheduler], caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from sits_observe.config import parse
+
+    s = make_scheduler(actuator="command", command={"argv": ["true"], "timeout": 300}, step_timeout=600)
+    new = parse({"scheduler": {"actuator": "command", "command": {"argv": ["true"], "timeout": 30},
+                               "step_timeout": 60}}, env={})  # valid alone; not with the command still running
+    with caplog.at_level(logging.WARNING, logger="sits_observe.scheduler"):
+        s.reload(new)
+    assert s.walker.step_timeout == 600 and s.cfg.command.timeout == 300
+    assert any("step_timeout 60 s kept at 600 s" in r.getMessage() for r in caplog.records)

@@ -99,12 +99,11 @@ def test_greedy_matches_exhaustive_on_a_fabric(k: int) -> None:
         assert len({topo.gpus[g].node for g in greedy.best.gpus}) == 1  # never across the network
 
 
-def test_a_gpu_whose_memory_or_utilization_was_not_read_is_no_candidate() -> None:
+def test_a_gpu_whose_memory_was_not_read_is_no_candidate() -> None:
     from sits_observe.scheduler.view import gpu_load
 
-    util = np.array([0.9, 0.9, 0.9, np.nan])
-    mem = np.array([75.0, 75.0, 75.0, 10.0]) * GiB
-    load = gpu_load({}, util, mem, np.ones(4, dtype=bool))
-    assert load.eligible.tolist() == [True, True, True, False]  # unread utilization: not "idle"
     load = gpu_load({}, np.full(4, 0.5), np.array([75.0, 75.0, 75.0, np.nan]) * GiB, np.ones(4, dtype=bool))
     assert load.eligible.tolist() == [True, True, True, False]  # unread memory: not "empty"
+    util = np.array([0.9, np.nan, np.nan, np.nan])  # utilization never read (MIG): still candidates
+    load = gpu_load({}, util, np.full(4, 10.0) * GiB, np.ones(4, dtype=bool))
+    assert load.eligible.tolist() == [True, True, True, True]
