@@ -288,6 +288,8 @@ class Scheduler:
             log.warning("SIGHUP: scheduler.step_timeout %g s kept at %g s: it must stay above the running "
                         "command.timeout (%g s)", new.step_timeout, self.cfg.step_timeout, self.cfg.command.timeout)
             keep["step_timeout"] = self.cfg.step_timeout
+        for spec in new.shards:  # refused before anything is swapped: a bad shard leaves all settings as they were
+            self._on_this_host(spec)
         with self._lock:
             self.cfg = new = new.model_copy(update=keep)
             self.decider.configure(new)

@@ -202,3 +202,15 @@ def test_sighup_cannot_lower_step_timeout_below_the_running_command_timeout(
         s.reload(new)
     assert s.walker.step_timeout == 600 and s.cfg.command.timeout == 300
     assert any("step_timeout 60 s kept at 600 s" in r.getMessage() for r in caplog.records)
+
+
+def test_a_sighup_with_a_shard_off_this_host_changes_nothing(make_scheduler: Callable[..., Scheduler]) -> None:
+    from sits_observe.config import parse
+    from sits_observe.errors import ConfigError
+
+    s = make_scheduler(cooldown=300)
+    new = parse({"scheduler": {"cooldown": 60, "shards": [
+        {"id": "far", "gpus": 1, "memory_per_gpu": 1 << 30, "placement": [12]}]}}, env={})  # an 8-GPU host
+    with pytest.raises(ConfigError, match=r"placement: GPUs \[12\] not on this host"):
+        s.reload(new)
+    assert s.cfg.cooldown == 300 and "far" not in s.decider.views()  # nothing half-applied
