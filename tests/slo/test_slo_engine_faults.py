@@ -68,26 +68,33 @@ def test_a_failed_state_write_at_a_resolution_is_retried_and_later_alerts_still_
     engine.close()
 
 
+def _killed_after_queuing(engine, status, tick, delivered):
+    """Tick until the engine queues an alert of ``status``, then die there (kill -9): once ``delivered()``,
+    nothing else is written."""
+    real = engine.dispatcher.notify
+
+    def notify_then_die(alert):
+        real(alert)
+        if alert.status == status:
+            raise _Killed
+
+    engine.dispatcher.notify = notify_then_die
+    with pytest.raises(_Killed):
+        for _ in range(60):
+            tick()
+    assert wait(delivered)
+    engine.dispatcher.close()
+    engine.state.close()
+
+
 def test_a_kill_between_queuing_a_firing_alert_and_recording_it_resolves_it_after_the_restart(tmp_path, receiver):
     cfg = config_for(tmp_path, receiver.url)
     feed = Feeder(cfg)
     engine = SloEngine.from_config(cfg)
     for _ in range(100):
         engine.on_tick(feed.frame(0.0))
-    real = engine.dispatcher.notify
-
-    def notify_then_die(alert):
-        real(alert)
-        if alert.status == "firing":
-            raise _Killed
-
-    engine.dispatcher.notify = notify_then_die
-    with pytest.raises(_Killed):
-        for _ in range(30):
-            engine.on_tick(feed.frame(0.5))
-    assert wait(lambda: len(receiver.accepted()) == 1)
-    engine.dispatcher.close()  # the process is gone: nothing else is written
-    engine.state.close()
+    _killed_after_queuing(engine, "firing", lambda: engine.on_tick(feed.frame(0.5)),
+                          lambda: len(receiver.accepted()) == 1)
 
     feed.ts += 120  # back two minutes later; the burn is over
     engine = SloEngine.from_config(cfg)
@@ -105,20 +112,8 @@ def test_a_kill_between_queuing_a_resolution_and_recording_it_pages_no_one_again
     cfg = config_for(tmp_path, receiver.url)
     feed, engine = burning(cfg)
     assert engine.firing == ["page_fast"]
-    real = engine.dispatcher.notify
-
-    def notify_then_die(alert):
-        real(alert)
-        if alert.status == "resolved":
-            raise _Killed
-
-    engine.dispatcher.notify = notify_then_die
-    with pytest.raises(_Killed):
-        for _ in range(60):
-            engine.on_tick(feed.frame(0.0))
-    assert wait(lambda: len(receiver.accepted()) == 2)
-    engine.dispatcher.close()  # the process is gone: slo.db still says the alert fires
-    engine.state.close()
+    _killed_after_queuing(engine, "resolved", lambda: engine.on_tick(feed.frame(0.0)),
+                          lambda: len(receiver.accepted()) == 2)  # slo.db still says the alert fires
 
     engine = SloEngine.from_config(cfg)
     assert engine.firing == ["page_fast"]  # as recorded
