@@ -146,16 +146,18 @@ def test_a_receiver_added_while_an_alert_fires_gets_it_after_the_restart(tmp_pat
     assert len(receiver.deliveries) == 1  # the first receiver had it already: not sent again
 
 
-def test_a_clean_restart_keeps_the_events_since_the_last_slot_edge(tmp_path):
-    def engine(state_dir):
-        state_dir.mkdir(exist_ok=True)
-        cfg = parse({"state_dir": str(state_dir), "slos": [
-            {"name": "chat", "objective": 0.99, "latency": {"stage": "e2e", "workload": "chat", "threshold": 0.25}}]},
-            env={})
-        return cfg, SloEngine.from_config(cfg)  # default tiers: 10 s slots at the finest level
+def _one_slo_engine(state_dir):
+    """A one-SLO engine on ``state_dir`` with the default tiers (10 s slots at the finest level)."""
+    state_dir.mkdir(exist_ok=True)
+    cfg = parse({"state_dir": str(state_dir), "slos": [
+        {"name": "chat", "objective": 0.99, "latency": {"stage": "e2e", "workload": "chat", "threshold": 0.25}}]},
+        env={})
+    return cfg, SloEngine.from_config(cfg)
 
-    cfg, through = engine(tmp_path / "a")
-    _, restarted = engine(tmp_path / "b")
+
+def test_a_clean_restart_keeps_the_events_since_the_last_slot_edge(tmp_path):
+    cfg, through = _one_slo_engine(tmp_path / "a")
+    _, restarted = _one_slo_engine(tmp_path / "b")
     feed = Feeder(cfg)
     for k in range(45):
         frame = feed.frame(0.1 * (k % 3))
@@ -163,7 +165,7 @@ def test_a_clean_restart_keeps_the_events_since_the_last_slot_edge(tmp_path):
         restarted.on_tick(frame)
         if k % 7 == 6:  # SIGTERM and back, mostly between slot edges
             restarted.close()
-            _, restarted = engine(tmp_path / "b")
+            _, restarted = _one_slo_engine(tmp_path / "b")
     want = [(w["window"], w["good"], w["total"]) for w in through.slos_state()[0]["windows"]]
     assert want[0] == ("5m", 4050.0, 4500.0)
     assert [(w["window"], w["good"], w["total"]) for w in restarted.slos_state()[0]["windows"]] == want
@@ -172,15 +174,8 @@ def test_a_clean_restart_keeps_the_events_since_the_last_slot_edge(tmp_path):
 
 
 def test_edges_a_failed_state_write_did_not_store_are_stored_with_the_next(tmp_path):
-    def engine(state_dir):
-        state_dir.mkdir(exist_ok=True)
-        cfg = parse({"state_dir": str(state_dir), "slos": [
-            {"name": "chat", "objective": 0.99, "latency": {"stage": "e2e", "workload": "chat", "threshold": 0.25}}]},
-            env={})
-        return cfg, SloEngine.from_config(cfg)
-
-    cfg, through = engine(tmp_path / "a")
-    _, flaky = engine(tmp_path / "b")
+    cfg, through = _one_slo_engine(tmp_path / "a")
+    _, flaky = _one_slo_engine(tmp_path / "b")
     feed = Feeder(cfg)
     real, failed = flaky.state.save, []
 
@@ -202,8 +197,8 @@ def test_edges_a_failed_state_write_did_not_store_are_stored_with_the_next(tmp_p
     assert failed
     through.close()
     flaky.close()
-    _, through = engine(tmp_path / "a")  # both restarted: what slo.db holds
-    _, flaky = engine(tmp_path / "b")
+    _, through = _one_slo_engine(tmp_path / "a")  # both restarted: what slo.db holds
+    _, flaky = _one_slo_engine(tmp_path / "b")
     frame = feed.frame(0.0)
     through.on_tick(frame)
     flaky.on_tick(frame)
