@@ -9,7 +9,6 @@ while the other GPUs go on; no driver means the source cannot start (one-line :c
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import time
 from collections.abc import Callable
@@ -24,13 +23,13 @@ from .gpu_processes import OTHER_WORKLOAD, Attribution, attribute, process_sampl
 from .gpu_samples import detail, gpu_labels, gpu_sample
 from .nvml_driver import is_unsupported, load_nvml, nvml_status
 from .nvml_links import LinkCounters
+from .nvml_xid import XidEvents
 from .replicas import ReplicaBoard
 
 __all__ = ["NvmlSource", "nvml_status", "OTHER_WORKLOAD"]  # nvml_status: `doctor` calls it from here
 
 log = logging.getLogger(__name__)
 
-_MAX_XID_EVENTS = 256  # drained per sample; the rest wait for the next one
 # group, GPU field, pynvml function, names of its extra constant arguments, scale to base units
 _SCALARS: tuple[tuple[str, str, str, tuple[str, ...], float], ...] = (
     ("sm_clock", "sm_clock_hertz", "nvmlDeviceGetClockInfo", ("NVML_CLOCK_SM",), 1e6),
@@ -62,7 +61,6 @@ class _Gpu:
     links: tuple[int, ...] = ()
     link_labels: tuple[tuple[tuple[str, str], ...], ...] = ()
     field_ids: list[tuple[int, int]] = field(default_factory=list)  # (RX, link), (TX, link) per link
-    xid: bool = False  # registered for XID events
     nvlink: LinkCounters = field(default_factory=lambda: LinkCounters(0))
 
 
@@ -102,12 +100,10 @@ class NvmlSource:
         self._enabled, self._success = nv.NVML_FEATURE_ENABLED, nv.NVML_SUCCESS
         try:
             self.gpus = [self._open(i) for i in range(nv.nvmlDeviceGetCount())]
-            self._events = self._register_xid()
+            self.xid = XidEvents(nv, [g.handle for g in self.gpus])
         except nv.NVMLError as exc:
             nv.nvmlShutdown()
             raise CollectorError(f"nvml: cannot list GPUs: {exc}; check `nvidia-smi`") from exc
-        self._xid_count = np.zeros(len(self.gpus))
-        self._last_xid: dict[int, int] = {}
 
     # ---- set-up --------------------------------------------------------------------------------
 
@@ -136,23 +132,6 @@ class NvmlSource:
             return False
         return True
 
-    def _register_xid(self) -> Any:
-        nv = self.nvml
-        try:
-            events = nv.nvmlEventSetCreate()
-        except nv.NVMLError as exc:
-            log.info("nvml: XID events unavailable (%s); sits_gpu_xid_errors_total is omitted", exc)
-            return None
-        for g in self.gpus:
-            if g.handle is None:
-                continue
-            try:
-                nv.nvmlDeviceRegisterEvents(g.handle, nv.nvmlEventTypeXidCriticalError, events)
-                g.xid = True
-            except nv.NVMLError as exc:
-                log.info("nvml: GPU %d gives no XID events (%s)", g.info.index, exc)
-        return events
-
     # ---- Source --------------------------------------------------------------------------------
 
     def collect(self, frame: Frame) -> None:
@@ -175,8 +154,7 @@ class NvmlSource:
     def close(self) -> None:
         nv = self.nvml
         try:
-            if self._events is not None:
-                nv.nvmlEventSetFree(self._events)
+            self.xid.close()
         finally:
             nv.nvmlShutdown()
 
@@ -186,7 +164,7 @@ class NvmlSource:
         """Read every GPU once (what :meth:`collect` does every ``sample_interval``)."""
         snap = _Snapshot(now, GpuFrame.empty([g.info for g in self.gpus]))
         self._attribution.start()
-        self._drain_xid(snap)
+        self.xid.drain(snap.errors)
         for i, g in enumerate(self.gpus):
             samples: list[Sample] = []
             try:
@@ -194,7 +172,7 @@ class NvmlSource:
             except _Lost as lost:
                 snap.gpu.values[i] = np.nan
                 snap.gpu.healthy[i] = False
-                self._xid_fields(i, g, snap.gpu.values[i], snap.samples)  # an XID 79 is why it fell off the bus
+                self.xid.fields(i, g.info, snap.gpu.values[i], snap.samples)  # an XID 79: why it fell off the bus
                 snap.errors.append(f"GPU {i} ({g.info.uuid}, {g.info.pci_bus_id}) is lost (NVML: "
                                    f"{lost.args[0] if lost.args else 'GPU is lost'}); drain and reset it")
                 if i not in self._lost:
@@ -260,15 +238,9 @@ class NvmlSource:
         if rows is not None:
             samples.append(gpu_sample("sits_gpu_remapped_rows", g.info, rows[0], kind="correctable"))
             samples.append(gpu_sample("sits_gpu_remapped_rows", g.info, rows[1], kind="uncorrectable"))
-        self._xid_fields(i, g, row, samples)
+        self.xid.fields(i, g.info, row, samples)
         self._read_nvlink(i, g, row, samples, snap)
         self._read_processes(i, g, row, samples, snap)
-
-    def _xid_fields(self, i: int, g: _Gpu, row: np.ndarray, samples: list[Sample]) -> None:
-        if g.xid:
-            row[_F["xid_errors_total"]] = self._xid_count[i]
-            if i in self._last_xid:
-                samples.append(gpu_sample("sits_gpu_last_xid", g.info, self._last_xid[i]))
 
     def _clock_event_reasons(self, handle: Any) -> int:
         nv = self.nvml
@@ -316,44 +288,3 @@ class NvmlSource:
             row[_F["foreign_utilization_ratio"]] = users.foreign_util
             if users.serving:
                 row[_F["serving_utilization_ratio"]] = util
-
-    def _drain_xid(self, snap: _Snapshot) -> None:
-        if self._events is None:
-            return
-        nv = self.nvml
-        for _ in range(_MAX_XID_EVENTS):
-            try:
-                event = nv.nvmlEventSetWait_v2(self._events, 0)  # 0 ms: never blocks
-            except nv.NVMLError as exc:
-                if exc.value != nv.NVML_ERROR_TIMEOUT:  # timeout = no event waiting
-                    snap.errors.append(f"XID events: {exc}")
-                return
-            if not event.eventType & nv.nvmlEventTypeXidCriticalError:
-                continue
-            i = self._position(event.device)
-            if i is None:
-                snap.errors.append(f"XID {int(event.eventData)} of a GPU not known here; not counted")
-                continue
-            self._xid_count[i] += 1
-            self._last_xid[i] = int(event.eventData)
-
-    def _position(self, device: Any) -> int | None:
-        """Which of our GPUs an event's device is: by its handle (no NVML call, which a GPU that fell off the
-        bus would answer with GPU_IS_LOST), else by its NVML index."""
-        for i, g in enumerate(self.gpus):
-            if g.handle is not None and _same_handle(g.handle, device):
-                return i
-        try:
-            i = self.nvml.nvmlDeviceGetIndex(device)
-        except self.nvml.NVMLError:
-            return None
-        return i if 0 <= i < len(self.gpus) else None
-
-
-def _same_handle(a: Any, b: Any) -> bool:
-    """NVML device handles are pointers: equal when they point at the same device (two ctypes pointer objects
-    to one address are not ``==``)."""
-    try:
-        return ctypes.cast(a, ctypes.c_void_p).value == ctypes.cast(b, ctypes.c_void_p).value
-    except (ctypes.ArgumentError, TypeError):
-        return bool(a == b)
