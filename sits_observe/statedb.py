@@ -13,10 +13,11 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from .errors import DamagedStateError, SitsError
 
-__all__ = ["StateFile", "transaction"]
+__all__ = ["StateFile", "read", "transaction"]
 
 _DAMAGED = frozenset({11, 26})  # SQLITE_CORRUPT, SQLITE_NOTADB (primary codes: extended ones add high bits)
 
@@ -31,9 +32,13 @@ class StateFile:
         self.error = error
 
     def failure(self, exc: sqlite3.Error, hint: str = "") -> SitsError:
-        """The error to raise for ``exc``: damaged file, or the caller's class with ``hint`` appended."""
+        """The error to raise for ``exc`` while opening: damaged file, else :meth:`error_of`."""
         if getattr(exc, "sqlite_errorcode", 0) & 0xFF in _DAMAGED:
             return self._damaged(str(exc))
+        return self.error_of(exc, hint)
+
+    def error_of(self, exc: sqlite3.Error, hint: str = "") -> SitsError:
+        """The caller's error class for ``exc``, naming the file (``hint`` appended)."""
         return self.error(f"{self.path}: {exc}{hint}")
 
     def _damaged(self, reason: str) -> DamagedStateError:
@@ -46,9 +51,9 @@ class StateFile:
 
     def connect(self, synchronous: str = "NORMAL", timeout: float = 5.0,
                 setup: Callable[[sqlite3.Connection], None] | None = None) -> sqlite3.Connection:
-        """An autocommit connection in WAL mode, shared between threads, checked (``quick_check`` reads every page:
-        68 ms for a 25 MB file on a 2-core VM) and with ``setup(db)`` (schema,
-        migrations) run on it; on any failure the connection is closed before the error is raised."""
+        """An autocommit connection in WAL mode, shared between threads, checked (``quick_check`` reads every
+        page: 68 ms for a 25 MB file on a 2-core VM) and with ``setup(db)`` (schema, migrations) run on it; on
+        any failure the connection is closed before the error is raised."""
         try:
             db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=timeout)
         except sqlite3.Error as exc:
@@ -87,4 +92,15 @@ def transaction(db: sqlite3.Connection, lock: threading.Lock | threading.RLock,
             if db.in_transaction:  # COMMIT itself failed (disk full, I/O error): or every later BEGIN fails
                 with contextlib.suppress(sqlite3.Error):
                     db.execute("ROLLBACK")
+            raise error(exc) from exc
+
+
+def read(db: sqlite3.Connection, lock: threading.Lock | threading.RLock, sql: str, args: tuple[Any, ...],
+         error: Callable[[sqlite3.Error], SitsError]) -> list[Any]:
+    """One statement's rows, under ``lock`` and outside any transaction (WAL: it waits for no writer and holds
+    no write lock); sqlite errors raise ``error(exc)``."""
+    with lock:
+        try:
+            return db.execute(sql, args).fetchall()
+        except sqlite3.Error as exc:
             raise error(exc) from exc

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import AlertingError
-from ..statedb import StateFile, transaction
+from ..statedb import StateFile, read, transaction
 from .formats import QUIET_ANNOTATIONS, Alert
 
 __all__ = ["Message", "Outbox"]
@@ -104,15 +104,10 @@ class Outbox:
         self.instance: str = row[0]
 
     def _read(self, sql: str, args: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
-        """One read under the lock; sqlite errors raise :class:`AlertingError` like writes do."""
-        with self._lock:
-            try:
-                return self._db.execute(sql, args).fetchall()
-            except sqlite3.Error as exc:
-                raise AlertingError(f"alert outbox {self.path}: {exc}") from exc
+        return read(self._db, self._lock, sql, args, self._file.error_of)
 
     def _tx(self) -> AbstractContextManager[sqlite3.Connection]:
-        return transaction(self._db, self._lock, lambda e: AlertingError(f"alert outbox {self.path}: {e}"))
+        return transaction(self._db, self._lock, self._file.error_of)
 
     def enqueue(self, receivers: Sequence[str], alert: Alert, *, refresh: bool = False) -> int:
         """Queue ``alert`` for each receiver (deduplicated, see the module docstring); returns how many were queued."""

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SchedulerError, StateFileError
-from ..statedb import StateFile, transaction
+from ..statedb import StateFile, read, transaction
 from .config import ShardSpec
 from .states import TERMINAL, NotFound, State, check_transition
 
@@ -120,8 +120,9 @@ class PlacementStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise SchedulerError(f"{self.path}: cannot open the scheduler database: {exc}") from exc
-        self._db = StateFile(self.path, "the shards, placements and decision spans not yet exported",
-                             lambda m: SchedulerError(f"scheduler database {m}")).connect(setup=self._setup)
+        self._file = StateFile(self.path, "the shards, placements and decision spans not yet exported",
+                               SchedulerError)
+        self._db = self._file.connect(setup=self._setup)
 
     def _setup(self, db: sqlite3.Connection) -> None:
         db.execute("PRAGMA foreign_keys=ON")
@@ -144,19 +145,14 @@ class PlacementStore:
                 db.execute(f"PRAGMA user_version={version + 1}")
 
     def _read(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
-        """One read, outside any transaction (WAL: it waits for no writer and holds no write lock)."""
-        with self._lock:
-            try:
-                return self._db.execute(sql, args).fetchall()
-            except sqlite3.Error as exc:
-                raise SchedulerError(f"{self.path}: {exc}") from exc
+        return read(self._db, self._lock, sql, args, self._file.error_of)
 
     def _read_one(self, sql: str, args: tuple[Any, ...] = ()) -> Any:
         rows = self._read(sql, args)
         return rows[0] if rows else None
 
     def _tx(self) -> AbstractContextManager[sqlite3.Connection]:
-        return transaction(self._db, self._lock, lambda e: SchedulerError(f"{self.path}: {e}"))
+        return transaction(self._db, self._lock, self._file.error_of)
 
     def close(self) -> None:
         with self._lock:

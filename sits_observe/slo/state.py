@@ -70,7 +70,7 @@ class SloState:
         db.execute("COMMIT")
 
     def _tx(self) -> AbstractContextManager[sqlite3.Connection]:
-        return transaction(self.db, self._lock, lambda e: SloError(f"SLO state {self.path}: {e}"))
+        return transaction(self.db, self._lock, self._file.error_of)
 
     def _reconcile(self, db: sqlite3.Connection, sli_keys: Sequence[str], levels: str) -> None:
         for table, last_true in (("alerts", "NULL"), ("firing", "cleared")):  # earlier versions' firing alerts
