@@ -109,6 +109,7 @@ class DcgmSource:
     def __init__(self, url: str, *, sample_interval: float = 5.0, timeout: float = 2.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.url = url
+        self._shown = shown_url(url)  # for messages, once
         self.sample_interval = sample_interval
         self.timeout = timeout
         self.clock = clock
@@ -118,10 +119,10 @@ class DcgmSource:
 
     def read(self, text: str) -> _Page:
         """Parse one page (what :meth:`collect` does every ``sample_interval``)."""
-        series = self.parser.parse(text, _WANTED.__contains__, source=shown_url(self.url))
+        series = self.parser.parse(text, _WANTED.__contains__, source=self._shown)
         gpu, samples = frame_part(series)
         if not gpu.info:
-            raise CollectorError(f"{shown_url(self.url)}: no DCGM_FI_* GPU series on the page; "
+            raise CollectorError(f"{self._shown}: no DCGM_FI_* GPU series on the page; "
                                  "is this a dcgm-exporter /metrics URL (gpu.dcgm_url)?")
         return _Page(gpu, samples)
 

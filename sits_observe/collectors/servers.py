@@ -144,7 +144,8 @@ class ServerSource:
         self._backoff = 0.0
         self._prefix = "vllm:" if config.kind == "vllm" else "nv_inference_"
         self._model_label = "model_name" if config.kind == "vllm" else "model"
-        self._key = f"{shown_url(config.url)} model={config.model}" if config.model else shown_url(config.url)
+        self._shown = shown_url(config.url)  # for messages, once: the URL does not change
+        self._key = f"{self._shown} model={config.model}" if config.model else self._shown
         self.replicas = replicas if replicas is not None and replicas.register(self._key, config.url) else None
 
     def collect(self, frame: Frame) -> None:
@@ -164,10 +165,10 @@ class ServerSource:
 
     def read(self, text: str, frame: Frame) -> None:
         """Add one page's part to ``frame`` (deltas against the previous page)."""
-        series = self.parser.parse(text, lambda n: n.startswith(self._prefix), source=shown_url(self.config.url))
+        series = self.parser.parse(text, lambda n: n.startswith(self._prefix), source=self._shown)
         for name, samples in series.items():  # NaN fails both comparisons too
             if name.endswith(_CUMULATIVE) and not all(0 <= v < _COUNT_MAX for _, v in samples):
-                raise CollectorError(f"{shown_url(self.config.url)}: {name}: a value that is no count (negative, "
+                raise CollectorError(f"{self._shown}: {name}: a value that is no count (negative, "
                                      "not finite or past 2**53); page skipped, the counters keep the last good one")
         if self.config.kind == "vllm":
             self._vllm(series, frame)

@@ -80,8 +80,7 @@ class Walker:
                 return self.store.update(p, ts, State.FAILED, reason=chosen)
             return self.store.update(p, ts, State.PLACED, gpus=chosen[0], node=chosen[1])
         if p.state is State.LAUNCHED:
-            if p.source_id is not None and self._source_state(p.source_id) is State.LAUNCHED:
-                src = self.store.placement(p.source_id)
+            if (src := self._source(p)) is not None and src.state is State.LAUNCHED:
                 self.advance(self.store.update(src, ts, State.DRAINING, reason=f"replaced by placement {p.id}"), ts)
             return None
         step = _STEP_OF[p.state]
@@ -129,10 +128,12 @@ class Walker:
             elif self._between_steps(p):
                 self.advance(p, ts)
 
-    def _source_state(self, source_id: int) -> State | None:
-        """The state of the placement another replaced; None once it was pruned (old history)."""
+    def _source(self, p: Placement) -> Placement | None:
+        """The placement ``p`` replaces; None for none, or once it was pruned (old history)."""
+        if p.source_id is None:
+            return None
         try:
-            return self.store.placement(source_id).state
+            return self.store.placement(p.source_id)
         except NotFound:
             return None
 
@@ -140,7 +141,7 @@ class Walker:
         if p.state is State.PENDING:
             return p.id not in self.waiting
         if p.state is State.LAUNCHED:  # at rest, unless the placement it replaces still runs
-            return p.source_id is not None and self._source_state(p.source_id) is State.LAUNCHED
+            return (src := self._source(p)) is not None and src.state is State.LAUNCHED
         return True  # placed, staged, draining: each waits on a step
 
     def place_waiting(self, ts: float) -> None:
