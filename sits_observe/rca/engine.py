@@ -55,7 +55,7 @@ class RcaEngine:
         self._loaded: tuple[int, int] | None = None  # the model file's (mtime_ns, size) when loaded
         self._short_history_logged = False
         self._observed = np.zeros(0, dtype=bool)  # the model's features that are NaN on a tick without data
-        self._unseen_logged = False
+        self._unseen_checked = False
         self._proba: dict[str, float] = {}
         self._counts: dict[str, int] = {}
         self._load()
@@ -76,7 +76,7 @@ class RcaEngine:
         self.error = None
         rates = np.array([f.endswith(".rate") for f in self.model.features])
         self._observed = ~rates if (~rates).any() else np.ones_like(rates)
-        self._unseen_logged = False
+        self._unseen_checked = False
         log.info("rca: model %s loaded (%d features, window %d, classes %s)", path, len(self.model.features),
                  self.model.window, ", ".join(self.model.classes))
 
@@ -131,12 +131,12 @@ class RcaEngine:
         seen = ~np.isnan(raw[:, self._observed]).all(axis=1)
         if not seen[-1] or 2 * seen.sum() < len(seen):  # as in training: the last tick seen, at most half missing
             return
-        if not self._unseen_logged and (missing := unseen(store, [f for f in self.model.features
-                                                                   if f not in OPTIONAL_FEATURES])):
-            self._unseen_logged = True
-            log.warning("rca: this host has no series for %d of the model's features (%s): they read as 0 or "
-                        "missing, unlike in training, and verdicts may be off; was the model trained for "
-                        "another host (its probes, its workload names)?", len(missing), ", ".join(missing[:8]))
+        if not self._unseen_checked:  # once per model: a host's series do not go away
+            self._unseen_checked = True
+            if missing := unseen(store, [f for f in self.model.features if f not in OPTIONAL_FEATURES]):
+                log.warning("rca: this host has no series for %d of the model's features (%s): they read as 0 "
+                            "or missing, unlike in training, and verdicts may be off; was the model trained for "
+                            "another host (its probes, its workload names)?", len(missing), ", ".join(missing[:8]))
         verdict = self.classify(raw, base, frame.ts, "slo_burn" if burning else "periodic", store)
         self.record(verdict, burning)
 
@@ -165,11 +165,12 @@ class RcaEngine:
         """A verdict for one ``(window, F)`` raw window and its ``(F,)`` baseline, in model feature order."""
         m = self.model
         assert m is not None
-        proba = m.proba(raw[None], base[None])[0]
+        lacking = m.lacking(raw[None])
+        proba = m.proba(raw[None], base[None], lacking)[0]
         self._proba = {c: float(p) for c, p in zip(m.classes, proba)}
         k = int(proba.argmax())
         cause = str(m.decide(proba[None], self.cfg.min_confidence, self.cfg.healthy_min_confidence)[0])
-        network = "fallback" if m.fallback is not None and m.lacking(raw[None])[0] else "main"
+        network = "fallback" if m.fallback is not None and lacking[0] else "main"
         if cause in (HEALTHY, UNKNOWN):
             return Verdict(cause, round(float(proba[k]), 4), ts, trigger=trigger, network=network)
         ex = explain(m, raw, base, k, store, self.cfg.top_features)

@@ -13,7 +13,8 @@ import numpy as np
 from ..store.features import feature_series
 from ..store.series import SeriesStore
 
-__all__ = ["FEATURES", "OPTIONAL_FEATURES", "OPTIONAL_GROUPS", "gpu_field_of", "gpu_occluded", "stage_of"]
+__all__ = ["FEATURES", "OPTIONAL_FEATURES", "OPTIONAL_GROUPS", "gpu_field_of", "gpu_occluded", "optional_columns",
+           "stage_of"]
 
 # Per-call latencies (device and host stages) carry most of the signal and do not scale with load or
 # hardware the way throughput and power do; GPU aggregates are kept to those that mean the same on any box.
@@ -66,6 +67,12 @@ OPTIONAL_GROUPS: tuple[frozenset[str], ...] = tuple(
         ("gpu.serving_utilization_ratio.", "gpu.foreign_utilization_ratio."),
         ("gpu.backlog_utilization_ratio.",)))
 OPTIONAL_FEATURES: frozenset[str] = frozenset().union(*OPTIONAL_GROUPS)
+
+
+def optional_columns(features: tuple[str, ...] | list[str]) -> list[np.ndarray]:
+    """Per optional group with a column among ``features``, the indices of its columns."""
+    return [cols for group in OPTIONAL_GROUPS
+            if len(cols := np.array([j for j, f in enumerate(features) if f in group], dtype=np.int64))]
 
 
 def stage_of(feature: str) -> str | None:

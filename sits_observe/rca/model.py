@@ -31,7 +31,7 @@ from torch import nn
 
 from ..errors import ModelError
 from .dataset import DEFAULT_BASELINE, Baseline, fill_forward
-from .features import OPTIONAL_FEATURES, OPTIONAL_GROUPS
+from .features import OPTIONAL_FEATURES, optional_columns
 from .verdict import HEALTHY, UNKNOWN
 
 __all__ = ["FORMAT", "Normalizer", "RcaModel", "RcaNet", "encode"]
@@ -205,10 +205,8 @@ class RcaModel:
         """``(B,)``: windows (model feature order) in which every feature of some optional group is missing
         at every step."""
         out = np.zeros(len(raw), dtype=bool)
-        for group in OPTIONAL_GROUPS:
-            cols = [j for j, f in enumerate(self.features) if f in group]
-            if cols:
-                out |= np.isnan(raw[..., cols]).all(axis=(1, 2))
+        for cols in optional_columns(self.features):
+            out |= np.isnan(raw[..., cols]).all(axis=(1, 2))
         return out
 
     def decide(self, proba: np.ndarray, min_confidence: float, healthy_min_confidence: float | None = None
@@ -297,8 +295,8 @@ class RcaModel:
                             int(meta.get("summary", 0)),  # files from before the summary branch have none
                             [str(f) for f in meta.get("relative_only", ())])
             n = len(model.features)
-            if int(meta["window"]) < 2 or any(len(getattr(model.norm, k)) != n for k in ("scale", "mean", "std")):
-                raise ValueError(f"window {meta['window']} or normalisation sizes do not fit {n} features")
+            if any(len(getattr(model.norm, k)) != n for k in ("scale", "mean", "std")):  # the window: _check_sizes
+                raise ValueError(f"normalisation sizes do not fit {n} features")
             model.net.load_state_dict(blob["state"])
             model.temperature = float(meta["temperature"])
             if not (math.isfinite(model.temperature) and model.temperature > 0):

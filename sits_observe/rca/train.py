@@ -37,7 +37,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from .dataset import DEFAULT_BASELINE, LABELS, Baseline, Dataset, Windows
-from .features import OPTIONAL_GROUPS
+from .features import optional_columns
 from .metrics import expected_calibration_error, scores
 from .model import Normalizer, RcaModel, encode
 
@@ -133,7 +133,7 @@ def _accumulate(average: dict[str, torch.Tensor], state: dict[str, torch.Tensor]
 def networks(features: Sequence[str], opts: TrainOptions) -> int:
     """How many networks :func:`train` trains: 2 (a fallback too) with ``fallback_dropout`` > 0 and an optional
     feature among ``features``, else 1."""
-    return 2 if opts.fallback_dropout and any(f in group for group in OPTIONAL_GROUPS for f in features) else 1
+    return 2 if opts.fallback_dropout and optional_columns(features) else 1
 
 
 def train(ds: Dataset, opts: TrainOptions = TrainOptions(), progress: Progress | None = None) -> RcaModel:
@@ -161,8 +161,7 @@ def train(ds: Dataset, opts: TrainOptions = TrainOptions(), progress: Progress |
     train_w, val_w = win.subset(tr), win.subset(va)
     rows = np.unique((train_w.ends[:, None] - np.arange(opts.window)[None, :]).ravel())
     norm = Normalizer.fit(win.data[rows])
-    optional = [cols for group in OPTIONAL_GROUPS
-                if len(cols := np.array([j for j, f in enumerate(ds.features) if f in group], dtype=np.int64))]
+    optional = optional_columns(ds.features)
     model, run = _fit(ds, classes, norm, train_w, val_w, opts, opts.optional_dropout, optional, progress, 0)
     if networks(ds.features, opts) == 2:
         model.fallback, _ = _fit(ds, classes, norm, train_w, val_w, opts, opts.fallback_dropout, optional, progress,
@@ -200,6 +199,7 @@ def _fit(ds: Dataset, classes: list[str], norm: Normalizer, train_w: Windows, va
     average: dict[str, torch.Tensor] = {}
     drop_rng = np.random.default_rng(opts.seed + 1)
     batches = (len(train_w) + opts.batch - 1) // opts.batch
+    free = model.level_free()
     epoch = 0
     for epoch in range(1, opts.epochs + 1):
         model.net.train()
@@ -211,7 +211,7 @@ def _fit(ds: Dataset, classes: list[str], norm: Normalizer, train_w: Windows, va
             raw, base = train_w.batch(idx), train_w.bases(idx)
             for cols in optional if optional_dropout else ():
                 _hide(raw, base, cols, optional_dropout, drop_rng)
-            x = torch.from_numpy(encode(raw, base, model.norm, hide, model.level_free()))
+            x = torch.from_numpy(encode(raw, base, model.norm, hide, free))
             loss = loss_fn(model.net(x), torch.from_numpy(y_tr[idx]))
             optim.zero_grad()
             loss.backward()

@@ -217,7 +217,7 @@ def test_the_api_shows_both_floors_and_sighup_applies_a_new_healthy_floor(tmp_pa
     classes = list(tiny_model.classes)
     proba = np.full(len(classes), 0.3 / (len(classes) - 1), dtype=np.float32)
     proba[classes.index("healthy")] = 0.7  # healthy, but not sure of it
-    monkeypatch.setattr(RcaModel, "proba", lambda self, raw, base: proba[None])
+    monkeypatch.setattr(RcaModel, "proba", lambda self, raw, base, lacking=None: proba[None])
     raw = np.zeros((tiny_model.window, len(tiny_model.features)), dtype=np.float32)
     base = np.zeros(len(tiny_model.features), dtype=np.float32)
     assert engine.classify(raw, base, 1000.0, "periodic").cause == "healthy"
