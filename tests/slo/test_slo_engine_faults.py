@@ -231,12 +231,16 @@ def test_a_damaged_state_or_outbox_file_leaves_no_database_open(tmp_path, receiv
             db.execute("SELECT 1")
 
 
-def test_the_flap_guard_counts_the_downtime_after_a_restart(tmp_path, receiver):
-    data = config_for(tmp_path, receiver.url).model_dump(mode="python")
+def _burning_with_a_5m_guard(tmp_path, url):
+    data = config_for(tmp_path, url).model_dump(mode="python")
     data["alerting"]["receivers"][0]["secret"] = SECRET
     data["slos"][0]["keep_firing_for"] = "5m"
     cfg = parse(data, env={})
-    feed, engine = burning(cfg)
+    return (cfg, *burning(cfg))
+
+
+def test_the_flap_guard_counts_the_downtime_after_a_restart(tmp_path, receiver):
+    cfg, feed, engine = _burning_with_a_5m_guard(tmp_path, receiver.url)
     assert engine.firing == ["page_fast"]
     engine.close()  # stopped while the condition held
     feed.ts += 86400  # back a day later: the burn is long over
@@ -247,11 +251,7 @@ def test_the_flap_guard_counts_the_downtime_after_a_restart(tmp_path, receiver):
 
 
 def test_a_short_restart_keeps_the_flap_guard(tmp_path, receiver):
-    data = config_for(tmp_path, receiver.url).model_dump(mode="python")
-    data["alerting"]["receivers"][0]["secret"] = SECRET
-    data["slos"][0]["keep_firing_for"] = "5m"
-    cfg = parse(data, env={})
-    feed, engine = burning(cfg)
+    cfg, feed, engine = _burning_with_a_5m_guard(tmp_path, receiver.url)
     engine.close()
     feed.ts += 30  # back in 30 s
     engine = SloEngine.from_config(cfg)
