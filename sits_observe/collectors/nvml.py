@@ -5,6 +5,10 @@ Reads through pynvml (nvidia-ml-py), passed in as ``nvml`` so tests hand in a fa
 between reuse the last sample.  A field the GPU model does not support is NaN for that GPU and is not
 asked again; a lost GPU (``NVML_ERROR_GPU_IS_LOST``) is marked unhealthy and reported in ``frame.errors``
 while the other GPUs go on; no driver means the source cannot start (one-line :class:`CollectorError`).
+A sample runs in a thread of its own (:class:`~.background.Background`): NVML calls take no timeout, and one
+that hangs (a GPU falling off the bus, a wedged driver) holds that thread, not the tick.  The tick waits for a
+sample at most ``timeout`` seconds; while one is out past that, the GPUs read as missing, the GPU whose call
+hangs as unhealthy, and the source as failing, and no other sample starts until that call returns.
 """
 
 from __future__ import annotations
@@ -19,9 +23,10 @@ import numpy as np
 
 from ..errors import CollectorError
 from ..frame import GPU_FIELD_INDEX, Frame, GpuFrame, GpuInfo, Sample
+from .background import Background
 from .gpu_processes import OTHER_WORKLOAD, Attribution, attribute, process_samples
 from .gpu_samples import detail, gpu_labels, gpu_sample
-from .nvml_driver import is_unsupported, load_nvml, nvml_status
+from .nvml_driver import SCALARS, clock_event_reasons, is_unsupported, load_nvml, nvml_status
 from .nvml_links import LinkCounters
 from .nvml_xid import XidEvents
 from .replicas import ReplicaBoard
@@ -30,19 +35,6 @@ __all__ = ["NvmlSource", "nvml_status", "OTHER_WORKLOAD"]  # nvml_status: `docto
 
 log = logging.getLogger(__name__)
 
-# group, GPU field, pynvml function, names of its extra constant arguments, scale to base units
-_SCALARS: tuple[tuple[str, str, str, tuple[str, ...], float], ...] = (
-    ("sm_clock", "sm_clock_hertz", "nvmlDeviceGetClockInfo", ("NVML_CLOCK_SM",), 1e6),
-    ("memory_clock", "memory_clock_hertz", "nvmlDeviceGetClockInfo", ("NVML_CLOCK_MEM",), 1e6),
-    ("power", "power_watts", "nvmlDeviceGetPowerUsage", (), 1e-3),
-    ("temperature", "temperature_celsius", "nvmlDeviceGetTemperature", ("NVML_TEMPERATURE_GPU",), 1.0),
-    ("pcie_rx", "pcie_rx_bytes_per_second", "nvmlDeviceGetPcieThroughput", ("NVML_PCIE_UTIL_RX_BYTES",), 1024.0),
-    ("pcie_tx", "pcie_tx_bytes_per_second", "nvmlDeviceGetPcieThroughput", ("NVML_PCIE_UTIL_TX_BYTES",), 1024.0),
-    ("ecc_corrected", "ecc_corrected_errors_total", "nvmlDeviceGetTotalEccErrors",
-     ("NVML_MEMORY_ERROR_TYPE_CORRECTED", "NVML_VOLATILE_ECC"), 1.0),
-    ("ecc_uncorrected", "ecc_uncorrected_errors_total", "nvmlDeviceGetTotalEccErrors",
-     ("NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_VOLATILE_ECC"), 1.0),
-)
 _F = GPU_FIELD_INDEX
 _LINK_BYTES = ("sits_gpu_nvlink_link_rx_bytes_total", "sits_gpu_nvlink_link_tx_bytes_total")
 
@@ -80,11 +72,16 @@ class NvmlSource:
     name = "nvml"
 
     def __init__(self, nvml: Any = None, *, sample_interval: float = 5.0, clock: Callable[[], float] = time.monotonic,
-                 resolve_workload: Callable[[int], str | None] | None = None,
+                 resolve_workload: Callable[[int], str | None] | None = None, timeout: float = 2.0,
                  wall_clock: Callable[[], float] = time.time, replicas: ReplicaBoard | None = None) -> None:
         self.nvml = load_nvml(nvml)
         self.replicas = replicas  # servers' backlogs, joined to GPUs through their processes
         self.sample_interval = sample_interval
+        self.timeout = timeout  # the longest a tick waits for a sample
+        self._sampler: Background[_Snapshot] = Background("nvml sample")
+        self._started = ""  # wall time (UTC) the sample out started
+        self._hung_since: str | None = None  # the same, once that sample is out past the timeout
+        self._calling: tuple[int | None, str] = (None, "")  # GPU and what the sample out reads: named if it hangs
         self.clock = clock
         self.wall_clock = wall_clock  # NVML stamps per-process samples with the wall clock
         self.resolve_workload = resolve_workload or (lambda pid: None)
@@ -96,7 +93,7 @@ class NvmlSource:
         self._snap: _Snapshot | None = None
         nv = self.nvml
         self._scalars = [(g, _F[f], getattr(nv, fn), tuple(getattr(nv, a) for a in args), s)
-                         for g, f, fn, args, s in _SCALARS]
+                         for g, f, fn, args, s in SCALARS]
         self._enabled, self._success = nv.NVML_FEATURE_ENABLED, nv.NVML_SUCCESS
         try:
             self.gpus = [self._open(i) for i in range(nv.nvmlDeviceGetCount())]
@@ -136,9 +133,14 @@ class NvmlSource:
 
     def collect(self, frame: Frame) -> None:
         now = self.clock()
-        replicas = self.replicas
-        if self._snap is None or now - self._snap.at >= self.sample_interval:
-            self._snap = self.sample(now)
+        replicas, sampler = self.replicas, self._sampler
+        if not sampler.busy and (self._snap is None or now - self._snap.at >= self.sample_interval):
+            self._hung_since, self._started = None, time.strftime("%H:%M:%S UTC", time.gmtime(self.wall_clock()))
+            sampler.start(self.sample, now)
+        if sampler.busy:
+            if not sampler.wait(0.0 if self._hung_since else self.timeout):  # known hung: not waited for again
+                self._hung(frame)
+            self._snap = sampler.take()  # the sample's own exception, if it raised, fails this tick
             if replicas:  # which replicas had work when the utilization was sampled
                 self._snap.work = {i for i, pids in self._snap.pids.items() if replicas.has_work(pids)}
         snap = self._snap
@@ -151,6 +153,20 @@ class NvmlSource:
         if snap.errors:
             frame.errors[self.name] = "; ".join(snap.errors)
 
+    def _hung(self, frame: Frame) -> None:
+        """The sample out is past the timeout: every GPU reads as missing, the one whose call hangs unhealthy."""
+        self._hung_since = self._hung_since or self._started
+        gpu, what = self._calling
+        frame.gpu = GpuFrame.empty([g.info for g in self.gpus])
+        if self._snap is not None:
+            frame.gpu.healthy[:] = self._snap.gpu.healthy
+        if gpu is not None:
+            frame.gpu.healthy[gpu] = False
+            what = f"GPU {gpu}, {what}"
+        raise CollectorError(f"nvml: a call ({what}) has not returned since {self._hung_since}; GPU readings "
+                             "are missing until it does (a GPU off the bus or a hung driver: check `nvidia-smi` and "
+                             "the kernel log for Xid errors)")
+
     def close(self) -> None:
         nv = self.nvml
         try:
@@ -161,9 +177,10 @@ class NvmlSource:
     # ---- one sample ----------------------------------------------------------------------------
 
     def sample(self, now: float) -> _Snapshot:
-        """Read every GPU once (what :meth:`collect` does every ``sample_interval``)."""
+        """Read every GPU once (what :meth:`collect` has done in its thread every ``sample_interval``)."""
         snap = _Snapshot(now, GpuFrame.empty([g.info for g in self.gpus]))
         self._attribution.start()
+        self._calling = (None, "XID events")
         self.xid.drain(snap.errors)
         for i, g in enumerate(self.gpus):
             samples: list[Sample] = []
@@ -192,6 +209,7 @@ class NvmlSource:
         if snap.at < self._skip.get((i, group), -np.inf):
             return None
         nv = self.nvml
+        self._calling = (i, group)
         try:
             return fn(*args)
         except nv.NVMLError as exc:
@@ -225,7 +243,7 @@ class NvmlSource:
             value = self._get(i, group, snap, fn, h, *args)
             if value is not None:
                 row[col] = value * scale
-        reasons = self._get(i, "clock_event_reasons", snap, self._clock_event_reasons, h)
+        reasons = self._get(i, "clock_event_reasons", snap, clock_event_reasons, nv, h)
         if reasons is not None:
             row[_F["throttle_reasons"]] = reasons
         sbe = self._get(i, "retired_pages", snap, nv.nvmlDeviceGetRetiredPages, h,
@@ -241,15 +259,6 @@ class NvmlSource:
         self.xid.fields(i, g.info, row, samples)
         self._read_nvlink(i, g, row, samples, snap)
         self._read_processes(i, g, row, samples, snap)
-
-    def _clock_event_reasons(self, handle: Any) -> int:
-        nv = self.nvml
-        try:
-            return nv.nvmlDeviceGetCurrentClocksEventReasons(handle)
-        except nv.NVMLError as exc:
-            if exc.value != nv.NVML_ERROR_FUNCTION_NOT_FOUND:
-                raise
-        return nv.nvmlDeviceGetCurrentClocksThrottleReasons(handle)  # drivers before R535
 
     def _read_nvlink(self, i: int, g: _Gpu, row: np.ndarray, samples: list[Sample], snap: _Snapshot) -> None:
         if not g.links:

@@ -7,7 +7,21 @@ from typing import Any
 
 from ..errors import CollectorError
 
-__all__ = ["load_nvml", "nvml_status", "is_unsupported"]
+__all__ = ["SCALARS", "clock_event_reasons", "load_nvml", "nvml_status", "is_unsupported"]
+
+# group, GPU field, pynvml function, names of its extra constant arguments, scale to base units
+SCALARS: tuple[tuple[str, str, str, tuple[str, ...], float], ...] = (
+    ("sm_clock", "sm_clock_hertz", "nvmlDeviceGetClockInfo", ("NVML_CLOCK_SM",), 1e6),
+    ("memory_clock", "memory_clock_hertz", "nvmlDeviceGetClockInfo", ("NVML_CLOCK_MEM",), 1e6),
+    ("power", "power_watts", "nvmlDeviceGetPowerUsage", (), 1e-3),
+    ("temperature", "temperature_celsius", "nvmlDeviceGetTemperature", ("NVML_TEMPERATURE_GPU",), 1.0),
+    ("pcie_rx", "pcie_rx_bytes_per_second", "nvmlDeviceGetPcieThroughput", ("NVML_PCIE_UTIL_RX_BYTES",), 1024.0),
+    ("pcie_tx", "pcie_tx_bytes_per_second", "nvmlDeviceGetPcieThroughput", ("NVML_PCIE_UTIL_TX_BYTES",), 1024.0),
+    ("ecc_corrected", "ecc_corrected_errors_total", "nvmlDeviceGetTotalEccErrors",
+     ("NVML_MEMORY_ERROR_TYPE_CORRECTED", "NVML_VOLATILE_ECC"), 1.0),
+    ("ecc_uncorrected", "ecc_uncorrected_errors_total", "nvmlDeviceGetTotalEccErrors",
+     ("NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_VOLATILE_ECC"), 1.0),
+)
 
 # Error codes that mean "this GPU or driver does not offer it": the field is omitted, not an error.
 _UNSUPPORTED = ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT_FOUND", "NVML_ERROR_NO_PERMISSION",
@@ -47,3 +61,13 @@ def nvml_status(nvml: Any = None) -> tuple[bool, str]:
         return False, f"nvml: driver loaded but GPUs cannot be listed: {exc}"
     finally:
         nv.nvmlShutdown()
+
+
+def clock_event_reasons(nvml: Any, handle: Any) -> int:
+    """The GPU's clock event (throttle) reasons bitmask; the older call on drivers before R535."""
+    try:
+        return nvml.nvmlDeviceGetCurrentClocksEventReasons(handle)
+    except nvml.NVMLError as exc:
+        if exc.value != nvml.NVML_ERROR_FUNCTION_NOT_FOUND:
+            raise
+    return nvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle)

@@ -41,7 +41,7 @@ def build_sources(config: Config, layout: BucketLayout, *, resolve_workload: Cal
     sources += servers
     if gpu.backend == "nvml":
         try:
-            sources.append(NvmlSource(nvml, sample_interval=gpu.sample_interval, clock=clock,
+            sources.append(NvmlSource(nvml, sample_interval=gpu.sample_interval, timeout=gpu.nvml_timeout, clock=clock,
                                       resolve_workload=resolve_workload, replicas=replicas))
         except CollectorError as exc:
             log.warning("%s", exc)

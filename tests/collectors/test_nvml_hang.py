@@ -1,0 +1,123 @@
+"""An NVML call that hangs (a GPU off the bus, a wedged driver) holds the sample's thread, never the tick."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fake_nvml import FakeNvml
+from in_thread import in_thread
+
+from sits_observe.clock import WallClock
+from sits_observe.collectors.background import Background
+from sits_observe.collectors.host import HostSource
+from sits_observe.collectors.nvml import NvmlSource
+from sits_observe.config import parse
+from sits_observe.daemon import Daemon
+from sits_observe.errors import CollectorError
+from sits_observe.frame import GPU_FIELD_INDEX, Frame
+
+POWER = GPU_FIELD_INDEX["power_watts"]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def held(fake: FakeNvml) -> Iterator[threading.Event]:
+    """GPU 3's power reading hangs until the event is set (set at the end, so no thread is left waiting)."""
+    release = threading.Event()
+    power = fake.nvmlDeviceGetPowerUsage
+
+    def hanging(handle: object) -> int:
+        if getattr(handle, "index", None) == 3:
+            release.wait(30)
+        return power(handle)
+
+    fake.nvmlDeviceGetPowerUsage = hanging  # type: ignore[method-assign]
+    yield release
+    release.set()
+
+
+def _collect(src: NvmlSource) -> tuple[Frame, object, float]:
+    frame = Frame(ts=0.0, interval=1.0)
+    raised, took = in_thread(lambda: src.collect(frame), 5)
+    return frame, raised, took
+
+
+def test_a_hung_call_fails_the_source_at_the_timeout_and_names_the_gpu(fake: FakeNvml, held: threading.Event) -> None:
+    clock = Clock()
+    src = NvmlSource(fake, clock=clock, timeout=0.3, wall_clock=lambda: 1_764_600_000.0)
+    frame, raised, took = _collect(src)  # before: held until the driver answered
+    assert took < 2.0
+    assert isinstance(raised, CollectorError)
+    assert str(raised) == ("nvml: a call (GPU 3, power) has not returned since 14:40:00 UTC; GPU readings are "
+                           "missing until it does (a GPU off the bus or a hung driver: check `nvidia-smi` and the "
+                           "kernel log for Xid errors)")
+    assert frame.gpu is not None and np.isnan(frame.gpu.values).all()
+    assert list(frame.gpu.healthy) == [i != 3 for i in range(8)]
+    assert fake.calls["nvmlDeviceGetUtilizationRates"] == 4  # GPUs 0-3, then the power call hung
+    for _ in range(3):  # later ticks: no wait, the same message (logged once), and no second sample started
+        clock.t += 10.0
+        frame, again, took = _collect(src)
+        assert str(again) == str(raised) and not frame.gpu.healthy[3]
+    assert fake.calls["nvmlDeviceGetUtilizationRates"] == 4
+    held.set()  # the driver answers: that sample is handed on, and the next one starts on time
+    for _ in range(100):
+        frame, ok, _took = _collect(src)
+        if ok is None:
+            break
+    assert ok is None and frame.gpu.healthy.all()
+    assert frame.gpu.values[3, POWER] == pytest.approx(512.345)
+    clock.t += 10.0
+    _collect(src)
+    assert fake.calls["nvmlDeviceGetUtilizationRates"] == 16  # the hung sample's 8, and the next one's
+
+
+def test_the_tick_goes_on_without_nvml_while_a_call_hangs(tmp_path: Path, fake: FakeNvml,
+                                                         held: threading.Event) -> None:
+    cfg = parse({"state_dir": str(tmp_path), "gpu": {"backend": "none"}}, env={})
+    daemon = Daemon(config=cfg, clock=WallClock(1.0))
+    daemon.sources += [NvmlSource(fake, timeout=0.3), HostSource()]
+    try:
+        for _ in range(3):
+            frame, took = in_thread(daemon.tick, 5)
+            assert isinstance(frame, Frame) and took < 2.0
+            assert "GPU 3, power" in frame.errors["nvml"]
+            assert frame.host["memory_total_bytes"] > 0  # the source after it was read
+        assert daemon.health["nvml"].errors == 3
+    finally:
+        held.set()
+        daemon.close()
+
+
+def test_a_sample_that_raises_fails_that_tick_and_the_next_samples_again(fake: FakeNvml) -> None:
+    clock = Clock()
+    src = NvmlSource(fake, clock=clock, timeout=1.0)
+    fake.nvmlDeviceGetMemoryInfo = lambda handle: 1 / 0  # type: ignore[method-assign]
+    frame, raised, _took = _collect(src)
+    assert isinstance(raised, ZeroDivisionError)  # raised in the tick's thread, counted as the source's error
+    del fake.nvmlDeviceGetMemoryInfo
+    frame, raised, _took = _collect(src)
+    assert raised is None and frame.gpu.values[0, GPU_FIELD_INDEX["memory_used_bytes"]] > 0
+
+
+def test_one_call_at_a_time() -> None:
+    calls = Background[int]("test")
+    release = threading.Event()
+    calls.start(lambda: int(release.wait(5)))
+    with pytest.raises(RuntimeError, match="a call is still out"):
+        calls.start(lambda: 2)
+    assert not calls.wait(0.05)
+    with pytest.raises(RuntimeError, match="no ended call to take"):
+        calls.take()
+    release.set()
+    assert calls.wait(5) and calls.take() == 1 and not calls.busy
