@@ -191,6 +191,8 @@ class Config(Section):
         try:  # what the HTTP server resolves when it binds
             socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         except (OSError, UnicodeError) as exc:
+            if isinstance(exc, socket.gaierror) and exc.errno == socket.EAI_AGAIN:  # no answer yet (DNS not up at
+                return v  # boot): no mistake in the file; the bind decides (runtime.serve)
             raise ValueError(f"host {host!r} does not resolve ({getattr(exc, 'strerror', None) or exc}); use an "
                              "IP address of this host, e.g. 127.0.0.1 or 0.0.0.0") from None
         return v

@@ -22,6 +22,7 @@ __all__ = [
     "ModelError",
     "SchedulerError",
     "SimError",
+    "ListenError",
 ]
 
 
@@ -57,6 +58,11 @@ class CollectorError(SitsError):
 
 class StillDown(CollectorError):
     """A source that failed is not asked again yet (back-off, between samples): still down, not a new error."""
+
+
+class ListenError(SitsError):
+    """The HTTP port cannot be bound for a reason that may pass (the DNS resolver not answering yet at boot):
+    exit code 1, so that systemd starts the daemon again."""
 
 
 class StoreError(SitsError):

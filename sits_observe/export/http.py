@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import hmac
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from flask import Flask, Response, jsonify, request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from werkzeug.exceptions import HTTPException
 
-from ..errors import ConfigError, SchedulerError, SitsError
+from ..errors import ConfigError, ListenError, SchedulerError, SitsError
 from .api import register_api
 from .fasttext import GpuText, HistogramText
 from .prometheus import StoreCollector
@@ -144,6 +145,11 @@ class Server:
             self._server = create_server(app, host=host, port=port, threads=threads, ident="sits-observe",
                                          clear_untrusted_proxy_headers=True, max_request_body_size=MAX_REQUEST_BODY)
         except (OSError, ValueError) as exc:  # waitress raises ValueError for a host that does not resolve
+            cause = exc.__context__  # the resolver's own error, which waitress replaced
+            if isinstance(cause, socket.gaierror) and cause.errno == socket.EAI_AGAIN:
+                raise ListenError(f"listen: {host}:{port}: no answer from the DNS resolver for {host!r} yet "
+                                  f"({cause.strerror}); exiting with 1 so that systemd tries again (an IP address in "
+                                  "listen: does not depend on DNS)") from None
             why = ("is in use" if getattr(exc, "errno", None) == errno.EADDRINUSE
                    else f"cannot be bound ({getattr(exc, 'strerror', None) or exc})")
             raise ConfigError(f"listen: {host}:{port} {why}; set listen: or SITS_LISTEN to a free host:port") from None

@@ -241,3 +241,35 @@ def test_sighup_without_a_config_file_says_there_is_nothing_to_reload(tmp_path, 
     with pytest.raises(ConfigError):
         runtime.serve(_demo_config(tmp_path, listen=f"127.0.0.1:{free_port()}"), reload=None)
     assert "SIGHUP: started without a config file, nothing to reload" in caplog.text
+
+
+def test_a_listen_host_the_resolver_cannot_answer_yet_exits_1_so_systemd_tries_again(tmp_path, monkeypatch, capsys):
+    """EAI_AGAIN at boot (DNS not up yet) is no mistake in the file: exit 2 would stop the unit for good
+    (RestartPreventExitStatus=2); a name that does not exist is still a config error (test_cli)."""
+    from sits_observe import cli, wiring
+
+    real = socket.getaddrinfo
+    answer = {"sits-listen.test": socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")}
+
+    def resolver(host, *args, **kwargs):
+        if host in answer:
+            raise answer[host]
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolver)
+    built = []
+    monkeypatch.setattr(wiring, "build_daemon", lambda cfg: built.append(cfg))
+    state = tmp_path / "state"
+    config = tmp_path / "sits.yaml"
+    config.write_text(f"listen: sits-listen.test:19483\nstate_dir: {state}\ngpu: {{backend: none}}\n")
+    assert cli.main(["check-config", str(config)]) == 0  # loads: the bind decides
+    capsys.readouterr()
+    assert cli.main(["run", "--config", str(config)]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "sits-observe: error: listen: sits-listen.test:19483: no answer from the DNS resolver for 'sits-listen.test' "
+        "yet (Temporary failure in name resolution); exiting with 1 so that systemd tries again (an IP address in "
+        "listen: does not depend on DNS)"]
+    assert built == [] and not state.exists()
+    answer["sits-listen.test"] = socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+    assert cli.main(["run", "--config", str(config)]) == 2  # the name does not exist: the file's mistake
+    assert "listen: host 'sits-listen.test' does not resolve (Name or service not known)" in capsys.readouterr().err
