@@ -130,9 +130,11 @@ class PlacementStore:
         self._migrate()
 
     def _migrate(self) -> None:
-        """Bring the file to :data:`SCHEMA_VERSION`, one transaction per migration; a newer file is refused."""
+        """Bring the file to :data:`SCHEMA_VERSION`, one transaction per migration; a newer file is refused, and
+        damage that ``quick_check`` does not see (an index out of step with its table) found by a migration is
+        :class:`~sits_observe.errors.DamagedStateError` as at the check."""
         while True:
-            with self._tx() as db:
+            with transaction(self._db, self._lock, self._file.failure) as db:
                 version = db.execute("PRAGMA user_version").fetchone()[0]
                 if version > SCHEMA_VERSION:
                     raise StateFileError(

@@ -76,3 +76,33 @@ def test_the_daemon_refuses_to_start_on_a_damaged_state_file_with_exit_2(tmp_pat
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
     assert len(errors) == 1 and str(path) in errors[0] and "aside" in errors[0], res.stderr
     assert path.read_bytes() == GARBAGE
+
+
+def test_scheduler_damage_that_quick_check_misses_is_found_by_its_migration_as_damage(tmp_path):
+    """An index with entries for rows its table lacks passes quick_check (integrity_check would see it); the
+    migration to schema 3 reads the spans through that index and meets the damage: exit 2, not 1."""
+    from sits_observe.scheduler import store
+
+    path = tmp_path / DB_NAME
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")  # as the daemon made it
+    for migration in store._MIGRATIONS[:2]:  # a file of schema 2, with 3 spans not yet exported
+        for statement in migration:
+            db.execute(statement)
+    db.execute("PRAGMA user_version=2")
+    db.executemany("INSERT INTO spans(seq, decision_id, body, created_ts) VALUES (?, 'd', '{}', 1.0)",
+                   [(1,), (2,), (3,)])
+    db.execute("CREATE TABLE spans_one AS SELECT * FROM spans WHERE seq = 1")
+    roots = dict(db.execute("SELECT name, rootpage FROM sqlite_master WHERE name IN ('spans', 'spans_one')"))
+    db.execute("PRAGMA writable_schema=ON")  # the table now holds one row, its index still three
+    db.execute("UPDATE sqlite_master SET rootpage=? WHERE name='spans'", (roots["spans_one"],))
+    db.execute("UPDATE sqlite_master SET rootpage=? WHERE name='spans_one'", (roots["spans"],))
+    db.close()
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA quick_check").fetchall() == [("ok",)]
+    db.close()
+    before = path.read_bytes()
+    with pytest.raises(DamagedStateError, match=r"scheduler\.sqlite: damaged \(database disk image is malformed\); "
+                                                r"move it and its -wal/-shm files aside"):
+        PlacementStore(tmp_path)
+    assert path.read_bytes() == before  # the failed migration was rolled back
