@@ -10,6 +10,7 @@ from NVML, or from sysfs where the driver does not answer.
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,8 @@ from .nvml_driver import is_unsupported, load_nvml
 
 __all__ = ["topology_from_nvml", "ancestor_kind", "nvlink_per_link", "pcie_bandwidth", "parse_cpulist",
            "format_cpulist"]
+
+log = logging.getLogger(__name__)
 
 # pynvml NVML_NVLINK_VERSION_* name -> one-direction bytes/s per link
 _NVLINK_RATE = {
@@ -108,8 +111,21 @@ def _try(nv: Any, fn: Any, *args: Any) -> Any:
         raise
 
 
-def _gpu(nv: Any, index: int, h: Any, sysfs: Path) -> Gpu:
-    bus = nv.nvmlDeviceGetPciInfo(h).busId
+def _open(nv: Any, index: int, sysfs: Path) -> tuple[Gpu, Any]:
+    """The GPU and its handle; a GPU that cannot be opened (lost, unpowered, IRQ trouble: the NVML source reports
+    it unhealthy every sample) keeps its index with no identity, memory or links, and None for its handle."""
+    try:
+        h = nv.nvmlDeviceGetHandleByIndex(index)
+        ids = nv.nvmlDeviceGetUUID(h), nv.nvmlDeviceGetName(h), nv.nvmlDeviceGetPciInfo(h).busId
+    except nv.NVMLError as exc:
+        log.warning("nvml: GPU %d cannot be opened (%s); in the topology without links or memory, so nothing is "
+                    "placed on it until a restart", index, exc)
+        return Gpu(index, "", "", "", 0, (), 0), None
+    return _gpu(nv, index, h, ids, sysfs), h
+
+
+def _gpu(nv: Any, index: int, h: Any, ids: tuple[str, str, str], sysfs: Path) -> Gpu:
+    uuid, model, bus = ids
     numa = _try(nv, nv.nvmlDeviceGetNumaNodeId, h)
     if numa is None or numa < 0:
         path = _sysfs_dir(sysfs, bus) / "numa_node"
@@ -121,8 +137,7 @@ def _gpu(nv: Any, index: int, h: Any, sysfs: Path) -> Gpu:
     else:
         path = _sysfs_dir(sysfs, bus) / "local_cpulist"
         cpus = parse_cpulist(path.read_text()) if path.exists() else ()
-    return Gpu(index, nv.nvmlDeviceGetUUID(h), nv.nvmlDeviceGetName(h), bus, max(numa, 0), cpus,
-               int(nv.nvmlDeviceGetMemoryInfo(h).total))
+    return Gpu(index, uuid, model, bus, max(numa, 0), cpus, int(nv.nvmlDeviceGetMemoryInfo(h).total))
 
 
 def _cpu_count(sysfs: Path) -> int:
@@ -132,10 +147,10 @@ def _cpu_count(sysfs: Path) -> int:
 
 
 def _nvlinks(nv: Any, h: Any, bus_index: dict[str, int]) -> tuple[Counter[int], int, float]:
-    """(links per peer GPU, links to NVSwitches, per-link rate) of one GPU's active NVLinks."""
+    """(links per peer GPU, links to NVSwitches, per-link rate) of one GPU's active NVLinks (none unopened)."""
     peers: Counter[int] = Counter()
     switch, rate = 0, np.inf
-    for link in range(nv.NVML_NVLINK_MAX_LINKS):
+    for link in range(nv.NVML_NVLINK_MAX_LINKS if h is not None else 0):
         if _try(nv, nv.nvmlDeviceGetNvLinkState, h, link) != nv.NVML_FEATURE_ENABLED:
             continue
         info = _try(nv, nv.nvmlDeviceGetNvLinkRemotePciInfo, h, link)
@@ -163,11 +178,11 @@ def _pcie(nv: Any, h: Any) -> float:
 
 
 def _read(nv: Any, sysfs: Path, name: str) -> Topology:
-    handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())]
-    gpus = [_gpu(nv, i, h, sysfs) for i, h in enumerate(handles)]
-    bus_index = {_bus(g.pci_bus_id): g.index for g in gpus}
+    opened = [_open(nv, i, sysfs) for i in range(nv.nvmlDeviceGetCount())]
+    gpus, handles = [g for g, _ in opened], [h for _, h in opened]
+    bus_index = {_bus(g.pci_bus_id): g.index for g in gpus if g.pci_bus_id}
     links = [_nvlinks(nv, h, bus_index) for h in handles]
-    pcie = [_pcie(nv, h) for h in handles]
+    pcie = [_pcie(nv, h) if h is not None else np.inf for h in handles]
     n = len(gpus)
     kinds = [[LinkKind.SELF] * n for _ in range(n)]
     bw, nvl = np.zeros((n, n)), np.zeros((n, n), dtype=np.int64)
@@ -182,8 +197,9 @@ def _read(nv: Any, sysfs: Path, name: str) -> Topology:
             elif links[a][1] and links[b][1]:
                 kinds[a][b], nvl[a, b] = LinkKind.NVSWITCH, min(links[a][1], links[b][1])
                 bw[a, b] = nvl[a, b] * rate
-            else:
-                level = _try(nv, nv.nvmlDeviceGetTopologyCommonAncestor, handles[a], handles[b])
+            else:  # an unopened GPU: the slowest path, as below
+                level = (None if handles[a] is None or handles[b] is None
+                         else _try(nv, nv.nvmlDeviceGetTopologyCommonAncestor, handles[a], handles[b]))
                 # not offered (some VMs): the slowest path between two GPUs of one host, not no topology at all
                 kind = LinkKind.NUMA_INTERCONNECT if level is None else ancestor_kind(nv, level)
                 kinds[a][b], bw[a, b] = kind, min(DEFAULT_BANDWIDTH[kind], pcie[a], pcie[b])

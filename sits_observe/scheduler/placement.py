@@ -160,7 +160,8 @@ class _Context:
         # ... the terms describe the state after the old placement has drained
         if req.source:
             used[list(req.source)] = np.maximum(used[list(req.source)] - req.memory, 0.0)
-        frac = (used + req.memory) / p._total
+        # a GPU of no memory (one NVML could not open at start: never a candidate) reads as full
+        frac = np.divide(used + req.memory, p._total, out=np.ones_like(used), where=p._total > 0)
         # per-GPU additive values: free fraction left, busy fraction, balance delta, NUMA match
         self.free = 1.0 - frac
         self.busy = np.maximum(util + req.load, frac)

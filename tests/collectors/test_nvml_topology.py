@@ -205,3 +205,49 @@ def test_topo_command_without_a_driver_fails_with_one_line() -> None:
     with pytest.raises(CollectorError) as err:
         args.func(args)  # the real pynvml: no driver on this machine
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("call,code", [("nvmlDeviceGetHandleByIndex", pynvml.NVML_ERROR_GPU_IS_LOST),
+                                       ("nvmlDeviceGetUUID", pynvml.NVML_ERROR_INSUFFICIENT_POWER),
+                                       ("nvmlDeviceGetPciInfo", pynvml.NVML_ERROR_IRQ_ISSUE)])
+def test_a_gpu_that_cannot_be_opened_keeps_its_place_without_links_or_memory(fake: FakeNvml, call: str,
+                                                                            code: int) -> None:
+    """One dead GPU used to leave the host without a topology, so without a scheduler and a topology view."""
+    if call == "nvmlDeviceGetHandleByIndex":
+        fake.gpus[5].lost = True
+    else:
+        fake.gpus[5].fail[call] = code
+    whole = topology_from_nvml(FakeNvml(fixture("h100-sxm8")))
+    topo = topology_from_nvml(fake)
+    assert topo.n == 8 and [g.index for g in topo.gpus] == list(range(8))
+    dead = topo.gpus[5]
+    assert (dead.uuid, dead.pci_bus_id, dead.memory_total_bytes) == ("", "", 0)
+    assert topo.gpus[:5] == whole.gpus[:5] and topo.gpus[6:] == whole.gpus[6:]
+    others = [i for i in range(8) if i != 5]
+    assert all(topo.kinds[5][b] == topo.kinds[b][5] == LinkKind.NUMA_INTERCONNECT for b in others)
+    assert topo.nvlinks[5].sum() == topo.nvlinks[:, 5].sum() == 0
+    assert all(topo.kinds[a][b] == whole.kinds[a][b] for a in others for b in others)  # the rest as they are
+    assert fake.initialised == 0
+
+
+def test_the_scheduler_runs_on_a_host_with_a_dead_gpu_and_places_around_it(fake: FakeNvml, tmp_path) -> None:
+    from sits_observe.collectors.nvml import NvmlSource
+    from sits_observe.frame import Frame
+    from sits_observe.scheduler.config import OtlpConfig, SchedulerConfig
+    from sits_observe.scheduler.engine import Scheduler
+
+    fake.gpus[5].lost = True
+    topo = topology_from_nvml(fake)
+    src = NvmlSource(fake, clock=lambda: 1000.0)
+    sched = Scheduler(SchedulerConfig(shards=[{"id": "big", "gpus": 7, "memory_per_gpu": 30 * 2**30}]), OtlpConfig(),
+                      topo, tmp_path, clock=lambda: 1000.0)
+    try:
+        frame = Frame(ts=1000.0, interval=1.0)
+        src.collect(frame)
+        assert not frame.gpu.healthy[5]
+        sched.on_tick(frame)
+        (big,) = sched.shards_state()["shards"]
+        assert (big["state"], big["gpus"]) == ("launched", [0, 1, 2, 3, 4, 6, 7])
+    finally:
+        sched.close()
+        src.close()
