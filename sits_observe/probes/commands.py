@@ -79,7 +79,7 @@ def list_probes(cfg: Config) -> list[dict[str, Any]]:
         if spec.kind == "uprobe":
             timed = pcfg.timed()
             row["timed"] = {stage: list(syms) for stage, syms in timed.items()}
-            files = tracker.libraries(tgids, library_matcher(pcfg.library))
+            files = tracker.libraries(tgids, library_matcher(pcfg.library)).files
             row["files"] = sorted(shown for _, shown in files.values())
             row["missing_symbols"] = {}
             wanted = {s for syms in timed.values() for s in syms}

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import ctypes as ct
+import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
@@ -119,6 +120,9 @@ def find_symbols(path: str, symbols: set[str]) -> dict[str, int]:
     return {name.decode(): addr for name, addr in found}
 
 
+Inode = tuple[int, int]  # (st_dev, st_ino) of a library file
+
+
 class LibraryAttacher:
     """Attaches ``enter_<stage>``/``call_return`` to each configured symbol of each library file.
 
@@ -127,7 +131,8 @@ class LibraryAttacher:
     counts as done once its symbols were read and at least one probe attached.  Otherwise (the process it
     was opened through exited, an attach failed, none of the symbols is there) it is tried again when
     offered again, through whichever process maps it then, after skipping 0, 1, 3, 7 ... offers (at most
-    :data:`MAX_SKIP`), so a file without the symbols is not read at every scan.
+    :data:`MAX_SKIP`), so a file without the symbols is not read at every scan.  :meth:`release` detaches
+    the files that no process maps any more: what is attached is bounded by what is mapped now.
     """
 
     MAX_SKIP = 127
@@ -135,13 +140,16 @@ class LibraryAttacher:
     def __init__(self, bpf: Any, stages: dict[str, tuple[str, ...]]) -> None:
         self._bpf = bpf
         self._stages = stages
-        self.files: dict[tuple[int, int], str] = {}  # attached: inode -> path as the process maps it
+        self.files: dict[Inode, str] = {}  # attached: inode -> path as the process maps it
+        # attached: inode -> (its probes, (bcc event name, perf event fd) of each of its uprobes and uretprobes)
+        self._events: dict[Inode, tuple[int, list[tuple[bytes, int]]]] = {}
         self.missing: dict[str, list[str]] = {}
-        self.failed: dict[tuple[int, int], str] = {}  # not attached: inode -> its last problem
-        self._retry: dict[tuple[int, int], tuple[int, int]] = {}  # inode -> (failures, offers left to skip)
+        self.failed: dict[Inode, str] = {}  # not attached: inode -> its last problem
+        self._retry: dict[Inode, tuple[int, int]] = {}  # inode -> (failures, offers left to skip)
         self.probes = 0
+        self.detached = 0  # files detached by release(), since start
 
-    def attach(self, inode: tuple[int, int], path: str, shown: str) -> str | None:
+    def attach(self, inode: Inode, path: str, shown: str) -> str | None:
         """Attach to one file (opened at ``path``, named ``shown`` in reports); returns what to report."""
         if inode in self.files:
             return None
@@ -149,16 +157,58 @@ class LibraryAttacher:
         if skip:
             self._retry[inode] = (failures, skip - 1)
             return None
-        before = self.probes
+        before, fds = self.probes, dict(self._bpf.uprobe_fds)
         problem = self._attach(path, shown)
         if self.probes > before:
             self.files[inode] = shown
+            # What this file added to bcc's BPF.uprobe_fds (event name -> perf event fd, filled by attach_u[ret]probe,
+            # emptied by the public detach_uprobe_event; relied on as bcc 0.26 has them): detaching by these needs
+            # neither the file, which may be gone with its container, nor bcc's event naming (path and address).
+            self._events[inode] = (self.probes - before,
+                                   [(ev, fd) for ev, fd in self._bpf.uprobe_fds.items() if fds.get(ev) != fd])
             self.failed.pop(inode, None)
             self._retry.pop(inode, None)
         else:
             self.failed[inode] = problem or f"{shown}: no probe attached"
             self._retry[inode] = (failures + 1, min(2**failures - 1, self.MAX_SKIP))
         return problem
+
+    def release(self, mapped: dict[Inode, tuple[str, str]], held: Collection[str] = ()
+                ) -> list[tuple[str, str | None]]:
+        """Detach each attached file that is not in ``mapped`` (inode -> (path, name) of the files workload
+        processes map now) and whose name is not in ``held`` (files still mapped although deleted since);
+        forget the files that failed and are not in ``mapped``.  Either is attached afresh if offered again.
+
+        Returns (name, problem or None) for each file detached.
+        """
+        for inode in self.failed.keys() - mapped.keys():
+            del self.failed[inode]
+            del self._retry[inode]
+        gone = [inode for inode, shown in self.files.items() if inode not in mapped and shown not in held]
+        out = []
+        for inode in gone:
+            probes, events = self._events.pop(inode)
+            problems = [p for p in (self._detach(ev, fd) for ev, fd in events) if p]
+            self.probes -= probes
+            out.append((self.files.pop(inode), "; ".join(problems) or None))
+        self.detached += len(gone)
+        names = set(self.files.values()) | {shown for _, shown in mapped.values()}
+        self.missing = {shown: syms for shown, syms in self.missing.items() if shown in names}
+        return out
+
+    def _detach(self, ev_name: bytes, fd: int) -> str | None:
+        if self._bpf.uprobe_fds.get(ev_name) != fd:
+            # bcc's entry of that name is another file's: one attached later through the same path and address
+            # (a reused pid in /proc/PID/root/...); this probe is only its fd, which closing removes (bcc's count
+            # of open probes, for its 1000-probe quota, keeps it)
+            os.close(fd)
+            return None
+        try:
+            self._bpf.detach_uprobe_event(ev_name)
+        except Exception as exc:  # bcc raises bare Exception, after closing the fd (a tracefs event may be left)
+            del self._bpf.uprobe_fds[ev_name]  # so that cleanup() does not close that fd number again
+            return f"{ev_name.decode(errors='replace')}: {exc}"
+        return None
 
     def _attach(self, path: str, shown: str) -> str | None:
         wanted = {sym for syms in self._stages.values() for sym in syms}

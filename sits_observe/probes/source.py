@@ -2,7 +2,8 @@
 
 Each probe loads on its own: one that cannot load or attach (privileges, headers, a missing tracepoint
 or library) is logged once with the reason and the rest run on. Workloads are re-scanned in /proc every
-``probes.scan_interval`` seconds; uprobes attach to library files as workload processes map them.
+``probes.scan_interval`` seconds; uprobes attach to library files as workload processes map them, and
+are detached from a file once no workload process maps it.
 """
 
 from __future__ import annotations
@@ -127,7 +128,8 @@ class ProbeSource:
                  f" without {', '.join(skipped)}" if skipped else "")
 
     def rescan(self) -> None:
-        """Re-read /proc: update every program's workload map; attach uprobes to newly mapped libraries."""
+        """Re-read /proc: update every program's workload map; attach uprobes to newly mapped libraries and
+        detach them from libraries no workload process maps any more."""
         self._last_scan = self._clock()
         tgids = self._tracker.scan()
         for state in self.states.values():
@@ -142,7 +144,11 @@ class ProbeSource:
 
     def _attach_libraries(self, state: ProbeState, tgids: dict[int, int]) -> None:
         assert state.attacher is not None and state.library is not None
-        files = self._tracker.libraries(tgids, library_matcher(state.library))
+        files, deleted = self._tracker.libraries(tgids, library_matcher(state.library))
+        for shown, problem in state.attacher.release(files, deleted):
+            log.info("probe %s: detached from %s: no workload process maps it any more", state.spec.name, shown)
+            if problem:
+                self._report(state, f"{shown}: detach failed: {problem}")
         for inode, (path, shown) in files.items():
             problem = state.attacher.attach(inode, path, shown)
             if problem:
@@ -182,6 +188,10 @@ class ProbeSource:
                          lab, float(state.attached))
             yield Sample("sits_probe_errors_total", "counter",
                          "Probe load, attach, map and drain failures.", lab, float(state.errors))
+            if state.attacher is not None:
+                yield Sample("sits_probe_detached_files_total", "counter",
+                             "Library files whose uprobes were detached because no workload process mapped them "
+                             "any more.", lab, float(state.attacher.detached))
             if state.program is None:
                 continue
             yield Sample("sits_probe_dropped_events_total", "counter",

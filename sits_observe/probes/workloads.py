@@ -11,10 +11,22 @@ import os
 import re
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from ..config import WorkloadConfig
 
-__all__ = ["WorkloadTracker", "library_matcher"]
+__all__ = ["WorkloadTracker", "Libraries", "library_matcher"]
+
+_DELETED = " (deleted)"
+
+
+class Libraries(NamedTuple):
+    """The files of one library that workload processes map."""
+
+    files: dict[tuple[int, int], tuple[str, str]]
+    """(st_dev, st_ino) -> (path to open it through /proc/PID/root, path the process maps), of files on disk"""
+    deleted: frozenset[str]
+    """paths of files still mapped although deleted (or replaced) since: they cannot be opened by path"""
 
 
 class _Proc:
@@ -92,7 +104,8 @@ class WorkloadTracker:
         return out
 
     def mapped_files(self, pid: int) -> set[str]:
-        """Paths of the files mapped by ``pid`` (empty if it left)."""
+        """Paths of the files mapped by ``pid`` (empty if it left); a file deleted (or replaced) since it was
+        mapped keeps the kernel's ``" (deleted)"`` suffix."""
         try:
             text = (self._proc / str(pid) / "maps").read_text()
         except OSError:
@@ -100,25 +113,29 @@ class WorkloadTracker:
         out = set()
         for line in text.splitlines():
             parts = line.split(None, 5)
-            if len(parts) == 6 and parts[5].startswith("/") and not parts[5].endswith(" (deleted)"):
+            if len(parts) == 6 and parts[5].startswith("/"):
                 out.add(parts[5])
         return out
 
-    def libraries(self, pids: Iterable[int], matches: Callable[[str], bool]
-                  ) -> dict[tuple[int, int], tuple[str, str]]:
-        """(st_dev, st_ino) -> (path to open it through /proc/PID/root, path the process maps) per matching file."""
-        out: dict[tuple[int, int], tuple[str, str]] = {}
+    def libraries(self, pids: Iterable[int], matches: Callable[[str], bool]) -> Libraries:
+        """The files standing for one library (``matches``) that the processes ``pids`` map."""
+        files: dict[tuple[int, int], tuple[str, str]] = {}
+        deleted = set()
         for pid in pids:
-            for path in self.mapped_files(pid):
+            for mapped in self.mapped_files(pid):
+                path = mapped.removesuffix(_DELETED)
                 if not matches(path):
+                    continue
+                if path != mapped:
+                    deleted.add(path)
                     continue
                 where = f"{self._proc}/{pid}/root{path}"
                 try:
                     st = os.stat(where)
                 except OSError:
                     continue
-                out.setdefault((st.st_dev, st.st_ino), (where, path))
-        return out
+                files.setdefault((st.st_dev, st.st_ino), (where, path))
+        return Libraries(files, frozenset(deleted))
 
 
 def _under(path: str, prefix: str) -> bool:

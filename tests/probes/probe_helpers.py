@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import json
 import os
@@ -10,7 +11,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -106,3 +107,36 @@ class Workload:
 def hist_counts(frame: Frame, stage: str, workload: str, n: int) -> np.ndarray:
     h = frame.hists.get((stage, workload))
     return np.zeros(n, np.uint64) if h is None else h.counts
+
+
+class KernelUprobe(NamedTuple):
+    fd: int
+    kind: str  # "uprobe" or "uretprobe"
+    file: str  # the path it was attached through
+    offset: int
+
+
+_FD_TYPES = {4: "uprobe", 5: "uretprobe"}  # enum bpf_task_fd_type
+
+
+def kernel_uprobes(file: str | Path) -> list[KernelUprobe]:
+    """The uprobes this process holds open on a file attached through a path ending in ``file``, as the kernel
+    reports them: its perf event fds (/proc/self/fd) asked with BPF_TASK_FD_QUERY, as ``bpftool perf`` does."""
+    libbpf = ctypes.CDLL("libbpf.so.1")  # bcc's own dependency
+    out = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{name}") != "anon_inode:[perf_event]":
+                continue
+        except OSError:
+            continue
+        buf = ctypes.create_string_buffer(4096)
+        buf_len, prog_id, fd_type = ctypes.c_uint32(len(buf)), ctypes.c_uint32(), ctypes.c_uint32()
+        offset, addr = ctypes.c_uint64(), ctypes.c_uint64()
+        if libbpf.bpf_task_fd_query(os.getpid(), int(name), 0, buf, ctypes.byref(buf_len), ctypes.byref(prog_id),
+                                    ctypes.byref(fd_type), ctypes.byref(offset), ctypes.byref(addr)):
+            continue
+        path = buf.value.decode()
+        if fd_type.value in _FD_TYPES and path.endswith(str(file)):
+            out.append(KernelUprobe(int(name), _FD_TYPES[fd_type.value], path, offset.value))
+    return sorted(out)

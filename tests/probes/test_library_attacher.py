@@ -15,19 +15,33 @@ LIB = "/usr/lib/libcuda.so.1"
 
 
 class FakeBpf:
-    """Records attached (path, address, function); ``refuse`` makes attach_uprobe raise as bcc does."""
+    """Records attached (path, address, function) and keeps ``uprobe_fds`` as bcc does (event name -> fd);
+    ``refuse`` makes attach_uprobe raise as bcc does."""
 
     def __init__(self) -> None:
         self.attached: list[tuple[bytes, int, bytes]] = []
+        self.uprobe_fds: dict[bytes, int] = {}
         self.refuse = False
+        self._fd = 100
+
+    def _add(self, kind: bytes, name: bytes, addr: int) -> None:
+        self._fd += 1
+        self.uprobe_fds[b"%s_%s_0x%x" % (kind, name, addr)] = self._fd
 
     def attach_uprobe(self, name: bytes, addr: int, fn_name: bytes) -> None:
         if self.refuse:
             raise Exception("Failed to attach BPF program enter_sync to uprobe")  # noqa: TRY002 (bcc's own)
         self.attached.append((name, addr, fn_name))
+        self._add(b"p", name, addr)
 
     def attach_uretprobe(self, name: bytes, addr: int, fn_name: bytes) -> None:
-        pass
+        self._add(b"r", name, addr)
+
+    def detach_uretprobe(self, name: bytes, addr: int) -> None:
+        del self.uprobe_fds[b"r_%s_0x%x" % (name, addr)]
+
+    def detach_uprobe_event(self, ev_name: bytes) -> None:
+        del self.uprobe_fds[ev_name]
 
 
 class Symbols:
@@ -88,3 +102,21 @@ def test_a_file_without_the_symbols_is_read_again_less_and_less_often(monkeypatc
             assert problem is None
     assert read_at == [0, 1, 3, 7, 15, 31]  # skipping 0, 1, 3, 7, 15 offers in between
     assert attacher.files == {} and attacher.missing == {LIB: ["cuStreamSynchronize"]}
+
+
+def test_a_file_no_process_maps_is_detached_and_a_failed_one_forgotten(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(program, "find_symbols", Symbols({"cuStreamSynchronize": 0x1000}, {}))
+    bpf = FakeBpf()
+    attacher = LibraryAttacher(bpf, {"sync": ("cuStreamSynchronize",)})
+    other = (2049, 777)
+    assert _offer(attacher, 4300) is None and attacher.probes == 1
+    assert attacher.attach(other, "/proc/4400/root/opt/libcuda.so.1", "/opt/libcuda.so.1")  # no symbols: failed
+    mapped = {INODE: (f"/proc/4300/root{LIB}", LIB), other: ("/proc/4400/root/opt/libcuda.so.1", "/opt/libcuda.so.1")}
+    assert attacher.release(mapped) == [] and len(bpf.uprobe_fds) == 2  # both still mapped: nothing changes
+    assert attacher.release({}, held={LIB}) == [] and attacher.probes == 1  # deleted, still mapped: kept
+    assert attacher.failed == {} and attacher.missing == {LIB: []}  # the failed file, unmapped, is forgotten
+    assert attacher.release({}) == [(LIB, None)]
+    assert attacher.probes == 0 and attacher.files == {} and bpf.uprobe_fds == {} and attacher.missing == {}
+    assert attacher.detached == 1
+    monkeypatch.setattr(program, "find_symbols", Symbols({"cuStreamSynchronize": 0x1000}))
+    assert _offer(attacher, 4500) is None and attacher.probes == 1  # mapped again: attached afresh

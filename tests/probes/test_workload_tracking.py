@@ -27,7 +27,8 @@ def proc(tmp_path: Path) -> Path:
     _proc(tmp_path, 100, "vllm", "/usr/bin/python3.11", "/system.slice/vllm.service")
     _proc(tmp_path, 101, "vllm-helper", "/usr/bin/python3.11", "/system.slice/vllm.service")
     _proc(tmp_path, 200, "tritonserver", "/opt/tritonserver/bin/tritonserver", "/kubepods/pod1/c1",
-          ["/usr/lib/x86_64-linux-gnu/libcuda.so.535.104.05", "/usr/lib/libcudart.so.12", "/tmp/gone.so (deleted)"])
+          ["/usr/lib/x86_64-linux-gnu/libcuda.so.535.104.05", "/usr/lib/libcudart.so.12",
+           "/usr/lib/x86_64-linux-gnu/libcuda.so.530.30.02 (deleted)", "/tmp/gone.so (deleted)"])
     _proc(tmp_path, 300, "bash", "/usr/bin/bash", "/user.slice")
     (tmp_path / "self").mkdir()
     return tmp_path
@@ -51,11 +52,27 @@ def test_scan_matches_workloads(proc: Path, workloads: list, want: dict) -> None
     assert tracker.scan() == want
 
 
-def test_mapped_files_skip_deleted_and_anonymous_mappings(proc: Path) -> None:
+def test_mapped_files_skip_anonymous_mappings_and_mark_deleted_ones(proc: Path) -> None:
     tracker = WorkloadTracker([], proc=proc)
     assert tracker.mapped_files(200) == {"/usr/lib/x86_64-linux-gnu/libcuda.so.535.104.05",
-                                         "/usr/lib/libcudart.so.12"}
+                                         "/usr/lib/libcudart.so.12",
+                                         "/usr/lib/x86_64-linux-gnu/libcuda.so.530.30.02 (deleted)",
+                                         "/tmp/gone.so (deleted)"}
     assert tracker.mapped_files(12345) == set()
+
+
+def test_libraries_are_opened_through_the_process_root_and_deleted_ones_only_named(proc: Path) -> None:
+    """A library deleted (or replaced, as by a driver upgrade) since it was mapped has no path to open it by; its
+    name keeps what is attached to it attached while a process maps it."""
+    lib = proc / "rootfs/usr/lib/x86_64-linux-gnu/libcuda.so.535.104.05"
+    lib.parent.mkdir(parents=True)
+    lib.write_bytes(b"\x7fELF")
+    os.symlink(proc / "rootfs", proc / "200" / "root")
+    st = lib.stat()
+    files, deleted = WorkloadTracker([], proc=proc).libraries([200, 12345], library_matcher("libcuda.so.1"))
+    assert files == {(st.st_dev, st.st_ino): (f"{proc}/200/root/usr/lib/x86_64-linux-gnu/libcuda.so.535.104.05",
+                                              "/usr/lib/x86_64-linux-gnu/libcuda.so.535.104.05")}
+    assert deleted == {"/usr/lib/x86_64-linux-gnu/libcuda.so.530.30.02"}
 
 
 @pytest.mark.parametrize("library, path, match", [
