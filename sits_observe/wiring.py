@@ -106,7 +106,8 @@ def _add_consumers(daemon: Daemon) -> None:
         daemon.rca = RcaEngine(cfg.rca, cfg.state_dir,
                                firing=lambda: _firing_names(daemon),
                                annotate=daemon.slo.annotate if daemon.slo else None,
-                               on_verdict=daemon.scheduler.on_verdict if daemon.scheduler else None)
+                               on_verdict=daemon.scheduler.on_verdict if daemon.scheduler else None,
+                               tick_seconds=cfg.tick_interval)
         # before the scheduler: it sees this tick's verdicts this tick
         daemon.consumers.insert(len(daemon.consumers) - (daemon.scheduler is not None), daemon.rca)
 

@@ -10,6 +10,7 @@ window, is logged once and RCA stays off; the daemon runs on without it.
 from __future__ import annotations
 
 import logging
+import math
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -41,8 +42,9 @@ class RcaEngine:
     def __init__(self, cfg: RcaConfig, state_dir: str | Path, *,
                  firing: Callable[[], Sequence[str]] | None = None,
                  annotate: Callable[[str, Mapping[str, str]], None] | None = None,
-                 on_verdict: Callable[[Verdict], Any] | None = None) -> None:
+                 on_verdict: Callable[[Verdict], Any] | None = None, tick_seconds: float | None = None) -> None:
         self.cfg = cfg
+        self.tick_seconds = tick_seconds  # the daemon's tick_interval: a model trained at another step is refused
         self.firing = firing
         self.annotate = annotate
         self.on_verdict = on_verdict
@@ -73,12 +75,28 @@ class RcaEngine:
         except ModelError as exc:
             self._disable(str(exc))
             return
+        if (why := self._other_step(path)) is not None:
+            self._disable(why)
+            return
         self.error = None
         rates = np.array([f.endswith(".rate") for f in self.model.features])
         self._observed = ~rates if (~rates).any() else np.ones_like(rates)
         self._unseen_checked = False
         log.info("rca: model %s loaded (%d features, window %d, classes %s)", path, len(self.model.features),
                  self.model.window, ", ".join(self.model.classes))
+
+    def _other_step(self, path: Path) -> str | None:
+        """Why the model cannot read this daemon's windows: trained at another tick step, its window, baseline
+        hour and occlusion minutes (all counts of ticks) would span other times.  Files from before the step
+        was recorded say nothing and are taken as they are."""
+        assert self.model is not None
+        trained, tick = self.model.training.get("tick_seconds"), self.tick_seconds
+        if not isinstance(trained, float) or tick is None or math.isclose(trained, tick, rel_tol=0.01):
+            return None
+        window = self.model.window
+        return (f"{path}: trained on ticks of {trained:g} s, but this daemon ticks every {tick:g} s, so its "
+                f"window of {window} ticks would span {window * tick:g} s instead of {window * trained:g} s; "
+                f"set tick_interval: {trained:g}, or train a model on a dataset recorded every {tick:g} s")
 
     def _disable(self, why: str) -> None:
         self.model = None

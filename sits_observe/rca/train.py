@@ -174,6 +174,7 @@ def train(ds: Dataset, opts: TrainOptions = TrainOptions(), progress: Progress |
     model.metrics = {"validation": val}
     model.training = {
         "dataset": ds.path, "options": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(opts).items()},
+        "tick_seconds": float(ds.step),  # what a window of ticks spans: the daemon checks its tick_interval against it
         "train_windows": len(train_w), "val_windows": len(val_w), **run,
         "fallback": model.fallback is not None, "seconds": round(time.perf_counter() - t0, 1),
         "torch": str(torch.__version__),

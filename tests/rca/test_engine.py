@@ -366,3 +366,34 @@ def test_no_verdict_is_made_from_ticks_without_data_even_with_rate_features(
     warned = [r.getMessage() for r in caplog.records if "no series for" in r.getMessage()]
     assert len(warned) == 1 and "stage.nosuch.p99" in warned[0] and "stage.e2e" not in warned[0], warned
     engine.close()
+
+
+def test_a_model_trained_at_another_tick_step_is_refused_with_the_way_out(tmp_path: Path, tiny_model: RcaModel,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """The window, the baseline's hour and the occlusion's minutes are counts of ticks: a model trained at 1 s
+    ticks read 5 s ticks as windows five times as long, without a word."""
+    assert tiny_model.training["tick_seconds"] == 1.0  # recorded by `rca train` from the dataset's step
+    path = tmp_path / "m.pt"
+    tiny_model.save(path)
+    cfg = _config(tmp_path, path, every=1)
+    with caplog.at_level(logging.WARNING):
+        engine = RcaEngine(cfg.rca, cfg.state_dir, tick_seconds=5.0)
+    try:
+        assert engine.model is None
+        assert engine.error == (f"{path}: trained on ticks of 1 s, but this daemon ticks every 5 s, so its window of "
+                                "16 ticks would span 80 s instead of 16 s; set tick_interval: 1, or train a model on "
+                                "a dataset recorded every 5 s")
+        assert [r.getMessage() for r in caplog.records] == [
+            f"rca: root-cause classification is off: {engine.error}"]
+    finally:
+        engine.log.close()
+    for tick in (1.0, 1.005):
+        same = RcaEngine(cfg.rca, cfg.state_dir, tick_seconds=tick)
+        assert same.model is not None and same.error is None
+        same.log.close()
+    older = dataclasses.replace(tiny_model)  # a file from before the step was recorded: taken as it is
+    older.training = {k: v for k, v in tiny_model.training.items() if k != "tick_seconds"}
+    older.save(path)
+    engine = RcaEngine(cfg.rca, cfg.state_dir, tick_seconds=5.0)
+    assert engine.model is not None
+    engine.log.close()
