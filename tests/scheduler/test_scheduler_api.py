@@ -21,7 +21,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 from pydantic import SecretStr
 
-from sched_helpers import frame
+from sched_helpers import frame, live_gpus
 
 from sits_observe.export.http import ApiError, require_token
 from sits_observe.export.scheduler_api import scheduler_blueprint
@@ -375,3 +375,16 @@ def test_an_oversized_body_is_refused_before_it_is_read(api: tuple[FlaskClient, 
     body = json.dumps({"id": "big", "gpus": 1, "model": "m" * (2 << 20)})
     refused(client, sched, "/api/v1/shards", body, 413,
             f"POST /api/v1/shards: body of {len(body)} bytes; at most 1048576")
+
+
+def test_an_ack_after_the_step_timed_out_is_a_409_saying_the_placement_failed(
+        api: tuple[FlaskClient, Scheduler], orchestrator: Orchestrator) -> None:
+    """docs/scheduler.md tells an orchestrator to undo what it set up when its late ack gets this answer."""
+    client, sched = api
+    new = client.post("/api/v1/reshard", json={"shard": "tp2", "reason": "x"}, headers=AUTH).get_json()["placement_id"]
+    orchestrator.wait_for(1)
+    sched.on_tick(frame(1000.0 + sched.cfg.step_timeout + 1))  # no ack in time: the placement fails
+    refused(client, sched, f"/api/v1/placements/{new}/ack", {"step": "stage", "ok": True}, 409,
+            f"placement {new}: ack for step stage refused: expected state placed, actual failed "
+            "(not waiting for any step)")
+    assert live_gpus(sched)["tp2"] == ("launched", [0, 1])  # the old placement keeps serving
