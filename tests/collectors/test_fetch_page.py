@@ -11,12 +11,13 @@ import ssl
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import DATA, PageServer
+from in_thread import in_thread
 
 from sits_observe.collectors import promtext
 from sits_observe.collectors.promtext import fetch_page
@@ -29,24 +30,6 @@ from sits_observe.errors import CollectorError
 from sits_observe.frame import Frame
 
 _GETADDRINFO = socket.getaddrinfo
-
-
-def _in_thread(call: Callable[[], object], wait: float) -> tuple[object, float]:
-    """What ``call`` returned or raised, and the seconds it took; the test fails if ``call`` runs past ``wait`` s."""
-    outcome: list[object] = []
-
-    def run() -> None:
-        try:
-            outcome.append(call())
-        except Exception as exc:  # noqa: BLE001 (checked by the caller, in the test's thread)
-            outcome.append(exc)
-
-    t0 = time.monotonic()
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(wait)
-    assert not thread.is_alive(), f"still waiting after {wait:g} s"
-    return outcome[0], time.monotonic() - t0
 
 
 def _trickling_server(sent: bytes, trickled: bytes) -> Iterator[int]:
@@ -101,7 +84,7 @@ def test_a_trickled_page_fails_at_the_timeout_in_all(trickle: int) -> None:
 
 def test_trickled_header_lines_fail_at_the_timeout_in_all(trickled_headers: int) -> None:
     # the status line and headers come a byte at a time: a per-read timeout alone would wait about 15 s
-    exc, took = _in_thread(lambda: fetch_page(f"http://scraper:s3cret@127.0.0.1:{trickled_headers}/metrics",
+    exc, took = in_thread(lambda: fetch_page(f"http://scraper:s3cret@127.0.0.1:{trickled_headers}/metrics",
                                               timeout=1.0), 5)
     assert took < 1.5
     assert isinstance(exc, CollectorError)
@@ -154,7 +137,7 @@ def test_a_redirect_is_followed_without_reading_its_body(pages: PageServer) -> N
     pages.pages["/collect"] = "up 1\n"
     srv, stop = _raw_redirect(pages.url("/collect"), 300 << 20)  # 300 MiB announced: urllib read it all first
     try:
-        got, took = _in_thread(lambda: fetch_page(f"http://127.0.0.1:{srv.getsockname()[1]}/metrics", 10.0), 15.0)
+        got, took = in_thread(lambda: fetch_page(f"http://127.0.0.1:{srv.getsockname()[1]}/metrics", 10.0), 15.0)
     finally:
         stop.set()
         srv.close()
@@ -164,7 +147,7 @@ def test_a_redirect_is_followed_without_reading_its_body(pages: PageServer) -> N
 def test_a_redirect_to_ftp_is_refused_without_following_it() -> None:
     srv, stop = _raw_redirect("ftp://198.51.100.7/metrics?user=SECRET", 0)  # TEST-NET-2: nothing answers there
     try:
-        got, took = _in_thread(lambda: fetch_page(f"http://127.0.0.1:{srv.getsockname()[1]}/metrics", 10.0), 15.0)
+        got, took = in_thread(lambda: fetch_page(f"http://127.0.0.1:{srv.getsockname()[1]}/metrics", 10.0), 15.0)
     finally:
         stop.set()
         srv.close()
@@ -239,7 +222,7 @@ def test_a_hung_name_lookup_fails_its_source_at_the_timeout_and_the_others_still
     daemon = Daemon(config=cfg, clock=WallClock(1.0))
     daemon.sources += build_sources(cfg, daemon.layout)
     try:
-        frame, took = _in_thread(daemon.tick, 5)  # before the lookup had a deadline: held until the resolver answers
+        frame, took = in_thread(daemon.tick, 5)  # before the lookup had a deadline: held until the resolver answers
         assert took < 1.5 and isinstance(frame, Frame)
         assert frame.errors["vllm:stuck"] == (
             "CollectorError: http://vllm-0.hung.test:8000/metrics: the host name 'vllm-0.hung.test' did not resolve "
@@ -254,11 +237,11 @@ def test_hung_lookups_hold_a_few_threads_however_often_they_are_asked(pages: Pag
     port = pages.httpd.server_address[1]
     threads = threading.active_count()
     for _ in range(10):  # one host, asked every tick while its lookup hangs: still one lookup
-        exc, took = _in_thread(lambda: fetch_page(f"http://vllm-0.hung.test:{port}/metrics", timeout=0.1), 2)
+        exc, took = in_thread(lambda: fetch_page(f"http://vllm-0.hung.test:{port}/metrics", timeout=0.1), 2)
         assert isinstance(exc, CollectorError) and "did not resolve" in str(exc) and took < 0.5
     assert hung.waiting == 1
     for i in range(3 * MAX_LOOKUPS):  # ever new hosts (a redirect can name any): at most MAX_LOOKUPS lookups
-        exc, took = _in_thread(lambda i=i: fetch_page(f"http://vllm-{i}.hung.test:{port}/metrics", timeout=0.1), 2)
+        exc, took = in_thread(lambda i=i: fetch_page(f"http://vllm-{i}.hung.test:{port}/metrics", timeout=0.1), 2)
         assert isinstance(exc, CollectorError) and took < 0.5
     assert str(exc) == (f"http://vllm-{3 * MAX_LOOKUPS - 1}.hung.test:{port}/metrics: cannot fetch the metrics page: "
                         f"cannot look up 'vllm-{3 * MAX_LOOKUPS - 1}.hung.test': {MAX_LOOKUPS} earlier lookups are "
