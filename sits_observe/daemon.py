@@ -5,7 +5,9 @@ change of state; it never stops the loop.  Each source collects into a Frame of 
 joins the tick's, so one writing malformed data fails the same way, alone; a tick the store still cannot
 take is counted as ``store`` and skipped, the ticks stored before kept.  Timestamps come from the daemon's
 clock: wall time for real hosts, simulated time (advancing ``tick_interval`` per tick, ``speed`` ticks per
-wall interval) for the simulator, so every window downstream is measured on the source clock.
+wall interval) for the simulator, so every window downstream is measured on the source clock.  Each tick first
+lets every source start its slow reads (``prefetch()``: the page fetches), so servers that hang hold it for about
+one timeout, not the sum of theirs.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from . import __version__
 from .clock import Clock
+from .closing import CLOSE_TIMEOUT, close_all
 from .config import Config, restart_only
 from .errors import SitsError, StillDown, StoreError
 from .frame import BucketLayout, Frame, Sample
@@ -34,6 +37,9 @@ log = logging.getLogger("sits_observe.daemon")
 
 
 class Source(Protocol):
+    """Fills its part of a Frame.  Optional: ``prefetch()``, called on every source before any collects, to start
+    slow reads (a page fetch) so that they overlap; ``reload(config)``, ``close()``, ``metrics()``."""
+
     name: str
 
     def collect(self, frame: Frame) -> None: ...
@@ -43,16 +49,6 @@ class Consumer(Protocol):
     name: str
 
     def on_tick(self, frame: Frame, store: SeriesStore) -> None: ...
-
-
-CLOSE_TIMEOUT = 10.0  # seconds :meth:`Daemon.close` waits for the parts (inside the shipped unit's TimeoutStopSec=15)
-
-
-def _close_one(close: Callable[[], object], failed: list[Exception]) -> None:
-    try:
-        close()
-    except Exception as exc:  # closing one part must not keep the others open; reported by Daemon.close
-        failed.append(exc)
 
 
 @dataclass
@@ -96,6 +92,9 @@ class Daemon:
         t0 = time.perf_counter()
         ts = self.clock.next_ts()
         frame = Frame(ts=ts, interval=self.clock.elapsed(ts))
+        for src in self.sources:  # slow reads start together (page fetches): hung servers cost one timeout, not the sum
+            if hasattr(src, "prefetch") and not self.stop_event.is_set():
+                self._prefetch(src, frame)
         for src in self.sources:
             if self.stop_event.is_set():  # a stop asked: no more sources (each may take its timeout)
                 break
@@ -112,6 +111,12 @@ class Daemon:
         self.tick_seconds.observe(time.perf_counter() - t0)
         self.last_tick_wall = time.time()
         return frame
+
+    def _prefetch(self, src: Any, frame: Frame) -> None:
+        try:
+            src.prefetch()
+        except Exception as exc:  # counted like a failed collect, which is still asked (and may recover it)
+            self._failed(src.name, exc, frame)
 
     def _collect(self, src: Any, frame: Frame) -> None:
         """Collect ``src`` into a Frame of its own and add that to the tick's when the store can take it:
@@ -189,31 +194,9 @@ class Daemon:
             self.stop_event.wait(max(0.0, next_at - now))
 
     def close(self, timeout: float | None = None) -> bool:
-        """Close every source and consumer, all at once (none calls another once the ticks have stopped),
-        waiting at most ``timeout`` seconds (default :data:`CLOSE_TIMEOUT`); True when each closed.  One
-        that raises or hangs is logged and keeps no other open; one still closing when the time is up is
-        left to its (daemon) thread, so shutdown never waits on it."""
-        closing: list[tuple[str, threading.Thread, list[Exception]]] = []
-        for part in [*self.sources, *self.consumers]:
-            close = getattr(part, "close", None)
-            if close is not None:
-                name = str(getattr(part, "name", part))
-                failed: list[Exception] = []
-                thread = threading.Thread(target=_close_one, args=(close, failed), name=f"close-{name}", daemon=True)
-                thread.start()
-                closing.append((name, thread, failed))
-        timeout = CLOSE_TIMEOUT if timeout is None else timeout
-        deadline = time.monotonic() + timeout
-        closed = True
-        for name, thread, failed in closing:
-            thread.join(max(0.0, deadline - time.monotonic()))
-            if thread.is_alive():
-                log.error("closing %s did not finish within %g s; going on without it", name, timeout)
-                closed = False
-            elif failed:
-                log.warning("closing %s failed: %s: %s", name, type(failed[0]).__name__, failed[0])
-                closed = False
-        return closed
+        """Close every source and consumer (:func:`~sits_observe.closing.close_all`), waiting at most ``timeout``
+        seconds (default :data:`CLOSE_TIMEOUT`); True when each closed."""
+        return close_all([*self.sources, *self.consumers], CLOSE_TIMEOUT if timeout is None else timeout)
 
     def request_reload(self, loader: Callable[[], Config | None]) -> None:
         """From a signal handler: load and apply the config with ``loader`` after the tick in progress (a

@@ -114,7 +114,7 @@ def serve(cfg: Config, *, duration: float | None = None, reload: Callable[[], Co
     """Build the daemon, serve HTTP, tick until SIGTERM/SIGINT or ``duration``; SIGHUP reloads the config
     with ``reload`` (nothing to reload without one).  Signals that come while the daemon starts are acted on
     once it runs.  Returns 0 after a clean drain, 1 when a part did not close (it raised, or hung past
-    :data:`~sits_observe.daemon.CLOSE_TIMEOUT`); a second SIGTERM/SIGINT exits at once with 128 + its number."""
+    :data:`~sits_observe.closing.CLOSE_TIMEOUT`); a second SIGTERM/SIGINT exits at once with 128 + its number."""
     from .export.http import Server, create_app
     from .wiring import build_daemon
 

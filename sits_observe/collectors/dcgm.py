@@ -3,7 +3,8 @@
 Hosts that already run dcgm-exporter need no NVML access here.  GPU identity comes from the exporter's
 labels (``gpu``, ``UUID``, ``modelName``, ``pci_bus_id``); series of MIG instances (``GPU_I_ID`` set) are
 left out, since the GPU fields are per device.  The page is read every ``sample_interval`` seconds and
-the ticks in between reuse it.  The mapping table is :data:`DCGM_MAP` (and docs/collectors.md).
+the ticks in between reuse it; it is fetched in the background together with the other sources' pages
+(:mod:`.pagefetch`).  The mapping table is :data:`DCGM_MAP` (and docs/collectors.md).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from ..errors import CollectorError, StillDown
 from ..frame import GPU_FIELD_INDEX, Frame, GpuFrame, GpuInfo, Sample
 from .gpu_samples import gpu_sample
 from .config import shown_url
+from .pagefetch import PageFetch
 from .promtext import PageParser, Series, fetch_page
 
 __all__ = ["DCGM_MAP", "DCGM_SAMPLES", "DcgmSource", "frame_part"]
@@ -111,11 +113,10 @@ class DcgmSource:
         self.url = url
         self._shown = shown_url(url)  # for messages, once
         self.sample_interval = sample_interval
-        self.timeout = timeout
-        self.clock = clock
         self.parser = PageParser()
         self._page: _Page | None = None
         self._next_at = -np.inf
+        self._fetch = PageFetch(fetch_page, url, timeout, clock=clock, due=lambda now: now >= self._next_at)
 
     def read(self, text: str) -> _Page:
         """Parse one page (what :meth:`collect` does every ``sample_interval``)."""
@@ -126,12 +127,16 @@ class DcgmSource:
                                  "is this a dcgm-exporter /metrics URL (gpu.dcgm_url)?")
         return _Page(gpu, samples)
 
+    def prefetch(self) -> None:
+        """Start the page fetch when a sample is due (see :mod:`.pagefetch`)."""
+        self._fetch.prefetch()
+
     def collect(self, frame: Frame) -> None:
-        now = self.clock()
+        now = self._fetch.tick_time()
         if now >= self._next_at:
             self._next_at = now + self.sample_interval
             self._page = None  # a failed read leaves no GPU data rather than an old page
-            self._page = self.read(fetch_page(self.url, self.timeout))
+            self._page = self.read(self._fetch.page())
         elif self._page is None:  # the last read failed; asked again at the next sample
             raise StillDown(f"dcgm: next read in {self._next_at - now:.0f} s")
         if self._page is not None:

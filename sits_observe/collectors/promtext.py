@@ -26,7 +26,7 @@ from ..errors import CollectorError
 from .config import basic_auth, redact, shown_url
 from .resolve import LookupTimedOut, resolve
 
-__all__ = ["Series", "PageParser", "fetch_page", "MAX_PAGE_BYTES"]
+__all__ = ["Series", "PageParser", "fetch_page", "too_slow", "MAX_PAGE_BYTES"]
 
 Series = dict[str, list[tuple[dict[str, str], float]]]  # sample name -> [(labels, value)]
 _CACHE_MAX = 8192
@@ -71,7 +71,7 @@ def fetch_page(url: str, timeout: float) -> str:
         reason = exc.reason if isinstance(exc, urllib.error.URLError) else (
             exc if isinstance(exc, OSError) else type(exc).__name__)
         if isinstance(reason, TimeoutError):  # every socket timeout is what was left of the deadline
-            raise _too_slow(shown, timeout) from exc
+            raise too_slow(shown, timeout) from exc
         if isinstance(reason, LookupTimedOut):
             raise CollectorError(f"{shown}: the host name {reason.host!r} did not resolve within the {timeout:g} s "
                                  "timeout (is the DNS resolver answering?)") from exc
@@ -215,7 +215,8 @@ class _Handler(urllib.request.HTTPHandler, urllib.request.HTTPSHandler):
         return connection
 
 
-def _too_slow(url: str, timeout: float) -> CollectorError:
+def too_slow(url: str, timeout: float) -> CollectorError:
+    """The error of a page that did not arrive within ``timeout`` seconds (also :mod:`.pagefetch`'s)."""
     return CollectorError(f"{url}: the metrics page did not arrive within the {timeout:g} s timeout")
 
 

@@ -1,6 +1,7 @@
 """Inference-server sources: read vLLM and Triton /metrics pages into request-stage deltas per workload.
 
-Each configured server is one Source (``name = "<kind>:<workload>"``) read every tick.  Cumulative series
+Each configured server is one Source (``name = "<kind>:<workload>"``) read every tick, its page fetched in the
+background together with the other sources' (:mod:`.pagefetch`).  Cumulative series
 become per-tick deltas; the first page only sets the baseline.  A series lower than on the previous page
 restarted (the server, or its model reloaded): its delta is then the new value (what accumulated since
 the restart), never negative.  vLLM histograms are re-bucketed onto the exported layout conservatively
@@ -25,6 +26,7 @@ import numpy as np
 from ..errors import CollectorError, StillDown
 from ..frame import BucketLayout, Frame
 from .config import ServerConfig, shown_url
+from .pagefetch import PageFetch
 from .promtext import PageParser, Series, fetch_page
 from .replicas import ReplicaBoard
 
@@ -147,15 +149,21 @@ class ServerSource:
         self._shown = shown_url(config.url)  # for messages, once: the URL does not change
         self._key = f"{self._shown} model={config.model}" if config.model else self._shown
         self.replicas = replicas if replicas is not None and replicas.register(self._key, config.url) else None
+        self._fetch = PageFetch(fetch_page, config.url, config.timeout, clock=clock,
+                                due=lambda now: now >= self._retry_at)
+
+    def prefetch(self) -> None:
+        """Start this tick's page fetch unless backing off (see :mod:`.pagefetch`)."""
+        self._fetch.prefetch()
 
     def collect(self, frame: Frame) -> None:
-        now = self.clock()
+        now = self._fetch.tick_time()
         if self.replicas is not None:
             self.replicas.publish(self._key, None)  # until this tick's page says otherwise
         if now < self._retry_at:
             raise StillDown(f"{self.name}: not asked again for {self._retry_at - now:.0f} s (back-off)")
         try:
-            text = fetch_page(self.config.url, self.config.timeout)
+            text = self._fetch.page()
         except CollectorError:
             self._backoff = min(_MAX_BACKOFF, max(1.0, 2 * self._backoff))
             self._retry_at = now + self._backoff
