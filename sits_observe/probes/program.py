@@ -15,6 +15,7 @@ from ..frame import BucketLayout
 from .drain import SeriesDelta, StageDrain
 from .features import optional_available, prog_run_stats
 from .specs import ProbeSpec, main_text
+from .workloads import FileId
 
 __all__ = ["compile_bpf", "compile_probe", "attach_path", "find_symbols", "Program", "LibraryAttacher"]
 
@@ -120,13 +121,11 @@ def find_symbols(path: str, symbols: set[str]) -> dict[str, int]:
     return {name.decode(): addr for name, addr in found}
 
 
-Inode = tuple[int, int]  # (st_dev, st_ino) of a library file
-
-
 class LibraryAttacher:
     """Attaches ``enter_<stage>``/``call_return`` to each configured symbol of each library file.
 
-    Files are keyed by inode, so a library mapped by many processes (or via several paths) is attached
+    Files are keyed by :data:`~.workloads.FileId` (the real file, also through containers' overlay mounts),
+    so a library mapped by many processes (or via several paths, or from several containers) is attached
     once; an address named by two symbols is attached once, for the first stage that lists it.  A file
     counts as done once its symbols were read and at least one probe attached.  Otherwise (the process it
     was opened through exited, an attach failed, none of the symbols is there) it is tried again when
@@ -140,16 +139,16 @@ class LibraryAttacher:
     def __init__(self, bpf: Any, stages: dict[str, tuple[str, ...]]) -> None:
         self._bpf = bpf
         self._stages = stages
-        self.files: dict[Inode, str] = {}  # attached: inode -> path as the process maps it
+        self.files: dict[FileId, str] = {}  # attached: inode -> path as the process maps it
         # attached: inode -> (its probes, (bcc event name, perf event fd) of each of its uprobes and uretprobes)
-        self._events: dict[Inode, tuple[int, list[tuple[bytes, int]]]] = {}
+        self._events: dict[FileId, tuple[int, list[tuple[bytes, int]]]] = {}
         self.missing: dict[str, list[str]] = {}
-        self.failed: dict[Inode, str] = {}  # not attached: inode -> its last problem
-        self._retry: dict[Inode, tuple[int, int]] = {}  # inode -> (failures, offers left to skip)
+        self.failed: dict[FileId, str] = {}  # not attached: inode -> its last problem
+        self._retry: dict[FileId, tuple[int, int]] = {}  # inode -> (failures, offers left to skip)
         self.probes = 0
         self.detached = 0  # files detached by release(), since start
 
-    def attach(self, inode: Inode, path: str, shown: str) -> str | None:
+    def attach(self, inode: FileId, path: str, shown: str) -> str | None:
         """Attach to one file (opened at ``path``, named ``shown`` in reports); returns what to report."""
         if inode in self.files:
             return None
@@ -173,7 +172,7 @@ class LibraryAttacher:
             self._retry[inode] = (failures + 1, min(2**failures - 1, self.MAX_SKIP))
         return problem
 
-    def release(self, mapped: dict[Inode, tuple[str, str]], held: Collection[str] = ()
+    def release(self, mapped: dict[FileId, tuple[str, str]], held: Collection[str] = ()
                 ) -> list[tuple[str, str | None]]:
         """Detach each attached file that is not in ``mapped`` (inode -> (path, name) of the files workload
         processes map now) and whose name is not in ``held`` (files still mapped although deleted since);

@@ -15,16 +15,23 @@ from typing import NamedTuple
 
 from ..config import WorkloadConfig
 
-__all__ = ["WorkloadTracker", "Libraries", "library_matcher"]
+__all__ = ["FileId", "WorkloadTracker", "Libraries", "library_matcher"]
 
 _DELETED = " (deleted)"
+
+FileId = tuple[int, int, int, int]
+"""A library file as uprobes know it: ``(st_ino, st_size, st_mtime_ns, st_ctime_ns)``, without ``st_dev``.
+Through an overlay mount (a container's root) ``stat`` gives the mount's own device but the real file's inode
+number and times, and the kernel attaches an uprobe to the real file, where it fires for every process that maps
+it, whichever container.  Keyed by device, one image's library in N containers was attached N times, and each
+call trapped N times (counted once, through the nesting check, but paid N times)."""
 
 
 class Libraries(NamedTuple):
     """The files of one library that workload processes map."""
 
-    files: dict[tuple[int, int], tuple[str, str]]
-    """(st_dev, st_ino) -> (path to open it through /proc/PID/root, path the process maps), of files on disk"""
+    files: dict[FileId, tuple[str, str]]
+    """file -> (path to open it through /proc/PID/root, path the process maps), of files on disk"""
     deleted: frozenset[str]
     """paths of files still mapped although deleted (or replaced) since: they cannot be opened by path"""
 
@@ -119,7 +126,7 @@ class WorkloadTracker:
 
     def libraries(self, pids: Iterable[int], matches: Callable[[str], bool]) -> Libraries:
         """The files standing for one library (``matches``) that the processes ``pids`` map."""
-        files: dict[tuple[int, int], tuple[str, str]] = {}
+        files: dict[FileId, tuple[str, str]] = {}
         deleted = set()
         for pid in pids:
             for mapped in self.mapped_files(pid):
@@ -134,7 +141,7 @@ class WorkloadTracker:
                     st = os.stat(where)
                 except OSError:
                     continue
-                files.setdefault((st.st_dev, st.st_ino), (where, path))
+                files.setdefault((st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns), (where, path))
         return Libraries(files, frozenset(deleted))
 
 

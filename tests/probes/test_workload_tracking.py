@@ -70,8 +70,9 @@ def test_libraries_are_opened_through_the_process_root_and_deleted_ones_only_nam
     os.symlink(proc / "rootfs", proc / "200" / "root")
     st = lib.stat()
     files, deleted = WorkloadTracker([], proc=proc).libraries([200, 12345], library_matcher("libcuda.so.1"))
-    assert files == {(st.st_dev, st.st_ino): (f"{proc}/200/root/usr/lib/x86_64-linux-gnu/libcuda.so.535.104.05",
-                                              "/usr/lib/x86_64-linux-gnu/libcuda.so.535.104.05")}
+    file_id = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    assert files == {file_id: (f"{proc}/200/root/usr/lib/x86_64-linux-gnu/libcuda.so.535.104.05",
+                               "/usr/lib/x86_64-linux-gnu/libcuda.so.535.104.05")}
     assert deleted == {"/usr/lib/x86_64-linux-gnu/libcuda.so.530.30.02"}
 
 
