@@ -14,15 +14,14 @@ import os
 import re
 import socket
 import stat
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from .alerting.config import AlertingConfig, check_unique
-from .collectors.config import ServerConfig, check_url, shown_url
+from .collectors.config import ServerConfig, check_url
 from .errors import BucketEdgeError, ConfigError
 from .histogram import snap_edges
 from .probes.config import ProbesConfig
@@ -31,9 +30,8 @@ from .scheduler.config import OtlpConfig, SchedulerConfig
 from .section import Section
 from .slo.spec import SloList
 from .ui.config import UiConfig
+from .validation import format_errors, validate
 from .yamlfile import parse_yaml
-
-M = TypeVar("M", bound=BaseModel)
 
 __all__ = [
     "parse_yaml",
@@ -213,45 +211,6 @@ ENV_OVERRIDES = {"SITS_LISTEN": "listen", "SITS_STATE_DIR": "state_dir", "SITS_L
                  "SITS_API_TOKEN": "api_token"}
 
 
-def _loc(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif isinstance(part, str) and not part.startswith("function-") and part not in ("function-after",):
-            out += f".{part}" if out else part
-    return out or "(top level)"
-
-
-def _shown(value: Any) -> bool:
-    """Whether a value may be echoed: not a section or a list of them (those may hold secrets)."""
-    return not isinstance(value, dict) and not (isinstance(value, list) and not all(
-        isinstance(v, (int, float)) for v in value))
-
-
-def format_errors(exc: ValidationError, source: str, origins: Mapping[str, str] | None = None) -> list[str]:
-    """One line per problem: ``FILE: path: message, got value`` (secrets are never echoed); a top-level field in
-    ``origins`` (field -> environment variable) names the variable instead of the file."""
-    lines = []
-    for err in exc.errors(include_url=False):
-        loc = tuple(err["loc"])
-        path = _loc(loc)
-        msg = err["msg"].removeprefix("Value error, ")
-        value = err.get("input")
-        hidden = ("token" in path or "secret" in path or (path.startswith("alerting.") and path.endswith(".url"))
-                  or not _shown(value))
-        if path.endswith(("url", "endpoint")) and isinstance(value, str):
-            value = shown_url(value)
-        got = "" if err["type"] == "missing" or hidden else f", got {value!r}"
-        if err["type"] == "model_type":  # a scalar or a list where a section belongs
-            msg, got = "must be a mapping of settings (key: value)", f", got {type(value).__name__}"
-        if err["type"] == "extra_forbidden":
-            msg, got = "unknown field (check the spelling against docs/config.md)", ""
-        origin = (origins or {}).get(loc[0]) if loc else None
-        lines.append(f"{origin or source}: {path}: {msg}{got}")
-    return lines
-
-
 def parse(data: Any, source: str = "<config>", env: dict[str, str] | None = None) -> Config:
     """Validate a mapping (YAML already parsed) with environment overrides applied."""
     if data is None:
@@ -301,14 +260,6 @@ def load(path: str | Path | None = None, env: dict[str, str] | None = None) -> C
         raise ConfigError(f"{p}: not UTF-8 text (byte {exc.start}: {exc.object[exc.start:exc.start + 1]!r}); "
                           "save the file as UTF-8") from None
     return parse(parse_yaml(text, str(p)), str(p), env)
-
-
-def validate(model: type[M], data: Any, source: str, sep: str = "\n", origins: Mapping[str, str] | None = None) -> M:
-    """``model.model_validate(data)`` with every problem as ``source: path: message, got value``."""
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(sep.join(format_errors(exc, source, origins))) from None
 
 
 RESTART_ONLY = ("listen", "state_dir", "store", "tick_interval", "gpu", "sim", "slos", "alerting", "servers",

@@ -19,7 +19,6 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +28,10 @@ from ..argtypes import POSITIVE_INT
 from ..config import parse
 from ..errors import ProbeError
 from ..frame import STAGES, BucketLayout, Frame
-from ..histogram import NUM_BUCKETS, SUB, kernel_bucket
+from ..histogram import SUB
 from . import specs
-from .features import enable_bpf_stats, environment_problem, prog_run_stats, tracepoint_exists
+from .bench_timing import Traced, perf_variant, tracepoints_switch, uprobes_switch, variant
+from .features import environment_problem, tracepoint_exists
 from .program import Program, attach_path, compile_bpf, compile_probe
 
 __all__ = ["add_arguments", "run"]
@@ -46,80 +46,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=POSITIVE_INT, default=9, help="rounds per figure (the best one counts)")
     parser.add_argument("--octaves", type=POSITIVE_INT, default=4,
                         help="full powers of two (16 kernel buckets each) per series in the drain bench")
-
-
-class _BenchEvent(ctypes.Structure):
-    """``struct bench_event`` of bpf/bench.h."""
-
-    _fields_ = [("delta_ns", ctypes.c_uint64), ("stage", ctypes.c_uint32), ("tgid", ctypes.c_uint32)]
-
-
-class _Traced:
-    """``n`` traced calls in a C loop, timed with a program switched off and on in turns."""
-
-    def __init__(self, loop: Callable[[], int], n: int, rounds: int) -> None:
-        self.loop, self.n, self.rounds = loop, n, rounds
-
-    def best(self) -> float:
-        return min(self.loop() for _ in range(self.rounds)) / self.n
-
-    def added(self, on: Callable[[], None], off: Callable[[], None]) -> tuple[float, float]:
-        """(baseline ns, ns added) per call: best of ``rounds`` interleaved runs each; leaves it on."""
-        base, with_ = [], []
-        for _ in range(self.rounds):
-            off()
-            base.append(self.loop())
-            on()
-            with_.append(self.loop())
-        return min(base) / self.n, (min(with_) - min(base)) / self.n
-
-
-def _tracepoints_switch(bpf: Any) -> tuple[Callable[[], None], Callable[[], None]]:
-    """(on, off) for a program's auto-attached tracepoints and raw tracepoints."""
-    tps, raws = list(bpf.tracepoint_fds), list(bpf.raw_tracepoint_fds)
-
-    def on() -> None:
-        for tp in tps:
-            bpf.attach_tracepoint(tp=tp, fn_name=b"tracepoint__" + tp.replace(b":", b"__"))
-        for raw in raws:
-            bpf.attach_raw_tracepoint(tp=raw, fn_name=b"raw_tracepoint__" + raw)
-
-    def off() -> None:
-        for tp in tps:
-            bpf.detach_tracepoint(tp)
-        for raw in raws:
-            bpf.detach_raw_tracepoint(raw)
-
-    return on, off
-
-
-def _uprobes_switch(bpf: Any, lib_path: str, enter: bytes, ret: bytes
-                    ) -> tuple[Callable[[], None], Callable[[], None]]:
-    """(on, off) for an uprobe/uretprobe pair on sits_bench_call, attached now (like tracepoints at load)."""
-    name, sym = lib_path.encode(), b"sits_bench_call"
-
-    def on() -> None:
-        bpf.attach_uprobe(name=name, sym=sym, fn_name=enter)
-        bpf.attach_uretprobe(name=name, sym=sym, fn_name=ret)
-
-    def off() -> None:
-        bpf.detach_uprobe(name=name, sym=sym)
-        bpf.detach_uretprobe(name=name, sym=sym)
-
-    on()
-    return on, off
-
-
-def _bpf_run_ns(bpf: Any, traced: _Traced) -> float:
-    """BPF program run time per traced call, from the kernel's own counters (one run with stats on)."""
-    fd = enable_bpf_stats()
-    try:
-        before = sum((prog_run_stats(f.fd) or (0, 0))[0] for f in bpf.funcs.values())
-        traced.loop()
-        after = sum((prog_run_stats(f.fd) or (0, 0))[0] for f in bpf.funcs.values())
-    finally:
-        os.close(fd)
-    return (after - before) / traced.n
 
 
 def _build_target(tmp: Path) -> tuple[ctypes.CDLL, str]:
@@ -153,32 +79,7 @@ def _bench_bpf(*modes: str) -> Any:
     return compile_bpf(specs.BPF_DIR / "bench.bpf.c", flags)
 
 
-def _perf_variant(bpf: Any, traced: _Traced, base: float) -> dict[str, float]:
-    """Run the traced loop once with the naive program, then drain its perf buffer and aggregate in
-    Python as a user-space exporter would; each cost per event."""
-    deltas: list[int] = []
-    lost = [0]
-    event = ctypes.POINTER(_BenchEvent)
-    # the callbacks must not hold the table: bcc frees its perf readers when it drops the table
-    bpf[b"bench_events"].open_perf_buffer(
-        lambda cpu, data, size: deltas.append(ctypes.cast(data, event).contents.delta_ns),
-        page_cnt=4096, lost_cb=lambda count: lost.__setitem__(0, lost[0] + count))
-    kernel = traced.loop() / traced.n - base
-    cpu0 = time.process_time()
-    while len(deltas) + lost[0] < traced.n:
-        before = len(deltas)
-        bpf.perf_buffer_poll(timeout=200)
-        if len(deltas) == before:
-            break
-    np.bincount(kernel_bucket(np.array(deltas, dtype=np.uint64)), minlength=NUM_BUCKETS)
-    python = (time.process_time() - cpu0) * 1e9 / max(len(deltas), 1)
-    bpf_ns = _bpf_run_ns(bpf, traced)
-    return {"kernel_added_ns": round(kernel, 1), "bpf_run_ns_per_event": round(bpf_ns, 1),
-            "python_ns_per_event": round(python, 1), "total_ns_per_event": round(kernel + python, 1),
-            "received": len(deltas), "lost": lost[0]}
-
-
-def _costs(base: float, empty: tuple[float, float], ours: tuple[float, float], timed: int, traced: _Traced,
+def _costs(base: float, empty: tuple[float, float], ours: tuple[float, float], timed: int, traced: Traced,
            perf: dict[str, float]) -> dict[str, Any]:
     """Figures of one program type; ``empty``/``ours``: (loop ns added, BPF run ns) per event."""
     return {"baseline_ns": round(base, 1),
@@ -189,12 +90,6 @@ def _costs(base: float, empty: tuple[float, float], ours: tuple[float, float], t
             "perf_to_inkernel": round(perf["total_ns_per_event"] / max(ours[0], 1.0), 2),
             "perf_to_inkernel_beyond_dispatch": round(
                 (perf["bpf_run_ns_per_event"] + perf["python_ns_per_event"]) / max(ours[1], 1.0), 2)}
-
-
-def _variant(bpf: Any, traced: _Traced, on: Callable[[], None], off: Callable[[], None]) -> tuple[float, float]:
-    """(loop ns added, BPF run ns) per call with ``bpf``, which stays attached."""
-    _, added = traced.added(on, off)
-    return added, _bpf_run_ns(bpf, traced)
 
 
 def _tracepoint(lib: ctypes.CDLL, n: int, rounds: int) -> dict[str, Any]:
@@ -209,32 +104,32 @@ def _tracepoint(lib: ctypes.CDLL, n: int, rounds: int) -> dict[str, Any]:
             return socks[-1].fileno()
 
         fd = accepted()
-        traced = _Traced(lambda: lib.sits_bench_loop_write(fd, n), n, rounds)
+        traced = Traced(lambda: lib.sits_bench_loop_write(fd, n), n, rounds)
         base = traced.best()
         bpf, attach = _program("syscalls")
         prog = Program(bpf, BucketLayout((1e-6,)))
         try:
             # empty programs on the attach path the probe got: what dispatch alone costs
-            on, off = _tracepoints_switch(prog.bpf)
+            on, off = tracepoints_switch(prog.bpf)
             off()
             bpf = _bench_bpf("BENCH_EMPTY_WRITE", *(["USE_RAW_TP"] if attach == "raw_tracepoint" else []))
             try:
-                empty = _variant(bpf, traced, *_tracepoints_switch(bpf))
+                empty = variant(bpf, traced, *tracepoints_switch(bpf))
             finally:
                 bpf.cleanup()
             on()
             prog.set_workloads({os.getpid(): 1})
             timed_fd = accepted()  # accepted while the probe runs: its writes are timed as egress
-            ours_traced = _Traced(lambda: lib.sits_bench_loop_write(timed_fd, n), n, rounds)
+            ours_traced = Traced(lambda: lib.sits_bench_loop_write(timed_fd, n), n, rounds)
             prog.drain()
-            ours = _variant(prog.bpf, ours_traced, on, off)
+            ours = variant(prog.bpf, ours_traced, on, off)
             timed = sum(s.count for s in prog.drain())
-            _, other = _Traced(lambda: lib.sits_bench_loop_write(null.fileno(), n), n, rounds).added(on, off)
+            _, other = Traced(lambda: lib.sits_bench_loop_write(null.fileno(), n), n, rounds).added(on, off)
         finally:
             prog.close()
         bpf = _bench_bpf("BENCH_PERF_WRITE")
         try:
-            perf = _perf_variant(bpf, traced, base)
+            perf = perf_variant(bpf, traced, base)
         finally:
             bpf.cleanup()
         for sock in socks:
@@ -244,24 +139,24 @@ def _tracepoint(lib: ctypes.CDLL, n: int, rounds: int) -> dict[str, Any]:
 
 
 def _uprobe(lib: ctypes.CDLL, lib_path: str, n: int, rounds: int) -> dict[str, Any]:
-    traced = _Traced(lambda: lib.sits_bench_loop_call(n), n, rounds)
+    traced = Traced(lambda: lib.sits_bench_loop_call(n), n, rounds)
     base = traced.best()
     bpf = _bench_bpf("BENCH_EMPTY_CALLS")
     try:
-        empty = _variant(bpf, traced, *_uprobes_switch(bpf, lib_path, b"empty_enter", b"empty_return"))
+        empty = variant(bpf, traced, *uprobes_switch(bpf, lib_path, b"empty_enter", b"empty_return"))
     finally:
         bpf.cleanup()
     prog = Program(_program("cuda")[0], BucketLayout((1e-6,)))
     try:
         prog.set_workloads({os.getpid(): 1})
-        ours = _variant(prog.bpf, traced, *_uprobes_switch(prog.bpf, lib_path, b"enter_sync", b"call_return"))
+        ours = variant(prog.bpf, traced, *uprobes_switch(prog.bpf, lib_path, b"enter_sync", b"call_return"))
         timed = sum(s.count for s in prog.drain())
     finally:
         prog.close()
     bpf = _bench_bpf("BENCH_PERF_CALLS")
     try:
-        _uprobes_switch(bpf, lib_path, b"perf_enter", b"perf_return")
-        perf = _perf_variant(bpf, traced, base)
+        uprobes_switch(bpf, lib_path, b"perf_enter", b"perf_return")
+        perf = perf_variant(bpf, traced, base)
     finally:
         bpf.cleanup()
     return {"program": "calls.bpf.c (as the cuda/nccl probes load it): empty library function",

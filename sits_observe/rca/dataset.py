@@ -6,7 +6,7 @@ per entity per step.  ``labels.csv``: ``entity,start,end,cause``; a step at ``t`
 
 Gaps: each entity is laid on a regular grid (the step is the median spacing of its timestamps), so a
 missing step is a row of NaN at its own time and never shifts a window; empty cells are NaN too.  NaN is
-carried forward inside each window with a missing indicator by :func:`sits_observe.rca.model.encode`.
+carried forward inside each window with a missing indicator by :func:`sits_observe.rca.encoding.encode`.
 
 Each window also carries the entity's own *baseline* at its last step (:func:`rolling_baseline`: the
 per-feature median of the preceding ``horizon`` steps, refreshed every ``every`` steps), the same

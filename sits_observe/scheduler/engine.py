@@ -18,14 +18,12 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from ..config import validate
 from ..errors import ConfigError, SchedulerError
 from ..frame import Frame, Sample
 from ..rca.verdict import HEALTHY, Verdict
 from ..topology import Topology
 from .actuators import Actuator, StepOutcome, build_actuator
+from .bodies import AckBody, parse_body
 from .config import OtlpConfig, SchedulerConfig, ShardSpec
 from .decide import Decider
 from .migrate import Walker
@@ -40,22 +38,6 @@ from .view import in_flight, locked_gpus, request_for
 __all__ = ["Scheduler", "AckBody"]
 
 log = logging.getLogger("sits_observe.scheduler")
-
-
-class AckBody(BaseModel):
-    """``POST /api/v1/placements/{id}/ack`` body."""
-
-    model_config = ConfigDict(extra="forbid")
-    step: str = Field(pattern=r"^(stage|launch|drain)$")
-    ok: bool
-    reason: str = Field("", max_length=500)
-
-
-def _parse(model: type[BaseModel], body: Any, where: str) -> Any:
-    """Validate an API body: :class:`ConfigError` (HTTP 400) naming each bad field and value."""
-    if not isinstance(body, dict):
-        raise ConfigError(f"{where}: body must be a JSON object, got {type(body).__name__}")
-    return validate(model, body, where, sep="; ")
 
 
 class Scheduler:
@@ -179,7 +161,7 @@ class Scheduler:
 
     def register_shard(self, body: Any, origin: str = "api") -> dict[str, Any]:
         """``POST /api/v1/shards``: validate, place (or adopt ``placement``), then store; refused -> unchanged."""
-        spec: ShardSpec = _parse(ShardSpec, body, "shard")
+        spec: ShardSpec = parse_body(ShardSpec, body, "shard")
         with self._lock:
             now, planner, views = self.seen.now, self.decider.planner, self.decider.views()
             if spec.id in views:
@@ -241,7 +223,7 @@ class Scheduler:
 
     def ack(self, placement_id: int, body: Any) -> dict[str, Any]:
         """``POST /api/v1/placements/{id}/ack`` from the orchestrator (webhook actuator)."""
-        a: AckBody = _parse(AckBody, body, f"placement {placement_id} ack")
+        a: AckBody = parse_body(AckBody, body, f"placement {placement_id} ack")
         with self._lock:
             return self.walker.complete(StepOutcome(placement_id, a.step, a.ok, a.reason), self.seen.now).to_dict()
 

@@ -1,0 +1,157 @@
+"""The series store's ring buffers and its write path: each tick's Frame into one row of every ring."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from ..errors import StoreError
+from ..frame import GPU_FIELDS, HOST_FIELDS, BucketLayout, Frame, GpuFrame, GpuInfo, Sample
+from .check import malformed
+from .keys import KeyTable
+
+__all__ = ["HOST_INDEX", "SeriesRings"]
+
+HOST_INDEX = {f.name: i for i, f in enumerate(HOST_FIELDS)}
+
+
+class SeriesRings:
+    """The rings of :class:`~.series.SeriesStore` and the writes of one tick; its readers are in :mod:`.series`."""
+
+    def __init__(self, layout: BucketLayout, history: int = 3600, max_series: int = 1024) -> None:
+        self.layout = layout
+        self.history = int(history)
+        self._uppers = layout.uppers()
+        self._lock = threading.RLock()
+        self._n = 0
+        self._ts = np.full(self.history, np.nan)
+        self._interval = np.full(self.history, np.nan)
+        self.hists = KeyTable(max_series)
+        b = layout.n
+        self._hcounts = np.zeros((self.history, 16, b), dtype=np.uint32)
+        self._hsum = np.zeros((self.history, 16))
+        self._hcum = np.zeros((16, b), dtype=np.uint64)
+        self._hcum_sum = np.zeros(16)
+        self._hlast = np.full(16, -np.inf)
+        self.gauges = KeyTable(max_series)
+        self._gauges = np.full((self.history, 16), np.nan)
+        self.counters = KeyTable(max_series)
+        self._counters = np.zeros((self.history, 16))
+        self._ctotal = np.zeros(16)
+        self._host = np.full((self.history, len(HOST_FIELDS)), np.nan)
+        self._gpu_info: tuple[GpuInfo, ...] = ()
+        self._gpu = np.full((self.history, 0, len(GPU_FIELDS)), np.nan)
+        self._gpu_healthy: np.ndarray | None = None  # of the latest tick; None when it had no GPU data
+        self._samples: list[Sample] = []
+
+    # ---- writing -------------------------------------------------------------------------------
+
+    def ingest(self, frame: Frame) -> None:
+        """Append one tick.  A frame the store cannot take (the daemon checks each source's part first, see
+        :meth:`check`) raises :class:`StoreError` and is kept as a tick without data, so the row a failed
+        write began is never read as data and the ticks before it stay as they were (cumulative totals keep
+        what was added before the failure)."""
+        with self._lock:
+            t = self._n % self.history
+            try:
+                self._write(t, frame)
+            except Exception as exc:
+                self._blank(t, frame)
+                raise StoreError(f"tick not stored, kept without data: {type(exc).__name__}: {exc}") from exc
+            finally:
+                self._n += 1
+
+    def check(self, frame: Frame) -> str | None:
+        """What in ``frame`` this store could not take, named (see :mod:`.check`); None when it can take it all.
+        Call it from the thread that ingests (it reads the key tables without the lock)."""
+        return malformed(frame, self.layout.n, (self.hists, self.gauges, self.counters), self._gpu_info)
+
+    def _write(self, t: int, frame: Frame) -> None:
+        self._ts[t] = frame.ts
+        self._interval[t] = frame.interval
+        self._ingest_hists(t, frame)
+        self._ingest_scalars(t, frame)
+        self._host[t] = np.nan
+        for name, value in frame.host.items():
+            i = HOST_INDEX.get(name)
+            if i is not None:
+                self._host[t, i] = value
+        self._ingest_gpu(t, frame.gpu)
+        self._samples = list(frame.samples)
+
+    def _blank(self, t: int, frame: Frame) -> None:
+        for ring, value in ((self._ts, frame.ts), (self._interval, frame.interval)):
+            try:
+                ring[t] = value
+            except (TypeError, ValueError):
+                ring[t] = np.nan
+        self._hcounts[t] = 0
+        self._hsum[t] = 0.0
+        self._gauges[t] = np.nan
+        self._counters[t] = 0.0
+        self._host[t] = np.nan
+        self._gpu[t] = np.nan
+        self._gpu_healthy = None
+        self._samples = []
+
+    def _ingest_hists(self, t: int, frame: Frame) -> None:
+        self._hcounts[t] = 0
+        self._hsum[t] = 0.0
+        for key, delta in frame.hists.items():
+            row = self.hists.row(key)
+            if row is None:
+                continue
+            if row >= self._hcounts.shape[1]:
+                self._grow_hists(row + 1)
+            self._hcounts[t, row] = delta.counts
+            self._hsum[t, row] = delta.sum
+            self._hcum[row] += delta.counts.astype(np.uint64)
+            self._hcum_sum[row] += delta.sum
+            if delta.counts.any():
+                self._hlast[row] = frame.ts
+
+    def _grow_hists(self, need: int) -> None:
+        cap = self._hcounts.shape[1]
+        new = max(need, 2 * cap)
+        pad = new - cap
+        self._hcounts = np.concatenate([self._hcounts, np.zeros((self.history, pad, self.layout.n), np.uint32)], 1)
+        self._hsum = np.concatenate([self._hsum, np.zeros((self.history, pad))], 1)
+        self._hcum = np.concatenate([self._hcum, np.zeros((pad, self.layout.n), np.uint64)])
+        self._hcum_sum = np.concatenate([self._hcum_sum, np.zeros(pad)])
+        self._hlast = np.concatenate([self._hlast, np.full(pad, -np.inf)])
+
+    def _ingest_scalars(self, t: int, frame: Frame) -> None:
+        self._gauges[t] = np.nan
+        for key, value in frame.workload_gauges.items():
+            row = self.gauges.row(key)
+            if row is not None:
+                if row >= self._gauges.shape[1]:
+                    self._gauges = _grow_cols(self._gauges, row + 1, np.nan)
+                self._gauges[t, row] = value
+        self._counters[t] = 0.0
+        for key, delta in frame.counters.items():
+            row = self.counters.row(key)
+            if row is not None:
+                if row >= self._counters.shape[1]:
+                    self._counters = _grow_cols(self._counters, row + 1, 0.0)
+                    self._ctotal = np.concatenate([self._ctotal, np.zeros(self._counters.shape[1] - len(self._ctotal))])
+                self._counters[t, row] = delta
+                self._ctotal[row] += delta
+
+    def _ingest_gpu(self, t: int, gpu: GpuFrame | None) -> None:
+        if gpu is None:  # the GPU source is down: nothing is known, healthy or not
+            self._gpu[t] = np.nan
+            self._gpu_healthy = None
+            return
+        if gpu.info != self._gpu_info:
+            if len(gpu.info) != len(self._gpu_info):
+                self._gpu = np.full((self.history, len(gpu.info), len(GPU_FIELDS)), np.nan)
+            self._gpu_info = gpu.info
+        self._gpu[t] = gpu.values
+        self._gpu_healthy = gpu.healthy.copy()
+
+
+def _grow_cols(arr: np.ndarray, need: int, fill: float) -> np.ndarray:
+    pad = max(need, 2 * arr.shape[1]) - arr.shape[1]
+    return np.concatenate([arr, np.full((arr.shape[0], pad), fill)], axis=1)

@@ -1,0 +1,63 @@
+"""Validation errors as config messages: one ``source: path: message, got value`` line per problem, secrets never
+echoed."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from .collectors.config import shown_url
+from .errors import ConfigError
+
+M = TypeVar("M", bound=BaseModel)
+
+__all__ = ["format_errors", "validate"]
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif isinstance(part, str) and not part.startswith("function-") and part not in ("function-after",):
+            out += f".{part}" if out else part
+    return out or "(top level)"
+
+
+def _shown(value: Any) -> bool:
+    """Whether a value may be echoed: not a section or a list of them (those may hold secrets)."""
+    return not isinstance(value, dict) and not (isinstance(value, list) and not all(
+        isinstance(v, (int, float)) for v in value))
+
+
+def format_errors(exc: ValidationError, source: str, origins: Mapping[str, str] | None = None) -> list[str]:
+    """One line per problem: ``FILE: path: message, got value`` (secrets are never echoed); a top-level field in
+    ``origins`` (field -> environment variable) names the variable instead of the file."""
+    lines = []
+    for err in exc.errors(include_url=False):
+        loc = tuple(err["loc"])
+        path = _loc(loc)
+        msg = err["msg"].removeprefix("Value error, ")
+        value = err.get("input")
+        hidden = ("token" in path or "secret" in path or (path.startswith("alerting.") and path.endswith(".url"))
+                  or not _shown(value))
+        if path.endswith(("url", "endpoint")) and isinstance(value, str):
+            value = shown_url(value)
+        got = "" if err["type"] == "missing" or hidden else f", got {value!r}"
+        if err["type"] == "model_type":  # a scalar or a list where a section belongs
+            msg, got = "must be a mapping of settings (key: value)", f", got {type(value).__name__}"
+        if err["type"] == "extra_forbidden":
+            msg, got = "unknown field (check the spelling against docs/config.md)", ""
+        origin = (origins or {}).get(loc[0]) if loc else None
+        lines.append(f"{origin or source}: {path}: {msg}{got}")
+    return lines
+
+
+def validate(model: type[M], data: Any, source: str, sep: str = "\n", origins: Mapping[str, str] | None = None) -> M:
+    """``model.model_validate(data)`` with every problem as ``source: path: message, got value``."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(sep.join(format_errors(exc, source, origins))) from None
