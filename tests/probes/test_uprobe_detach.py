@@ -1,10 +1,12 @@
 """cuda probe: uprobes leave a library file once no workload process maps it (the process exited, its container
-went away with the file), in the kernel too, and come back when a process maps the file again."""
+went away with the file), in the kernel too, and come back when a process maps the file again; one image's library
+in several containers (overlay mounts of one layer) is one file to the kernel, attached once."""
 
 from __future__ import annotations
 
 import logging
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,12 +31,16 @@ def source() -> Iterator[ProbeSource]:
     src.close()
 
 
+def _counted(source: ProbeSource) -> int:
+    hist = drain(source).hists.get(("sync", "gpu"))
+    return 0 if hist is None else hist.count
+
+
 def _timed(source: ProbeSource, wl: Workload, n: int) -> int:
     """Calls the library's SYNC ``n`` times in ``wl``; returns how many calls the probe timed."""
     drain(source)
     wl.run("call", 0, SYNC, 100, n)
-    hist = drain(source).hists.get(("sync", "gpu"))
-    return 0 if hist is None else hist.count
+    return _counted(source)
 
 
 def _metric(source: ProbeSource, name: str) -> float:
@@ -130,3 +136,51 @@ def test_two_files_attached_through_one_path_are_detached_each_on_its_own(
     assert {u.fd for u in kernel_uprobes(lib)} == {bpf.uprobe_fds[ev] for ev in names}  # the second file's
     assert attacher.release({}) == [(str(lib), None)]
     assert kernel_uprobes(lib) == [] and not names & bpf.uprobe_fds.keys()
+
+
+@pytest.fixture
+def containers(stubs: dict, tmp_path: Path) -> Iterator[list[Path]]:
+    """The library as two containers of one image see it: two overlay mounts of one lower layer."""
+    image = tmp_path / "image"
+    image.mkdir()
+    shutil.copy(stubs["libcuda.so.1"], image / "libcuda.so.1")
+    roots = []
+    try:
+        for k in (1, 2):
+            upper, work, root = (tmp_path / f"{part}{k}" for part in ("upper", "work", "root"))
+            for d in (upper, work, root):
+                d.mkdir()
+            subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
+                            f"lowerdir={image},upperdir={upper},workdir={work}", str(root)], check=True)
+            roots.append(root)
+        yield [root / "libcuda.so.1" for root in roots]
+    finally:
+        for root in roots:
+            subprocess.run(["umount", "-l", str(root)], check=False)
+
+
+def test_one_image_library_in_two_containers_is_attached_once(source: ProbeSource, containers: list[Path]) -> None:
+    """Two containers of one image map one real file to the kernel: its uprobes go there once and fire in both."""
+    first, second = containers
+    assert first.stat().st_dev != second.stat().st_dev  # each mount its own device: once the key, two attaches
+    attacher = source.states["cuda"].attacher
+    detached = attacher.detached
+    with Workload(COMM, [first]) as one, Workload(COMM, [second]) as two:
+        source.rescan()
+        assert len(attacher.files) == 1
+        held = kernel_uprobes(first) + kernel_uprobes(second)
+        assert len(held) == 2 * attacher.probes > 0  # an uprobe and a uretprobe per symbol, once
+        drain(source)
+        one.run("call", 0, SYNC, 100, 5)
+        two.run("call", 0, SYNC, 100, 3)  # the uprobes are on the real file: they fire in both containers
+        assert _counted(source) == 8
+        attached_through = one if any(f"/proc/{one.pid}/" in u.file for u in held) else two
+        other = two if attached_through is one else one
+        attached_through.proc.kill()
+        attached_through.proc.wait()
+        source.rescan()  # the other container still maps the file: it stays attached, and counts
+        assert len(attacher.files) == 1 and attacher.detached == detached
+        other.run("call", 0, SYNC, 100, 4)
+        assert _counted(source) == 4
+    source.rescan()
+    assert attacher.files == {} and kernel_uprobes(first) + kernel_uprobes(second) == []
