@@ -126,7 +126,7 @@ class GpuConfig(Section):
     sample_interval: float = Field(5.0, gt=0, description="seconds between NVML / DCGM samples; ticks reuse the last")
     dcgm_url: str | None = Field(None, description="dcgm-exporter page, e.g. http://127.0.0.1:9400/metrics")
     dcgm_timeout: float = Field(2.0, gt=0, le=30, description="seconds to wait for the dcgm-exporter page")
-    nvml_timeout: float = Field(2.0, gt=0, le=30, description="seconds a tick waits for an NVML sample; a call hung "
+    nvml_timeout: float = Field(2.0, gt=0, le=5, description="seconds a tick waits for an NVML sample; a call hung "
                                 "longer fails the source (GPUs missing) until it returns")
 
     @field_validator("dcgm_url")

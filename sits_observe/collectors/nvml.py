@@ -6,9 +6,8 @@ between reuse the last sample.  A field the GPU model does not support is NaN fo
 asked again; a lost GPU (``NVML_ERROR_GPU_IS_LOST``) is marked unhealthy and reported in ``frame.errors``
 while the other GPUs go on; no driver means the source cannot start (one-line :class:`CollectorError`).
 A sample runs in a thread of its own (:class:`~.background.Background`): NVML calls take no timeout, and one
-that hangs (a GPU falling off the bus, a wedged driver) holds that thread, not the tick.  The tick waits for a
-sample at most ``timeout`` seconds; while one is out past that, the GPUs read as missing, the GPU whose call
-hangs as unhealthy, and the source as failing, and no other sample starts until that call returns.
+that hangs (a GPU off the bus, a wedged driver) holds that thread, not the tick, which waits ``timeout`` at
+most; then the GPUs read as missing (the hung call's GPU unhealthy) until it returns (:meth:`_hung`).
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ from .background import Background
 from .gpu_processes import OTHER_WORKLOAD, Attribution, attribute, process_samples
 from .gpu_samples import detail, gpu_labels, gpu_sample
 from .nvml_driver import SCALARS, clock_event_reasons, is_unsupported, load_nvml, nvml_status
-from .nvml_links import LinkCounters
+from .nvml_links import LinkCounters, link_bytes
 from .nvml_xid import XidEvents
 from .replicas import ReplicaBoard
 
@@ -36,8 +35,6 @@ __all__ = ["NvmlSource", "nvml_status", "OTHER_WORKLOAD"]  # nvml_status: `docto
 log = logging.getLogger(__name__)
 
 _F = GPU_FIELD_INDEX
-_LINK_BYTES = ("sits_gpu_nvlink_link_rx_bytes_total", "sits_gpu_nvlink_link_tx_bytes_total")
-
 
 SKIP_RECHECK_S = 300.0  # a field a GPU does not support is asked again after this long
 
@@ -81,7 +78,8 @@ class NvmlSource:
         self._sampler: Background[_Snapshot] = Background("nvml sample")
         self._started = ""  # wall time (UTC) the sample out started
         self._hung_since: str | None = None  # the same, once that sample is out past the timeout
-        self._calling: tuple[int | None, str] = (None, "")  # GPU and what the sample out reads: named if it hangs
+        # GPU, what the sample out reads and since when (monotonic): named, and that GPU unhealthy, if it hangs
+        self._calling: tuple[int | None, str, float] = (None, "", 0.0)
         self.clock = clock
         self.wall_clock = wall_clock  # NVML stamps per-process samples with the wall clock
         self.resolve_workload = resolve_workload or (lambda pid: None)
@@ -154,20 +152,30 @@ class NvmlSource:
             frame.errors[self.name] = "; ".join(snap.errors)
 
     def _hung(self, frame: Frame) -> None:
-        """The sample out is past the timeout: every GPU reads as missing, the one whose call hangs unhealthy."""
+        """The sample out is past the timeout: every GPU reads as missing but for its XID count; the GPU of a call
+        out for half the timeout or more is unhealthy.  A sample merely slow (every call quick) blames no GPU."""
         self._hung_since = self._hung_since or self._started
-        gpu, what = self._calling
+        gpu, what, since = self._calling
         frame.gpu = GpuFrame.empty([g.info for g in self.gpus])
         if self._snap is not None:
             frame.gpu.healthy[:] = self._snap.gpu.healthy
+        for i, g in enumerate(self.gpus):  # the XID that explains a hang is kept
+            self.xid.fields(i, g.info, frame.gpu.values[i], frame.samples)
+        what = what if gpu is None else f"GPU {gpu}, {what}"
+        if time.monotonic() - since < self.timeout / 2:
+            raise CollectorError(f"nvml: the sample started at {self._hung_since} has not ended within "
+                                 f"gpu.nvml_timeout ({self.timeout:g} s), no call hung so far (now: {what}); GPU "
+                                 "readings are missing until it ends")
         if gpu is not None:
             frame.gpu.healthy[gpu] = False
-            what = f"GPU {gpu}, {what}"
         raise CollectorError(f"nvml: a call ({what}) has not returned since {self._hung_since}; GPU readings "
                              "are missing until it does (a GPU off the bus or a hung driver: check `nvidia-smi` and "
                              "the kernel log for Xid errors)")
 
     def close(self) -> None:
+        if self._sampler.busy and not self._sampler.wait(1.0):  # NVML shut down under a call still in it: undefined
+            log.warning("nvml: left without nvmlShutdown: a call has not returned (%s)", self._calling[1])
+            return
         nv = self.nvml
         try:
             self.xid.close()
@@ -180,7 +188,7 @@ class NvmlSource:
         """Read every GPU once (what :meth:`collect` has done in its thread every ``sample_interval``)."""
         snap = _Snapshot(now, GpuFrame.empty([g.info for g in self.gpus]))
         self._attribution.start()
-        self._calling = (None, "XID events")
+        self._calling = (None, "XID events", time.monotonic())
         self.xid.drain(snap.errors)
         for i, g in enumerate(self.gpus):
             samples: list[Sample] = []
@@ -209,7 +217,7 @@ class NvmlSource:
         if snap.at < self._skip.get((i, group), -np.inf):
             return None
         nv = self.nvml
-        self._calling = (i, group)
+        self._calling = (i, group, time.monotonic())
         try:
             return fn(*args)
         except nv.NVMLError as exc:
@@ -269,12 +277,8 @@ class NvmlSource:
             if state is not None:
                 samples.append(detail("sits_gpu_nvlink_link_up", labels, state == self._enabled))
         values = self._get(i, "nvlink_counters", snap, nv.nvmlDeviceGetFieldValues, g.handle, g.field_ids)
-        read = np.full((len(g.links), 2), np.nan)
-        for k, v in enumerate(values or ()):  # RX, TX, RX, TX ... link by link
-            if v.nvmlReturn == self._success:
-                nbytes = read[k >> 1, k & 1] = float(v.value.ullVal) * 1024.0  # KiB
-                samples.append(detail(_LINK_BYTES[k & 1], g.link_labels[k >> 1], nbytes))
-        totals, rates = g.nvlink.update(snap.at, read)
+        read = link_bytes(values or (), self._success, g.link_labels, samples)
+        totals, rates = g.nvlink.update(self.clock(), read)  # when read: a sample held up reads late
         row[[_F["nvlink_rx_bytes_total"], _F["nvlink_tx_bytes_total"]]] = totals
         row[[_F["nvlink_rx_bytes_per_second"], _F["nvlink_tx_bytes_per_second"]]] = rates
 

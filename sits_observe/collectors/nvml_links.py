@@ -11,9 +11,29 @@ down (a driver reload) counts its new value, as Prometheus' ``rate()`` does.  No
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
 
-__all__ = ["LinkCounters"]
+from ..frame import Sample
+from .gpu_samples import detail
+
+__all__ = ["LinkCounters", "link_bytes"]
+
+_LINK_BYTES = ("sits_gpu_nvlink_link_rx_bytes_total", "sits_gpu_nvlink_link_tx_bytes_total")
+
+
+def link_bytes(values: Sequence[Any], success: int, labels: Sequence[tuple[tuple[str, str], ...]],
+               samples: list[Sample]) -> np.ndarray:
+    """``(links, 2)`` RX/TX bytes from NVML field values (RX, TX, RX, TX ... link by link, in KiB; NaN where one
+    failed), each read one added to ``samples`` with its link's ``labels``."""
+    read = np.full((len(labels), 2), np.nan)
+    for k, v in enumerate(values):
+        if v.nvmlReturn == success:
+            nbytes = read[k >> 1, k & 1] = float(v.value.ullVal) * 1024.0
+            samples.append(detail(_LINK_BYTES[k & 1], labels[k >> 1], nbytes))
+    return read
 
 
 class LinkCounters:

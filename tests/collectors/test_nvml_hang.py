@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +23,7 @@ from sits_observe.errors import CollectorError
 from sits_observe.frame import GPU_FIELD_INDEX, Frame
 
 POWER = GPU_FIELD_INDEX["power_watts"]
+XID = GPU_FIELD_INDEX["xid_errors_total"]
 
 
 class Clock:
@@ -55,6 +58,7 @@ def _collect(src: NvmlSource) -> tuple[Frame, object, float]:
 
 def test_a_hung_call_fails_the_source_at_the_timeout_and_names_the_gpu(fake: FakeNvml, held: threading.Event) -> None:
     clock = Clock()
+    fake.push_xid(3, 79)  # fell off the bus: read at the sample's start, before the call that hangs
     src = NvmlSource(fake, clock=clock, timeout=0.3, wall_clock=lambda: 1_764_600_000.0)
     frame, raised, took = _collect(src)  # before: held until the driver answered
     assert took < 2.0
@@ -62,7 +66,9 @@ def test_a_hung_call_fails_the_source_at_the_timeout_and_names_the_gpu(fake: Fak
     assert str(raised) == ("nvml: a call (GPU 3, power) has not returned since 14:40:00 UTC; GPU readings are "
                            "missing until it does (a GPU off the bus or a hung driver: check `nvidia-smi` and the "
                            "kernel log for Xid errors)")
-    assert frame.gpu is not None and np.isnan(frame.gpu.values).all()
+    assert frame.gpu is not None and np.isnan(np.delete(frame.gpu.values, XID, axis=1)).all()
+    assert list(frame.gpu.values[:, XID]) == [0, 0, 0, 1, 0, 0, 0, 0]  # the XID that explains it is kept
+    assert [(s.labels[0], s.value) for s in frame.samples if s.name == "sits_gpu_last_xid"] == [(("gpu", "3"), 79)]
     assert list(frame.gpu.healthy) == [i != 3 for i in range(8)]
     assert fake.calls["nvmlDeviceGetUtilizationRates"] == 4  # GPUs 0-3, then the power call hung
     for _ in range(3):  # later ticks: no wait, the same message (logged once), and no second sample started
@@ -80,6 +86,31 @@ def test_a_hung_call_fails_the_source_at_the_timeout_and_names_the_gpu(fake: Fak
     clock.t += 10.0
     _collect(src)
     assert fake.calls["nvmlDeviceGetUtilizationRates"] == 16  # the hung sample's 8, and the next one's
+
+
+def test_a_slow_sample_of_quick_calls_blames_no_gpu(fake: FakeNvml) -> None:
+    """8 GPUs whose process lists take 0.1 s each: the sample outlives a 0.3 s timeout with no call hung."""
+    processes = fake.nvmlDeviceGetComputeRunningProcesses
+
+    def slow(handle: object) -> list:
+        time.sleep(0.1)
+        return processes(handle)
+
+    fake.nvmlDeviceGetComputeRunningProcesses = slow  # type: ignore[method-assign]
+    src = NvmlSource(fake, clock=Clock(), timeout=0.3, wall_clock=lambda: 1_764_600_000.0)
+    frame, raised, _took = _collect(src)
+    assert isinstance(raised, CollectorError) and frame.gpu.healthy.all()
+    assert re.fullmatch(r"nvml: the sample started at 14:40:00 UTC has not ended within gpu.nvml_timeout \(0.3 s\), "
+                        r"no call hung so far \(now: GPU \d, processes\); GPU readings are missing until it ends",
+                        str(raised)), str(raised)
+
+
+def test_close_does_not_shut_nvml_down_under_a_hung_call(fake: FakeNvml, held: threading.Event) -> None:
+    src = NvmlSource(fake, clock=Clock(), timeout=0.3)
+    _collect(src)
+    _none, took = in_thread(src.close, 5)  # waits a second for the call, then leaves NVML as it is
+    assert took < 3.0 and fake.initialised == 1  # nvmlShutdown was not called under the call
+    held.set()
 
 
 def test_the_tick_goes_on_without_nvml_while_a_call_hangs(tmp_path: Path, fake: FakeNvml,
