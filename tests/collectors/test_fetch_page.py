@@ -4,6 +4,7 @@ another host, a DNS resolver that does not answer; and TLS checked against the h
 from __future__ import annotations
 
 import base64
+import contextlib
 import re
 import shutil
 import socket
@@ -304,3 +305,47 @@ def test_https_checks_the_certificate_against_the_host_name(localhost_cert: tupl
             fetch_page(server.url("/metrics"), timeout=5.0)
     finally:
         server.close()
+
+
+def test_servers_fetched_together_share_the_lookup_slots_instead_of_failing(
+        tmp_path: Path, pages: PageServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tick starts every page fetch at once: 12 hosts whose names take 20 ms to resolve, more than MAX_LOOKUPS,
+    had the same 4 fail at every tick with a message about a hung resolver; 8 replicas of one host name on
+    different ports are one lookup."""
+    asked: list[str] = []
+    delay = [0.02]
+
+    def slow(host: str, port: Any, family: int = 0, kind: int = 0, proto: int = 0, flags: int = 0) -> list[Any]:
+        if flags & socket.AI_NUMERICHOST or not host.endswith(".slow.test"):
+            return _GETADDRINFO(host, port, family, kind, proto, flags)
+        asked.append(host)
+        time.sleep(delay[0])
+        return _GETADDRINFO("127.0.0.1", port, family, kind, proto, flags)
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow)
+    pages.pages["/vllm"] = (DATA / "vllm_page1.txt").read_text()
+    port = pages.httpd.server_address[1]
+    servers = [{"kind": "vllm", "url": f"http://vllm-{i}.slow.test:{port}/vllm", "workload": f"w{i}"}
+               for i in range(12)]
+    cfg = parse({"state_dir": str(tmp_path), "servers": servers}, env={})
+    daemon = Daemon(config=cfg, clock=WallClock(1.0))
+    daemon.sources += build_sources(cfg, daemon.layout)
+    try:
+        for _ in range(3):
+            frame, _took = in_thread(daemon.tick, 10)
+            assert frame.errors == {}
+        assert len(asked) == 36 and pages.hits["/vllm"] == 36
+        replicas = [{"kind": "vllm", "url": f"http://replicas.slow.test:{p}/vllm", "workload": "chat"}
+                    for p in range(port, port + 8)]
+        asked.clear()
+        delay[0] = 0.5  # every replica's fetch starts while the first one's lookup is out
+        cfg = parse({"state_dir": str(tmp_path), "servers": replicas}, env={})
+        sources = build_sources(cfg, daemon.layout)
+        for src in sources:
+            src.prefetch()
+        for src in sources:
+            with contextlib.suppress(CollectorError):  # only the first port has a server
+                src.collect(Frame(ts=1.0, interval=1.0))
+        assert asked == ["replicas.slow.test"]
+    finally:
+        daemon.close()
