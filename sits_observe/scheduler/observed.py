@@ -50,8 +50,9 @@ class Observed:
         """(utilization, memory fraction) per GPU for the trigger windows.  A tick without a GPU sample counts
         nothing (None); a source silent for longer than ``GPU_STALE_S`` re-arms them (NaN) rather than letting
         its last sample sustain a trigger; unhealthy GPUs have no utilization (NaN)."""
-        if sampled:
-            return np.where(self.healthy, self.util, np.nan), self.mem / self.total
+        if sampled:  # a GPU of no memory in the topology (unopened at start) has no memory fraction
+            frac = np.divide(self.mem, self.total, out=np.full(self.n, np.nan), where=self.total > 0)
+            return np.where(self.healthy, self.util, np.nan), frac
         if not self.fresh():
             nan = np.full(self.n, np.nan)
             return nan, nan

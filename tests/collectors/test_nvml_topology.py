@@ -21,7 +21,7 @@ from sits_observe.collectors.nvml_topology import (
     topology_from_nvml,
 )
 from sits_observe.errors import CollectorError
-from sits_observe.topology import LinkKind, Topology
+from sits_observe.topology import Gpu, LinkKind, Topology
 
 GB = 1e9
 NVS, NVL = LinkKind.NVSWITCH, LinkKind.NVLINK
@@ -251,3 +251,37 @@ def test_the_scheduler_runs_on_a_host_with_a_dead_gpu_and_places_around_it(fake:
     finally:
         sched.close()
         src.close()
+
+
+def test_links_to_an_unopened_gpu_on_an_old_driver_are_not_taken_for_switch_links() -> None:
+    """Without the remote-type call a link ending at no known GPU counts as a switch's; with a GPU unopened its
+    address is unknown, and two live GPUs bridged to dead ones became an 'NVSwitch' pair."""
+    gpus = [Gpu(i, f"GPU-{i}", "NVIDIA A100-PCIE-40GB", f"00000000:{0x17 + i:02X}:00.0", i // 2, (), 40 << 30)
+            for i in range(4)]
+    fake = FakeNvml(Topology.build("a100-bridged", gpus, lambda a, b: (
+        (LinkKind.NVLINK, 4) if a.index // 2 == b.index // 2 else (LinkKind.PCIE_HOST_BRIDGE, 0))), switches=0)
+    for g in fake.gpus:
+        g.fail["nvmlDeviceGetNvLinkRemoteDeviceType"] = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
+    assert topology_from_nvml(fake).kinds[0][1] == LinkKind.NVLINK
+    fake.gpus[1].lost = fake.gpus[3].lost = True
+    topo = topology_from_nvml(fake)
+    assert topo.kinds[0][2] == LinkKind.PCIE_HOST_BRIDGE and topo.nvlinks[0, 2] == 0
+
+
+def test_a_gpu_the_topology_could_not_open_but_the_source_reads_triggers_nothing(fake: FakeNvml) -> None:
+    """The topology and the NVML source open the GPUs each on their own: memory used over a total of 0 was inf,
+    a memory-saturation trigger naming that GPU."""
+    from sits_observe.collectors.nvml import NvmlSource
+    from sits_observe.frame import Frame
+    from sits_observe.scheduler.observed import Observed
+
+    fake.gpus[5].fail["nvmlDeviceGetUUID"] = pynvml.NVML_ERROR_IRQ_ISSUE
+    topo = topology_from_nvml(fake)
+    del fake.gpus[5].fail["nvmlDeviceGetUUID"]  # answers again when the source opens it
+    src = NvmlSource(fake, clock=lambda: 1000.0)
+    frame = Frame(ts=1000.0, interval=1.0)
+    src.collect(frame)
+    src.close()
+    observed = Observed(topo, 1000.0)
+    _util, memory = observed.windows(observed.read(frame))
+    assert np.isnan(memory[5]) and np.isfinite(np.delete(memory, 5)).all()
