@@ -150,6 +150,10 @@ class Server:
                 raise ListenError(f"listen: {host}:{port}: no answer from the DNS resolver for {host!r} yet "
                                   f"({cause.strerror}); exiting with 1 so that systemd tries again (an IP address in "
                                   "listen: does not depend on DNS)") from None
+            if getattr(exc, "errno", None) == errno.EADDRNOTAVAIL:  # an address the host does not have yet (boot)
+                raise ListenError(f"listen: {host}:{port}: no such address on this host (yet) ({exc.strerror}); "
+                                  "exiting with 1 so that systemd tries again once the network is up (or set "
+                                  "listen: to an address of this host, e.g. 0.0.0.0)") from None
             why = ("is in use" if getattr(exc, "errno", None) == errno.EADDRINUSE
                    else f"cannot be bound ({getattr(exc, 'strerror', None) or exc})")
             raise ConfigError(f"listen: {host}:{port} {why}; set listen: or SITS_LISTEN to a free host:port") from None

@@ -273,3 +273,19 @@ def test_a_listen_host_the_resolver_cannot_answer_yet_exits_1_so_systemd_tries_a
     answer["sits-listen.test"] = socket.gaierror(socket.EAI_NONAME, "Name or service not known")
     assert cli.main(["run", "--config", str(config)]) == 2  # the name does not exist: the file's mistake
     assert "listen: host 'sits-listen.test' does not resolve (Name or service not known)" in capsys.readouterr().err
+
+
+def test_a_listen_address_the_host_does_not_have_yet_exits_1_so_systemd_tries_again(tmp_path, monkeypatch, capsys):
+    """At boot the address may not be up yet (EADDRNOTAVAIL): exit 2 stopped the unit for good."""
+    from sits_observe import cli, wiring
+
+    built = []
+    monkeypatch.setattr(wiring, "build_daemon", lambda cfg: built.append(cfg))
+    config = tmp_path / "sits.yaml"
+    config.write_text(f"listen: 192.0.2.10:19484\nstate_dir: {tmp_path / 'state'}\ngpu: {{backend: none}}\n")
+    assert cli.main(["run", "--config", str(config)]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "sits-observe: error: listen: 192.0.2.10:19484: no such address on this host (yet) (Cannot assign requested "
+        "address); exiting with 1 so that systemd tries again once the network is up (or set listen: to an "
+        "address of this host, e.g. 0.0.0.0)"]
+    assert built == [] and not (tmp_path / "state").exists()
