@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes as ct
 import os
 import re
+import sys
 from collections.abc import Callable, Collection
 from contextlib import suppress
 from pathlib import Path
@@ -124,14 +125,15 @@ def find_symbols(path: str, symbols: set[str]) -> dict[str, int]:
 class LibraryAttacher:
     """Attaches ``enter_<stage>``/``call_return`` to each configured symbol of each library file.
 
-    Files are keyed by :data:`~.workloads.FileId` (the real file, also through containers' overlay mounts),
-    so a library mapped by many processes (or via several paths, or from several containers) is attached
-    once; an address named by two symbols is attached once, for the first stage that lists it.  A file
-    counts as done once its symbols were read and at least one probe attached.  Otherwise (the process it
-    was opened through exited, an attach failed, none of the symbols is there) it is tried again when
-    offered again, through whichever process maps it then, after skipping 0, 1, 3, 7 ... offers (at most
-    :data:`MAX_SKIP`), so a file without the symbols is not read at every scan.  :meth:`release` detaches
-    the files that no process maps any more: what is attached is bounded by what is mapped now.
+    Files are keyed by :data:`~.workloads.FileId` (device and inode as the processes see them), so a library
+    mapped by many processes (or via several paths) is attached once; through containers' overlay mounts (each
+    its own device) one image's library is attached once per container.  An address named by two symbols is
+    attached once, for the first stage that lists it.  A file counts as done once its symbols were read and at
+    least one probe attached.  Otherwise (the process it was opened through exited, an attach failed, none of
+    the symbols is there) it is tried again when offered again, through whichever process maps it then, after
+    skipping 0, 1, 3, 7 ... offers (at most :data:`MAX_SKIP`), so a file without the symbols is not read at
+    every scan.  :meth:`release` detaches the files that no process maps any more: what is attached is bounded
+    by what is mapped now.
     """
 
     MAX_SKIP = 127
@@ -139,57 +141,58 @@ class LibraryAttacher:
     def __init__(self, bpf: Any, stages: dict[str, tuple[str, ...]]) -> None:
         self._bpf = bpf
         self._stages = stages
-        self.files: dict[FileId, str] = {}  # attached: inode -> path as the process maps it
-        # attached: inode -> (its probes, (bcc event name, perf event fd) of each of its uprobes and uretprobes)
+        self.files: dict[FileId, str] = {}  # attached: file -> path as the process maps it
+        # attached: file -> (its probes, (bcc event name, perf event fd) of each of its uprobes and uretprobes)
         self._events: dict[FileId, tuple[int, list[tuple[bytes, int]]]] = {}
         self.missing: dict[str, list[str]] = {}
-        self.failed: dict[FileId, str] = {}  # not attached: inode -> its last problem
-        self._retry: dict[FileId, tuple[int, int]] = {}  # inode -> (failures, offers left to skip)
+        self.failed: dict[FileId, str] = {}  # not attached: file -> its last problem
+        self._retry: dict[FileId, tuple[int, int]] = {}  # file -> (failures, offers left to skip)
         self.probes = 0
         self.detached = 0  # files detached by release(), since start
 
-    def attach(self, inode: FileId, path: str, shown: str) -> str | None:
+    def attach(self, file: FileId, path: str, shown: str) -> str | None:
         """Attach to one file (opened at ``path``, named ``shown`` in reports); returns what to report."""
-        if inode in self.files:
+        if file in self.files:
             return None
-        failures, skip = self._retry.get(inode, (0, 0))
+        failures, skip = self._retry.get(file, (0, 0))
         if skip:
-            self._retry[inode] = (failures, skip - 1)
+            self._retry[file] = (failures, skip - 1)
             return None
         before, fds = self.probes, dict(self._bpf.uprobe_fds)
         problem = self._attach(path, shown)
         if self.probes > before:
-            self.files[inode] = shown
+            self.files[file] = shown
             # What this file added to bcc's BPF.uprobe_fds (event name -> perf event fd, filled by attach_u[ret]probe,
             # emptied by the public detach_uprobe_event; relied on as bcc 0.26 has them): detaching by these needs
             # neither the file, which may be gone with its container, nor bcc's event naming (path and address).
-            self._events[inode] = (self.probes - before,
-                                   [(ev, fd) for ev, fd in self._bpf.uprobe_fds.items() if fds.get(ev) != fd])
-            self.failed.pop(inode, None)
-            self._retry.pop(inode, None)
+            self._events[file] = (self.probes - before,
+                                  [(ev, fd) for ev, fd in self._bpf.uprobe_fds.items() if fds.get(ev) != fd])
+            self.failed.pop(file, None)
+            self._retry.pop(file, None)
         else:
-            self.failed[inode] = problem or f"{shown}: no probe attached"
-            self._retry[inode] = (failures + 1, min(2**failures - 1, self.MAX_SKIP))
+            self.failed[file] = problem or f"{shown}: no probe attached"
+            self._retry[file] = (failures + 1, min(2**failures - 1, self.MAX_SKIP))
         return problem
 
-    def release(self, mapped: dict[FileId, tuple[str, str]], held: Collection[str] = ()
+    def release(self, mapped: dict[FileId, tuple[str, str]], held: Collection[FileId] = ()
                 ) -> list[tuple[str, str | None]]:
-        """Detach each attached file that is not in ``mapped`` (inode -> (path, name) of the files workload
-        processes map now) and whose name is not in ``held`` (files still mapped although deleted since);
-        forget the files that failed and are not in ``mapped``.  Either is attached afresh if offered again.
+        """Detach each attached file that is neither in ``mapped`` (file -> (path, name) of the files workload
+        processes map now, to attach) nor in ``held`` (files still mapped that no path opens any more: deleted or
+        replaced since); forget the files that failed and are not in ``mapped``.  Either is attached afresh if
+        offered again.
 
         Returns (name, problem or None) for each file detached.
         """
-        for inode in self.failed.keys() - mapped.keys():
-            del self.failed[inode]
-            del self._retry[inode]
-        gone = [inode for inode, shown in self.files.items() if inode not in mapped and shown not in held]
+        for file in self.failed.keys() - mapped.keys():
+            del self.failed[file]
+            del self._retry[file]
+        gone = [file for file in self.files if file not in mapped and file not in held]
         out = []
-        for inode in gone:
-            probes, events = self._events.pop(inode)
+        for file in gone:
+            probes, events = self._events.pop(file)
             problems = [p for p in (self._detach(ev, fd) for ev, fd in events) if p]
             self.probes -= probes
-            out.append((self.files.pop(inode), "; ".join(problems) or None))
+            out.append((self.files.pop(file), "; ".join(problems) or None))
         self.detached += len(gone)
         names = set(self.files.values()) | {shown for _, shown in mapped.values()}
         self.missing = {shown: syms for shown, syms in self.missing.items() if shown in names}
@@ -198,14 +201,15 @@ class LibraryAttacher:
     def _detach(self, ev_name: bytes, fd: int) -> str | None:
         if self._bpf.uprobe_fds.get(ev_name) != fd:
             # bcc's entry of that name is another file's: one attached later through the same path and address
-            # (a reused pid in /proc/PID/root/...); this probe is only its fd, which closing removes (bcc's count
-            # of open probes, for its 1000-probe quota, keeps it)
+            # (a reused pid in /proc/PID/root/...); this probe is only its fd, which closing removes
             os.close(fd)
+            _forget_probe(self._bpf)
             return None
         try:
             self._bpf.detach_uprobe_event(ev_name)
         except Exception as exc:  # bcc raises bare Exception, after closing the fd (a tracefs event may be left)
             del self._bpf.uprobe_fds[ev_name]  # so that cleanup() does not close that fd number again
+            _forget_probe(self._bpf)
             return f"{ev_name.decode(errors='replace')}: {exc}"
         return None
 
@@ -240,3 +244,16 @@ class LibraryAttacher:
         if self.missing[shown]:
             problems.append("symbols not in the library (skipped): " + ", ".join(self.missing[shown]))
         return f"{shown}: " + "; ".join(problems) if problems else None
+
+
+def _forget_probe(bpf: Any) -> None:
+    """Count one probe out of bcc's open probes, closed (or dropped from ``uprobe_fds``) behind bcc's back.
+
+    bcc counts the probes open in this process, for its quota (``BCC_PROBE_LIMIT``, 1000 by default: "Number of
+    open probes would exceed global quota"), in a global of its module, lowered only by its own ``_del_uprobe_fd``
+    (bcc 0.26's ``bcc._num_open_probes``; relied on as that version has it).  Left alone, each such probe would
+    stay counted for the life of the process.  A stand-in object (tests) has no such module global.
+    """
+    module = sys.modules.get(type(bpf).__module__)
+    if module is not None and hasattr(module, "_num_open_probes"):
+        module._num_open_probes -= 1

@@ -144,13 +144,13 @@ class ProbeSource:
 
     def _attach_libraries(self, state: ProbeState, tgids: dict[int, int]) -> None:
         assert state.attacher is not None and state.library is not None
-        files, deleted = self._tracker.libraries(tgids, library_matcher(state.library))
-        for shown, problem in state.attacher.release(files, deleted):
+        files, held = self._tracker.libraries(tgids, library_matcher(state.library))
+        for shown, problem in state.attacher.release(files, held):
             log.info("probe %s: detached from %s: no workload process maps it any more", state.spec.name, shown)
             if problem:
                 self._report(state, f"{shown}: detach failed: {problem}")
-        for inode, (path, shown) in files.items():
-            problem = state.attacher.attach(inode, path, shown)
+        for file, (path, shown) in files.items():
+            problem = state.attacher.attach(file, path, shown)
             if problem:
                 self._report(state, problem)
         if state.attacher.probes:

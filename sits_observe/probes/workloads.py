@@ -15,25 +15,37 @@ from typing import NamedTuple
 
 from ..config import WorkloadConfig
 
-__all__ = ["FileId", "WorkloadTracker", "Libraries", "library_matcher"]
+__all__ = ["FileId", "Mapping", "WorkloadTracker", "Libraries", "library_matcher"]
 
 _DELETED = " (deleted)"
 
-FileId = tuple[int, int, int, int]
-"""A library file as uprobes know it: ``(st_ino, st_size, st_mtime_ns, st_ctime_ns)``, without ``st_dev``.
-Through an overlay mount (a container's root) ``stat`` gives the mount's own device but the real file's inode
-number and times, and the kernel attaches an uprobe to the real file, where it fires for every process that maps
-it, whichever container.  Keyed by device, one image's library in N containers was attached N times, and each
-call trapped N times (counted once, through the nesting check, but paid N times)."""
+FileId = tuple[int, int]
+"""A library file as a process sees it: ``(st_dev, st_ino)`` from ``stat``.  Through a container's overlay mount
+that is the mount's own device (and the file's inode number): one image's library in N containers is N files here,
+although the kernel puts an uprobe on the real file underneath, where it fires in every container."""
+
+
+class Mapping(NamedTuple):
+    """One file a process maps, from a line of /proc/PID/maps."""
+
+    path: str
+    """as the process maps it (relative to its root), without the kernel's ``" (deleted)"``"""
+    deleted: bool
+    """deleted (or replaced) since it was mapped: no path opens it any more"""
+    file: FileId
+    """the line's device (``major:minor``, hex) and inode columns"""
+    area: str
+    """the line's address range, the mapping's name under /proc/PID/map_files"""
 
 
 class Libraries(NamedTuple):
     """The files of one library that workload processes map."""
 
     files: dict[FileId, tuple[str, str]]
-    """file -> (path to open it through /proc/PID/root, path the process maps), of files on disk"""
-    deleted: frozenset[str]
-    """paths of files still mapped although deleted (or replaced) since: they cannot be opened by path"""
+    """file -> (path to open it through /proc/PID/root, path the process maps), of files that path still names"""
+    held: frozenset[FileId]
+    """files mapped that no path opens any more (deleted, replaced, or the path now names another file): to keep
+    attached, not to attach"""
 
 
 class _Proc:
@@ -110,39 +122,61 @@ class WorkloadTracker:
                 out[int(entry.name)] = wid
         return out
 
-    def mapped_files(self, pid: int) -> set[str]:
-        """Paths of the files mapped by ``pid`` (empty if it left); a file deleted (or replaced) since it was
-        mapped keeps the kernel's ``" (deleted)"`` suffix."""
+    def mapped_files(self, pid: int) -> list[Mapping]:
+        """The files mapped by ``pid``, once per (file, path) (empty if it left); anonymous and special mappings
+        (``[stack]``, ``[vdso]``) are left out."""
         try:
             text = (self._proc / str(pid) / "maps").read_text()
         except OSError:
-            return set()
-        out = set()
+            return []
+        out: dict[tuple[FileId, str], Mapping] = {}
         for line in text.splitlines():
             parts = line.split(None, 5)
-            if len(parts) == 6 and parts[5].startswith("/"):
-                out.add(parts[5])
-        return out
+            if len(parts) < 6 or not parts[5].startswith("/"):
+                continue
+            major, _, minor = parts[3].partition(":")
+            file = (os.makedev(int(major, 16), int(minor, 16)), int(parts[4]))
+            path = parts[5].removesuffix(_DELETED)
+            out.setdefault((file, parts[5]), Mapping(path, path != parts[5], file, parts[0]))
+        return list(out.values())
+
+    def _file_of(self, pid: int, mapping: Mapping) -> FileId:
+        """``(st_dev, st_ino)`` of the file ``mapping`` maps, as ``stat`` of its path gives them: ``stat`` of
+        /proc/PID/map_files/<area>, which opens the mapped file itself, deleted or not.  The maps line's columns
+        agree on most filesystems (ext4, xfs, tmpfs, an overlay of layers on one filesystem) but not on all: on
+        btrfs they show the filesystem's device, not the subvolume's that ``stat`` gives (so two subvolumes'
+        files of one inode number look alike), on an overlay of layers on several filesystems (without xino)
+        the overlay's, not the layer's, and on older kernels the overlay's real file.  Where map_files cannot be
+        read (it needs CAP_SYS_ADMIN; the mapping just went away) those columns stand in."""
+        try:
+            st = os.stat(self._proc / str(pid) / "map_files" / mapping.area)
+        except OSError:
+            return mapping.file
+        return st.st_dev, st.st_ino
 
     def libraries(self, pids: Iterable[int], matches: Callable[[str], bool]) -> Libraries:
-        """The files standing for one library (``matches``) that the processes ``pids`` map."""
+        """The files standing for one library (``matches``) that the processes ``pids`` map.
+
+        A mapped file is offered for attaching through /proc/PID/root/<path> only where that path still names
+        it (the same ``(st_dev, st_ino)``); a deleted one, or one whose path now names another file (replaced,
+        or the path is gone), is only held: kept attached while mapped."""
         files: dict[FileId, tuple[str, str]] = {}
-        deleted = set()
+        held = set()
         for pid in pids:
-            for mapped in self.mapped_files(pid):
-                path = mapped.removesuffix(_DELETED)
-                if not matches(path):
+            for mapping in self.mapped_files(pid):
+                if not matches(mapping.path):
                     continue
-                if path != mapped:
-                    deleted.add(path)
-                    continue
-                where = f"{self._proc}/{pid}/root{path}"
+                file = self._file_of(pid, mapping)
+                where = f"{self._proc}/{pid}/root{mapping.path}"
                 try:
-                    st = os.stat(where)
+                    st = None if mapping.deleted else os.stat(where)
                 except OSError:
-                    continue
-                files.setdefault((st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns), (where, path))
-        return Libraries(files, frozenset(deleted))
+                    st = None
+                if st is not None and (st.st_dev, st.st_ino) == file:
+                    files.setdefault(file, (where, mapping.path))
+                else:
+                    held.add(file)
+        return Libraries(files, frozenset(held - files.keys()))
 
 
 def _under(path: str, prefix: str) -> bool:

@@ -13,20 +13,30 @@ from sits_observe.probes.program import LibraryAttacher
 INODE = (2049, 123456)
 LIB = "/usr/lib/libcuda.so.1"
 
+_num_open_probes = 0  # FakeBpf counts its open probes here, as bcc 0.26 does in its module's global
+
 
 class FakeBpf:
-    """Records attached (path, address, function) and keeps ``uprobe_fds`` as bcc does (event name -> fd);
-    ``refuse`` makes attach_uprobe raise as bcc does."""
+    """Records attached (path, address, function) and keeps ``uprobe_fds`` as bcc does (event name -> fd), and
+    its count of open probes; ``refuse`` makes attach_uprobe raise as bcc does, ``stuck`` detach_uprobe_event."""
 
     def __init__(self) -> None:
         self.attached: list[tuple[bytes, int, bytes]] = []
         self.uprobe_fds: dict[bytes, int] = {}
         self.refuse = False
+        self.stuck = False
         self._fd = 100
 
     def _add(self, kind: bytes, name: bytes, addr: int) -> None:
+        global _num_open_probes
         self._fd += 1
         self.uprobe_fds[b"%s_%s_0x%x" % (kind, name, addr)] = self._fd
+        _num_open_probes += 1
+
+    def _del(self, ev_name: bytes) -> None:
+        global _num_open_probes
+        del self.uprobe_fds[ev_name]
+        _num_open_probes -= 1
 
     def attach_uprobe(self, name: bytes, addr: int, fn_name: bytes) -> None:
         if self.refuse:
@@ -38,10 +48,12 @@ class FakeBpf:
         self._add(b"r", name, addr)
 
     def detach_uretprobe(self, name: bytes, addr: int) -> None:
-        del self.uprobe_fds[b"r_%s_0x%x" % (name, addr)]
+        self._del(b"r_%s_0x%x" % (name, addr))
 
     def detach_uprobe_event(self, ev_name: bytes) -> None:
-        del self.uprobe_fds[ev_name]
+        if self.stuck:
+            raise Exception("Failed to detach BPF from uprobe")  # noqa: TRY002 (bcc's own)
+        self._del(ev_name)
 
 
 class Symbols:
@@ -113,10 +125,24 @@ def test_a_file_no_process_maps_is_detached_and_a_failed_one_forgotten(monkeypat
     assert attacher.attach(other, "/proc/4400/root/opt/libcuda.so.1", "/opt/libcuda.so.1")  # no symbols: failed
     mapped = {INODE: (f"/proc/4300/root{LIB}", LIB), other: ("/proc/4400/root/opt/libcuda.so.1", "/opt/libcuda.so.1")}
     assert attacher.release(mapped) == [] and len(bpf.uprobe_fds) == 2  # both still mapped: nothing changes
-    assert attacher.release({}, held={LIB}) == [] and attacher.probes == 1  # deleted, still mapped: kept
+    assert attacher.release({}, held={INODE}) == [] and attacher.probes == 1  # deleted, still mapped: kept
     assert attacher.failed == {} and attacher.missing == {LIB: []}  # the failed file, unmapped, is forgotten
     assert attacher.release({}) == [(LIB, None)]
     assert attacher.probes == 0 and attacher.files == {} and bpf.uprobe_fds == {} and attacher.missing == {}
     assert attacher.detached == 1
     monkeypatch.setattr(program, "find_symbols", Symbols({"cuStreamSynchronize": 0x1000}))
     assert _offer(attacher, 4500) is None and attacher.probes == 1  # mapped again: attached afresh
+
+
+def test_a_probe_that_failed_to_detach_is_counted_out_of_bccs_open_probes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bcc closed its fd but kept it counted: dropped from uprobe_fds, it must leave bcc's count too, or each such
+    probe brings "Number of open probes would exceed global quota" closer."""
+    monkeypatch.setattr(program, "find_symbols", Symbols({"cuStreamSynchronize": 0x1000}))
+    bpf = FakeBpf()
+    attacher = LibraryAttacher(bpf, {"sync": ("cuStreamSynchronize",)})
+    before = _num_open_probes
+    assert _offer(attacher, 4300) is None and _num_open_probes == before + 2  # an uprobe and a uretprobe
+    bpf.stuck = True
+    [(shown, problem)] = attacher.release({})
+    assert shown == LIB and "Failed to detach BPF from uprobe" in (problem or "")
+    assert bpf.uprobe_fds == {} and _num_open_probes == before

@@ -1,15 +1,20 @@
 """cuda probe: uprobes leave a library file once no workload process maps it (the process exited, its container
-went away with the file), in the kernel too, and come back when a process maps the file again; one image's library
-in several containers (overlay mounts of one layer) is one file to the kernel, attached once."""
+went away with the file), in the kernel too, and come back when a process maps the file again.  A file is its
+device and inode as the process sees them: one image's library in two containers (overlay mounts of one layer) is
+attached once per container, a copy-up or another metadata change keeps it attached, two filesystems built from
+one tree are two files, and a deleted mapping keeps only its own file attached."""
 
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import subprocess
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import bcc
 import pytest
 
 from probe_helpers import OFF, Workload, drain, kernel_uprobes, make_source
@@ -125,7 +130,7 @@ def test_two_files_attached_through_one_path_are_detached_each_on_its_own(
     attacher = LibraryAttacher(bpf, {"sync": (SYNC,)})
     lib = _copy(stubs["libcuda.so.1"], tmp_path / "libcuda.so.1")
     first = (lib.stat().st_dev, lib.stat().st_ino)
-    before = set(bpf.uprobe_fds)
+    before, open_probes = set(bpf.uprobe_fds), bcc._num_open_probes  # bcc's count, for its quota (BCC_PROBE_LIMIT)
     assert attacher.attach(first, str(lib), str(lib)) is None
     names = bpf.uprobe_fds.keys() - before
     _copy(stubs["libcuda.so.1"], lib)
@@ -136,17 +141,19 @@ def test_two_files_attached_through_one_path_are_detached_each_on_its_own(
     assert {u.fd for u in kernel_uprobes(lib)} == {bpf.uprobe_fds[ev] for ev in names}  # the second file's
     assert attacher.release({}) == [(str(lib), None)]
     assert kernel_uprobes(lib) == [] and not names & bpf.uprobe_fds.keys()
+    assert bcc._num_open_probes == open_probes  # the first file's probes, closed behind bcc's back, counted out
 
 
-@pytest.fixture
-def containers(stubs: dict, tmp_path: Path) -> Iterator[list[Path]]:
-    """The library as two containers of one image see it: two overlay mounts of one lower layer."""
+@contextmanager
+def _containers(stubs: dict, tmp_path: Path, n: int) -> Iterator[list[Path]]:
+    """The library as ``n`` containers of one image see it: overlay mounts of one lower layer (image/), each with
+    its own upper layer (upper1/, ...)."""
     image = tmp_path / "image"
     image.mkdir()
     shutil.copy(stubs["libcuda.so.1"], image / "libcuda.so.1")
     roots = []
     try:
-        for k in (1, 2):
+        for k in range(1, n + 1):
             upper, work, root = (tmp_path / f"{part}{k}" for part in ("upper", "work", "root"))
             for d in (upper, work, root):
                 d.mkdir()
@@ -159,28 +166,130 @@ def containers(stubs: dict, tmp_path: Path) -> Iterator[list[Path]]:
             subprocess.run(["umount", "-l", str(root)], check=False)
 
 
-def test_one_image_library_in_two_containers_is_attached_once(source: ProbeSource, containers: list[Path]) -> None:
-    """Two containers of one image map one real file to the kernel: its uprobes go there once and fire in both."""
-    first, second = containers
-    assert first.stat().st_dev != second.stat().st_dev  # each mount its own device: once the key, two attaches
+def test_one_image_library_in_two_containers_is_attached_once_per_container(
+        source: ProbeSource, stubs: dict, tmp_path: Path) -> None:
+    """Each container's overlay mount is its own device: the library is two files here, though one real file to
+    the kernel, whose uprobes then fire twice for every call; the nesting check counts each call once."""
     attacher = source.states["cuda"].attacher
     detached = attacher.detached
-    with Workload(COMM, [first]) as one, Workload(COMM, [second]) as two:
+    with _containers(stubs, tmp_path, 2) as (first, second), \
+            Workload(COMM, [first]) as one, Workload(COMM, [second]) as two:
+        assert first.stat().st_dev != second.stat().st_dev  # each overlay mount a device of its own
         source.rescan()
-        assert len(attacher.files) == 1
-        held = kernel_uprobes(first) + kernel_uprobes(second)
-        assert len(held) == 2 * attacher.probes > 0  # an uprobe and a uretprobe per symbol, once
+        assert len(attacher.files) == 2
+        per_file = attacher.probes  # an uprobe and a uretprobe per symbol, for each of the two files
+        assert len(kernel_uprobes(first)) == len(kernel_uprobes(second)) == per_file > 0
         drain(source)
         one.run("call", 0, SYNC, 100, 5)
-        two.run("call", 0, SYNC, 100, 3)  # the uprobes are on the real file: they fire in both containers
-        assert _counted(source) == 8
-        attached_through = one if any(f"/proc/{one.pid}/" in u.file for u in held) else two
-        other = two if attached_through is one else one
-        attached_through.proc.kill()
-        attached_through.proc.wait()
-        source.rescan()  # the other container still maps the file: it stays attached, and counts
-        assert len(attacher.files) == 1 and attacher.detached == detached
-        other.run("call", 0, SYNC, 100, 4)
-        assert _counted(source) == 4
+        two.run("call", 0, SYNC, 100, 3)
+        assert _counted(source) == 8  # not 16
+        one.proc.kill()
+        one.proc.wait()
+        source.rescan()  # the first container's file is detached; the second's stays, and counts
+        assert attacher.detached == detached + 1 and list(attacher.files.values()) == [str(second)]
+        assert kernel_uprobes(first) == [] and len(kernel_uprobes(second)) == per_file
+        assert _timed(source, two, 4) == 4
+        two.proc.kill()
+        two.proc.wait()
+        source.rescan()
+        assert attacher.files == {} and kernel_uprobes(second) == []
+
+
+def test_a_library_copied_up_in_its_container_stays_attached(
+        source: ProbeSource, stubs: dict, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A metadata change inside the container (chmod) copies the file up to the container's own layer, with a new
+    ctime; the running process still maps the lower file, where its uprobes are, and the file keeps its device
+    and inode number."""
+    caplog.set_level(logging.INFO, "sits_observe.probes")
+    attacher = source.states["cuda"].attacher
+    with _containers(stubs, tmp_path, 1) as (lib,):
+        with Workload(COMM, [lib]) as wl:
+            source.rescan()
+            assert _timed(source, wl, 5) == 5
+            attached, held = dict(attacher.files), kernel_uprobes(lib)
+            lib.chmod(0o755)
+            assert (tmp_path / "upper1" / "libcuda.so.1").exists()  # copied up
+            source.rescan()
+            assert attacher.files == attached and kernel_uprobes(lib) == held
+            assert _timed(source, wl, 5) == 5
+            assert _detached_said(caplog, lib) == []
+        source.rescan()
+        assert attacher.files == {} and kernel_uprobes(lib) == []
+
+
+def test_a_metadata_change_on_the_host_keeps_a_library_attached(
+        source: ProbeSource, stubs: dict, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A new link and a chmod change the file's ctime, not the file: no detach and attach again."""
+    caplog.set_level(logging.INFO, "sits_observe.probes")
+    lib = _copy(stubs["libcuda.so.1"], tmp_path / "libcuda.so.1")
+    attacher = source.states["cuda"].attacher
+    with Workload(COMM, [lib]) as wl:
+        source.rescan()
+        held = kernel_uprobes(lib)
+        os.link(lib, tmp_path / "hardlink")
+        lib.chmod(0o700)
+        source.rescan()
+        assert held and kernel_uprobes(lib) == held and _timed(source, wl, 3) == 3
+        assert _detached_said(caplog, lib) == []
     source.rescan()
-    assert attacher.files == {} and kernel_uprobes(first) + kernel_uprobes(second) == []
+    assert attacher.files == {}
+
+
+def test_a_deleted_mapping_keeps_only_its_own_file_attached(source: ProbeSource, stubs: dict, tmp_path: Path) -> None:
+    """A process maps the library's old file, replaced since (a driver upgrade): that file stays attached, while
+    the new file at the same path is detached once the process that mapped it exits."""
+    lib = _copy(stubs["libcuda.so.1"], tmp_path / "libcuda.so.1")
+    attacher = source.states["cuda"].attacher
+    with Workload(COMM, [lib]) as old:
+        source.rescan()
+        _copy(stubs["libcuda.so.1"], lib)
+        with Workload(COMM, [lib]) as new:
+            source.rescan()
+            new_file = f"/proc/{new.pid}/root{lib}"
+            assert len(attacher.files) == 2 and kernel_uprobes(new_file)
+        source.rescan()  # nothing maps the new file; the old one, of the same name, is still mapped (deleted)
+        assert kernel_uprobes(new_file) == [] and len(attacher.files) == 1
+        assert kernel_uprobes(f"/proc/{old.pid}/root{lib}") and _timed(source, old, 3) == 3
+    source.rescan()
+    assert attacher.files == {} and kernel_uprobes(lib) == []
+
+
+@contextmanager
+def _images(stubs: dict, tmp_path: Path, n: int) -> Iterator[list[Path]]:
+    """``n`` ext4 images built from one tree at one (fake) time, mounted read-only from loop devices: the library
+    in each has the same inode number, size and times, on a device of its own."""
+    assert shutil.which("mkfs.ext4"), "this test needs mkfs.ext4 (e2fsprogs) to build its images"
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    shutil.copy(stubs["libcuda.so.1"], tree / "libcuda.so.1")
+    roots = []
+    try:
+        for k in range(1, n + 1):
+            image, root = tmp_path / f"image{k}.ext4", tmp_path / f"fs{k}"
+            root.mkdir()
+            subprocess.run(["mkfs.ext4", "-q", "-F", "-d", str(tree), str(image), "8M"], check=True,
+                           env={**os.environ, "E2FSPROGS_FAKE_TIME": "1700000000"})
+            mount = subprocess.run(["mount", "-o", "loop,ro", str(image), str(root)], capture_output=True, text=True)
+            assert mount.returncode == 0, f"this test needs loop devices: mount -o loop: {mount.stderr.strip()}"
+            roots.append(root)
+        yield [root / "libcuda.so.1" for root in roots]
+    finally:
+        for root in roots:  # lazily: a file's uprobes hold its mount until they are detached
+            subprocess.run(["umount", "-l", str(root)], check=False)
+
+
+def test_two_filesystems_built_from_one_tree_are_two_files(source: ProbeSource, stubs: dict, tmp_path: Path) -> None:
+    attacher = source.states["cuda"].attacher
+    with _images(stubs, tmp_path, 2) as (first, second):
+        a, b = first.stat(), second.stat()
+        assert (a.st_ino, a.st_size, a.st_mtime_ns, a.st_ctime_ns) == (b.st_ino, b.st_size, b.st_mtime_ns,
+                                                                       b.st_ctime_ns)
+        with Workload(COMM, [first]) as one, Workload(COMM, [second]) as two:
+            source.rescan()
+            assert len(attacher.files) == 2 and kernel_uprobes(first) and kernel_uprobes(second)
+            drain(source)
+            one.run("call", 0, SYNC, 100, 5)
+            two.run("call", 0, SYNC, 100, 3)
+            assert _counted(source) == 8
+        source.rescan()
+        assert attacher.files == {} and kernel_uprobes(first) + kernel_uprobes(second) == []

@@ -3,23 +3,33 @@ library names uprobes attach to."""
 
 from __future__ import annotations
 
+import mmap
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from sits_observe.config import parse
-from sits_observe.probes.workloads import WorkloadTracker, library_matcher
+from sits_observe.probes.workloads import Mapping, WorkloadTracker, library_matcher
 
 
-def _proc(tmp_path: Path, pid: int, comm: str, exe: str, cgroup: str, maps: list[str] = ()) -> None:
+def _maps(maps: list[tuple[str, str, int]]) -> str:
+    """/proc/PID/maps text: two mappings (code, data) of each (path, device, inode), then the stack."""
+    lines = []
+    for i, (path, dev, ino) in enumerate(maps):
+        lines += [f"7f{i:02x}0000-7f{i:02x}1000 r-xp 00000000 {dev} {ino}                    {path}\n",
+                  f"7f{i:02x}1000-7f{i:02x}2000 rw-p 00001000 {dev} {ino}                    {path}\n"]
+    return "".join(lines) + "7ffd0000-7ffe0000 rw-p 00000000 00:00 0                          [stack]\n"
+
+
+def _proc(tmp_path: Path, pid: int, comm: str, exe: str, cgroup: str, maps: list[tuple[str, str, int]] = ()) -> None:
     d = tmp_path / str(pid)
     d.mkdir()
     (d / "comm").write_text(comm + "\n")
     os.symlink(exe, d / "exe")
     (d / "cgroup").write_text(f"12:cpu:/legacy\n0::{cgroup}\n")
-    (d / "maps").write_text("".join(f"7f00-7f01 r-xp 00000000 fe:00 {i} {m}\n" for i, m in enumerate(maps))
-                            + "7ffd-7ffe rw-p 00000000 00:00 0 [stack]\n")
+    (d / "maps").write_text(_maps(maps))
 
 
 @pytest.fixture
@@ -27,8 +37,10 @@ def proc(tmp_path: Path) -> Path:
     _proc(tmp_path, 100, "vllm", "/usr/bin/python3.11", "/system.slice/vllm.service")
     _proc(tmp_path, 101, "vllm-helper", "/usr/bin/python3.11", "/system.slice/vllm.service")
     _proc(tmp_path, 200, "tritonserver", "/opt/tritonserver/bin/tritonserver", "/kubepods/pod1/c1",
-          ["/usr/lib/x86_64-linux-gnu/libcuda.so.535.104.05", "/usr/lib/libcudart.so.12",
-           "/usr/lib/x86_64-linux-gnu/libcuda.so.530.30.02 (deleted)", "/tmp/gone.so (deleted)"])
+          [("/usr/lib/x86_64-linux-gnu/libcuda.so.535.104.05", "fd:01", 1001),
+           ("/usr/lib/libcudart.so.12", "fd:01", 1002),
+           ("/usr/lib/x86_64-linux-gnu/libcuda.so.530.30.02 (deleted)", "fd:01", 1003),
+           ("/tmp/gone.so (deleted)", "00:27", 1004)])
     _proc(tmp_path, 300, "bash", "/usr/bin/bash", "/user.slice")
     (tmp_path / "self").mkdir()
     return tmp_path
@@ -52,28 +64,66 @@ def test_scan_matches_workloads(proc: Path, workloads: list, want: dict) -> None
     assert tracker.scan() == want
 
 
-def test_mapped_files_skip_anonymous_mappings_and_mark_deleted_ones(proc: Path) -> None:
+def test_mapped_files_give_each_file_once_with_its_device_and_inode(proc: Path) -> None:
+    """A file's device (hex major:minor) and inode columns; anonymous and special mappings left out; a file deleted
+    (or replaced) since it was mapped marked as such."""
     tracker = WorkloadTracker([], proc=proc)
-    assert tracker.mapped_files(200) == {"/usr/lib/x86_64-linux-gnu/libcuda.so.535.104.05",
-                                         "/usr/lib/libcudart.so.12",
-                                         "/usr/lib/x86_64-linux-gnu/libcuda.so.530.30.02 (deleted)",
-                                         "/tmp/gone.so (deleted)"}
-    assert tracker.mapped_files(12345) == set()
+    lib = "/usr/lib/x86_64-linux-gnu/libcuda.so"
+    assert sorted(tracker.mapped_files(200)) == sorted([
+        Mapping(f"{lib}.535.104.05", False, (os.makedev(0xFD, 1), 1001), "7f000000-7f001000"),
+        Mapping("/usr/lib/libcudart.so.12", False, (os.makedev(0xFD, 1), 1002), "7f010000-7f011000"),
+        Mapping(f"{lib}.530.30.02", True, (os.makedev(0xFD, 1), 1003), "7f020000-7f021000"),
+        Mapping("/tmp/gone.so", True, (os.makedev(0, 0x27), 1004), "7f030000-7f031000")])
+    assert tracker.mapped_files(12345) == []
 
 
-def test_libraries_are_opened_through_the_process_root_and_deleted_ones_only_named(proc: Path) -> None:
-    """A library deleted (or replaced, as by a driver upgrade) since it was mapped has no path to open it by; its
-    name keeps what is attached to it attached while a process maps it."""
-    lib = proc / "rootfs/usr/lib/x86_64-linux-gnu/libcuda.so.535.104.05"
-    lib.parent.mkdir(parents=True)
-    lib.write_bytes(b"\x7fELF")
+def test_the_maps_columns_are_what_stat_gives() -> None:
+    """This process's own mapping of a file on tmpfs (where they agree, unlike btrfs): the maps line's device and
+    inode are the file's st_dev and st_ino."""
+    with tempfile.NamedTemporaryFile(dir="/dev/shm", suffix=".so") as f:
+        f.write(b"\0" * 8192)
+        f.flush()
+        with mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ):
+            mapped = [m for m in WorkloadTracker([]).mapped_files(os.getpid()) if m.path == f.name]
+        st = os.stat(f.name)
+    assert [m.file for m in mapped] == [(st.st_dev, st.st_ino)]
+
+
+LIB = "/usr/lib/x86_64-linux-gnu/libcuda.so.535.104.05"
+
+
+def _columns(of: Path) -> tuple[str, int]:
+    st = of.stat()
+    return f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}", st.st_ino
+
+
+@pytest.mark.parametrize("deleted, columns, map_file, offered", [
+    (False, "lib", None, True),  # maps and stat agree (ext4, xfs, tmpfs, an overlay of layers on one fs)
+    (False, "other", None, False),  # the path now names another file (replaced, not deleted): only held
+    (True, "lib", None, False),  # deleted since: no path opens it
+    (False, "other", "lib", True),  # maps disagrees with stat (btrfs, overlay layers on several fs): map_files
+    (False, "lib", "other", False),  # map_files opens another file than the path names
+    (True, "other", "other", False),  # deleted: held as what map_files opens
+])
+def test_a_mapped_library_is_offered_only_where_its_path_still_names_it(
+        proc: Path, deleted: bool, columns: str, map_file: str | None, offered: bool) -> None:
+    """Process 200 (root: proc/rootfs) maps LIB, with the device and inode of ``columns`` in its maps line;
+    ``map_file``: the file /proc/200/map_files/<area> opens (None: unreadable, as without CAP_SYS_ADMIN)."""
+    files = {"lib": proc / f"rootfs{LIB}", "other": proc / "elsewhere.so"}
+    for f in files.values():
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_bytes(b"\x7fELF")
     os.symlink(proc / "rootfs", proc / "200" / "root")
-    st = lib.stat()
-    files, deleted = WorkloadTracker([], proc=proc).libraries([200, 12345], library_matcher("libcuda.so.1"))
-    file_id = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    assert files == {file_id: (f"{proc}/200/root/usr/lib/x86_64-linux-gnu/libcuda.so.535.104.05",
-                               "/usr/lib/x86_64-linux-gnu/libcuda.so.535.104.05")}
-    assert deleted == {"/usr/lib/x86_64-linux-gnu/libcuda.so.530.30.02"}
+    (proc / "200" / "maps").write_text(_maps([(LIB + " (deleted)" * deleted, *_columns(files[columns]))]))
+    if map_file is not None:
+        (proc / "200" / "map_files").mkdir()
+        os.symlink(files[map_file], proc / "200" / "map_files" / "7f000000-7f001000")
+    st = files[map_file or columns].stat()
+    got = WorkloadTracker([], proc=proc).libraries([200, 12345], library_matcher("libcuda.so.1"))
+    if offered:
+        assert got == ({(st.st_dev, st.st_ino): (f"{proc}/200/root{LIB}", LIB)}, set())
+    else:
+        assert got == ({}, {(st.st_dev, st.st_ino)})
 
 
 @pytest.mark.parametrize("library, path, match", [
