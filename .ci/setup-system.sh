@@ -7,7 +7,7 @@ set -euo pipefail
 mode=${1:-demo}
 pkgs=(python3-bpfcc linux-headers-amd64 prometheus)
 if [ "$mode" = test ]; then
-  pkgs+=(prometheus-alertmanager chromium chromium-driver gcc)  # gcc: the probe tests build stub libraries
+  pkgs+=(prometheus-alertmanager chromium chromium-driver gcc e2fsprogs)  # gcc: the probe tests build stub libraries; e2fsprogs: their ext4 images
 fi
 
 if [ "$(id -u)" != 0 ]; then
