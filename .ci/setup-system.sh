@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # System set-up for sits-observe on Debian 12, used by `make demo` and `make test`.
 #   setup-system.sh demo   bcc, kernel headers (+ shim), prometheus
-#   setup-system.sh test   the above plus alertmanager, chromium, chromium-driver and gcc
+#   setup-system.sh test   the above plus alertmanager, chromium, chromium-driver, gcc and e2fsprogs
 # As non-root it installs nothing and says so once: the daemon then runs with eBPF off.
 set -euo pipefail
 mode=${1:-demo}
