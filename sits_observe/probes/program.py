@@ -177,16 +177,17 @@ class LibraryAttacher:
     def release(self, mapped: dict[FileId, tuple[str, str]], held: Collection[FileId] = ()
                 ) -> list[tuple[str, str | None]]:
         """Detach each attached file that is neither in ``mapped`` (file -> (path, name) of the files workload
-        processes map now, to attach) nor in ``held`` (files still mapped that no path opens any more: deleted or
-        replaced since); forget the files that failed and are not in ``mapped``.  Either is attached afresh if
-        offered again.
+        processes map now, to attach) nor held (an inode number in ``held``, files still mapped that no path opens
+        any more: deleted or replaced since; keeping one too many attached for a while costs nothing); forget the
+        files that failed and are not in ``mapped``.  Either is attached afresh if offered again.
 
         Returns (name, problem or None) for each file detached.
         """
         for file in self.failed.keys() - mapped.keys():
             del self.failed[file]
             del self._retry[file]
-        gone = [file for file in self.files if file not in mapped and file not in held]
+        inodes = {ino for _, ino in held}  # by inode: a held file's device may be the maps line's, not stat's
+        gone = [file for file in self.files if file not in mapped and file[1] not in inodes]
         out = []
         for file in gone:
             probes, events = self._events.pop(file)

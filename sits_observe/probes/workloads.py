@@ -140,40 +140,41 @@ class WorkloadTracker:
             out.setdefault((file, parts[5]), Mapping(path, path != parts[5], file, parts[0]))
         return list(out.values())
 
-    def _file_of(self, pid: int, mapping: Mapping) -> FileId:
-        """``(st_dev, st_ino)`` of the file ``mapping`` maps, as ``stat`` of its path gives them: ``stat`` of
-        /proc/PID/map_files/<area>, which opens the mapped file itself, deleted or not.  The maps line's columns
-        agree on most filesystems (ext4, xfs, tmpfs, an overlay of layers on one filesystem) but not on all: on
-        btrfs they show the filesystem's device, not the subvolume's that ``stat`` gives (so two subvolumes'
-        files of one inode number look alike), on an overlay of layers on several filesystems (without xino)
-        the overlay's, not the layer's, and on older kernels the overlay's real file.  Where map_files cannot be
-        read (it needs CAP_SYS_ADMIN; the mapping just went away) those columns stand in."""
+    def _file_of(self, pid: int, mapping: Mapping) -> tuple[FileId, bool]:
+        """``(st_dev, st_ino)`` of the file ``mapping`` maps, as ``stat`` of its path gives them, and whether the
+        device is sure: ``stat`` of /proc/PID/map_files/<area> opens the mapped file itself, deleted or not.  Where
+        that cannot be read (it needs CAP_SYS_ADMIN or, from kernel 5.9, CAP_CHECKPOINT_RESTORE; the mapping just
+        went away) the maps line's columns stand in, whose inode is the file's but whose device may not be the
+        one ``stat`` gives: on btrfs it is the filesystem's, not the subvolume's; on an overlay of layers on
+        several filesystems (without xino) the overlay's; before kernel 6.8 the real file's under an overlay."""
+        start, _, end = mapping.area.partition("-")  # map_files names are unpadded hex; maps pads to 8 digits
         try:
-            st = os.stat(self._proc / str(pid) / "map_files" / mapping.area)
-        except OSError:
-            return mapping.file
-        return st.st_dev, st.st_ino
+            st = os.stat(self._proc / str(pid) / "map_files" / f"{int(start, 16):x}-{int(end, 16):x}")
+        except (OSError, ValueError):
+            return mapping.file, False
+        return (st.st_dev, st.st_ino), True
 
     def libraries(self, pids: Iterable[int], matches: Callable[[str], bool]) -> Libraries:
         """The files standing for one library (``matches``) that the processes ``pids`` map.
 
         A mapped file is offered for attaching through /proc/PID/root/<path> only where that path still names
-        it (the same ``(st_dev, st_ino)``); a deleted one, or one whose path now names another file (replaced,
-        or the path is gone), is only held: kept attached while mapped."""
+        it (the same ``(st_dev, st_ino)``; the same inode where the device is not sure); a deleted one, or one
+        whose path now names another file (replaced, or the path is gone), is only held: kept attached while
+        mapped (:meth:`LibraryAttacher.release` holds by inode number)."""
         files: dict[FileId, tuple[str, str]] = {}
         held = set()
         for pid in pids:
             for mapping in self.mapped_files(pid):
                 if not matches(mapping.path):
                     continue
-                file = self._file_of(pid, mapping)
+                file, sure = self._file_of(pid, mapping)
                 where = f"{self._proc}/{pid}/root{mapping.path}"
                 try:
                     st = None if mapping.deleted else os.stat(where)
                 except OSError:
                     st = None
-                if st is not None and (st.st_dev, st.st_ino) == file:
-                    files.setdefault(file, (where, mapping.path))
+                if st is not None and ((st.st_dev, st.st_ino) == file if sure else st.st_ino == file[1]):
+                    files.setdefault((st.st_dev, st.st_ino), (where, mapping.path))
                 else:
                     held.add(file)
         return Libraries(files, frozenset(held - files.keys()))

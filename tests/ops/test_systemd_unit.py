@@ -8,7 +8,8 @@ import subprocess
 from pathlib import Path
 
 UNIT = Path(__file__).resolve().parents[2] / "docs" / "sits-observe.service"
-CAPS = {"CAP_BPF", "CAP_PERFMON", "CAP_SYS_RESOURCE", "CAP_SYS_PTRACE", "CAP_DAC_READ_SEARCH"}
+CAPS = {"CAP_BPF", "CAP_PERFMON", "CAP_SYS_RESOURCE", "CAP_SYS_PTRACE", "CAP_DAC_READ_SEARCH",
+        "CAP_CHECKPOINT_RESTORE"}
 
 
 def _settings() -> dict[str, list[str]]:

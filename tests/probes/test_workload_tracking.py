@@ -3,8 +3,11 @@ library names uprobes attach to."""
 
 from __future__ import annotations
 
+import json
 import mmap
 import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -92,9 +95,10 @@ def test_the_maps_columns_are_what_stat_gives() -> None:
 LIB = "/usr/lib/x86_64-linux-gnu/libcuda.so.535.104.05"
 
 
-def _columns(of: Path) -> tuple[str, int]:
+def _columns(of: Path, device_off: bool = False) -> tuple[str, int]:
+    """The maps columns of ``of``; ``device_off``: another device (as btrfs, or an overlay before kernel 6.8, show)."""
     st = of.stat()
-    return f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}", st.st_ino
+    return f"{os.major(st.st_dev) + device_off:02x}:{os.minor(st.st_dev):02x}", st.st_ino
 
 
 @pytest.mark.parametrize("deleted, columns, map_file, offered", [
@@ -104,6 +108,8 @@ def _columns(of: Path) -> tuple[str, int]:
     (False, "other", "lib", True),  # maps disagrees with stat (btrfs, overlay layers on several fs): map_files
     (False, "lib", "other", False),  # map_files opens another file than the path names
     (True, "other", "other", False),  # deleted: held as what map_files opens
+    (False, "lib, device off", None, True),  # map_files unreadable (the shipped unit: no CAP_SYS_ADMIN) and the
+    # maps device not stat's (btrfs subvolumes, an overlay before kernel 6.8): the inode says it is the file
 ])
 def test_a_mapped_library_is_offered_only_where_its_path_still_names_it(
         proc: Path, deleted: bool, columns: str, map_file: str | None, offered: bool) -> None:
@@ -114,7 +120,9 @@ def test_a_mapped_library_is_offered_only_where_its_path_still_names_it(
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_bytes(b"\x7fELF")
     os.symlink(proc / "rootfs", proc / "200" / "root")
-    (proc / "200" / "maps").write_text(_maps([(LIB + " (deleted)" * deleted, *_columns(files[columns]))]))
+    name, off, _ = columns.partition(", device off")
+    (proc / "200" / "maps").write_text(_maps([(LIB + " (deleted)" * deleted, *_columns(files[name], bool(off)))]))
+    columns = name
     if map_file is not None:
         (proc / "200" / "map_files").mkdir()
         os.symlink(files[map_file], proc / "200" / "map_files" / "7f000000-7f001000")
@@ -138,3 +146,45 @@ def test_a_mapped_library_is_offered_only_where_its_path_still_names_it(
 ])
 def test_library_matcher(library: str, path: str, match: bool) -> None:
     assert library_matcher(library)(path) is match
+
+
+def test_a_mapping_below_0x10000000_is_found_under_map_files(proc: Path) -> None:
+    """maps pads addresses to 8 hex digits, map_files names them unpadded (and refuses a leading zero): a
+    non-PIE program's mapping at 0x1000000 fell back to the maps columns even with the capability."""
+    lib = proc / f"rootfs{LIB}"
+    lib.parent.mkdir(parents=True)
+    lib.write_bytes(b"\x7fELF")
+    os.symlink(proc / "rootfs", proc / "200" / "root")
+    dev, ino = _columns(lib, device_off=True)  # the maps columns alone would not name the file exactly
+    (proc / "200" / "maps").write_text(f"01000000-01001000 r-xp 00000000 {dev} {ino}    {LIB}\n")
+    (proc / "200" / "map_files").mkdir()
+    os.symlink(lib, proc / "200" / "map_files" / "1000000-1001000")
+    tracker = WorkloadTracker([], proc=proc)
+    (mapping,) = tracker.mapped_files(200)
+    st = lib.stat()
+    assert tracker._file_of(200, mapping) == ((st.st_dev, st.st_ino), True)
+
+
+UNIT_CAPS = "+sys_ptrace,+dac_read_search,+checkpoint_restore"  # what docs/sits-observe.service gives to these reads
+
+
+@pytest.mark.parametrize("caps, sure", [(UNIT_CAPS, True), ("+sys_ptrace,+dac_read_search", False)])
+def test_a_non_root_daemon_names_another_users_mapped_library(caps: str, sure: bool) -> None:
+    """A real privilege drop to user nobody with the shipped unit's capabilities: map_files names the file (it
+    needs CAP_CHECKPOINT_RESTORE); without that capability the maps line stands in and the library is still
+    offered."""
+    script = ("import json, sys; from sits_observe.probes.workloads import WorkloadTracker, library_matcher; "
+              "pid, path = int(sys.argv[1]), sys.argv[2]; t = WorkloadTracker([]); "
+              "m = [x for x in t.mapped_files(pid) if x.path == path]; "
+              "print(json.dumps({'files': [list(k) for k in t.libraries([pid], library_matcher('libcuda.so.1')).files],"
+              " 'sure': t._file_of(pid, m[0])[1]}))")
+    with tempfile.NamedTemporaryFile(dir="/dev/shm", prefix="libcuda.so.") as f:
+        f.write(b"\0" * 8192)
+        f.flush()
+        with mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ):
+            out = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
+                                  f"--inh-caps={caps}", f"--ambient-caps={caps}", sys.executable, "-c", script,
+                                  str(os.getpid()), f.name], capture_output=True, text=True, timeout=60, cwd="/")
+        st = os.stat(f.name)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"files": [[st.st_dev, st.st_ino]], "sure": sure}
