@@ -79,7 +79,8 @@ class NvmlSource:
         self._started = ""  # wall time (UTC) the sample out started
         self._hung_since: str | None = None  # the same, once that sample is out past the timeout
         # GPU, what the sample out reads and since when (monotonic): named, and that GPU unhealthy, if it hangs
-        self._calling: tuple[int | None, str, float] = (None, "", 0.0)
+        self._calling: tuple[int | None, str, float] = (None, "", 0.0)  # "": between calls
+        self._t0 = 0.0  # clock() at the sample's start: NVLink counters are timed from it, as read
         self.clock = clock
         self.wall_clock = wall_clock  # NVML stamps per-process samples with the wall clock
         self.resolve_workload = resolve_workload or (lambda pid: None)
@@ -162,10 +163,10 @@ class NvmlSource:
         for i, g in enumerate(self.gpus):  # the XID that explains a hang is kept
             self.xid.fields(i, g.info, frame.gpu.values[i], frame.samples)
         what = what if gpu is None else f"GPU {gpu}, {what}"
-        if time.monotonic() - since < self.timeout / 2:
+        if not what or time.monotonic() - since < self.timeout / 2:
             raise CollectorError(f"nvml: the sample started at {self._hung_since} has not ended within "
-                                 f"gpu.nvml_timeout ({self.timeout:g} s), no call hung so far (now: {what}); GPU "
-                                 "readings are missing until it ends")
+                                 f"gpu.nvml_timeout ({self.timeout:g} s), no call hung so far (now: "
+                                 f"{what or 'between NVML calls'}); GPU readings are missing until it ends")
         if gpu is not None:
             frame.gpu.healthy[gpu] = False
         raise CollectorError(f"nvml: a call ({what}) has not returned since {self._hung_since}; GPU readings "
@@ -188,8 +189,9 @@ class NvmlSource:
         """Read every GPU once (what :meth:`collect` has done in its thread every ``sample_interval``)."""
         snap = _Snapshot(now, GpuFrame.empty([g.info for g in self.gpus]))
         self._attribution.start()
-        self._calling = (None, "XID events", time.monotonic())
+        self._calling, self._t0 = (None, "XID events", time.monotonic()), self.clock()
         self.xid.drain(snap.errors)
+        self._calling = (None, "", time.monotonic())
         for i, g in enumerate(self.gpus):
             samples: list[Sample] = []
             try:
@@ -234,6 +236,8 @@ class NvmlSource:
                 self._noted.add((i, group, exc.value))
                 log.warning("nvml: GPU %d: reading %s failed: %s", i, group, exc)
             return None
+        finally:  # what runs after the call (reading /proc for its processes) is no call of this GPU's
+            self._calling = (None, "", time.monotonic())
 
     def _read(self, i: int, g: _Gpu, row: np.ndarray, samples: list[Sample], snap: _Snapshot) -> None:
         nv, h = self.nvml, g.handle
@@ -278,7 +282,7 @@ class NvmlSource:
                 samples.append(detail("sits_gpu_nvlink_link_up", labels, state == self._enabled))
         values = self._get(i, "nvlink_counters", snap, nv.nvmlDeviceGetFieldValues, g.handle, g.field_ids)
         read = link_bytes(values or (), self._success, g.link_labels, samples)
-        totals, rates = g.nvlink.update(self.clock(), read)  # when read: a sample held up reads late
+        totals, rates = g.nvlink.update(snap.at + self.clock() - self._t0, read)  # as read: a late sample reads late
         row[[_F["nvlink_rx_bytes_total"], _F["nvlink_tx_bytes_total"]]] = totals
         row[[_F["nvlink_rx_bytes_per_second"], _F["nvlink_tx_bytes_per_second"]]] = rates
 

@@ -105,6 +105,22 @@ def test_a_slow_sample_of_quick_calls_blames_no_gpu(fake: FakeNvml) -> None:
                         str(raised)), str(raised)
 
 
+def test_work_after_the_last_call_blames_no_gpu(fake: FakeNvml) -> None:
+    """A slow workload lookup (reading /proc) after GPU 5's process call had returned was taken for that call
+    still out: GPU 5 read unhealthy."""
+    fake.gpus[5].processes = [(4242, 1 << 30)]
+
+    def slow_lookup(pid: int) -> str:
+        time.sleep(0.4)
+        return "chat"
+
+    src = NvmlSource(fake, clock=Clock(), timeout=0.3, resolve_workload=slow_lookup, wall_clock=lambda: 1_764_600_000.0)
+    frame, raised, _took = _collect(src)
+    assert str(raised).startswith("nvml: the sample started at 14:40:00 UTC has not ended within gpu.nvml_timeout "
+                                  "(0.3 s), no call hung so far (now: between NVML calls)"), str(raised)
+    assert frame.gpu.healthy.all()
+
+
 def test_close_does_not_shut_nvml_down_under_a_hung_call(fake: FakeNvml, held: threading.Event) -> None:
     src = NvmlSource(fake, clock=Clock(), timeout=0.3)
     _collect(src)
