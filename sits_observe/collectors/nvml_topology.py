@@ -146,9 +146,17 @@ def _cpu_count(sysfs: Path) -> int:
     return max(cpus, default=0) + 1
 
 
-def _nvlinks(nv: Any, h: Any, bus_index: dict[str, int], every_gpu: bool) -> tuple[Counter[int], int, float]:
+def _switch(sysfs: Path, bus_id: str) -> bool:
+    """Whether sysfs says the PCI device at ``bus_id`` is a bridge (an NVSwitch is one; a GPU is a display or 3D
+    controller); False when it does not say."""
+    path = _sysfs_dir(sysfs, bus_id) / "class"
+    return path.exists() and path.read_text().strip().lower().startswith("0x06")
+
+
+def _nvlinks(nv: Any, h: Any, bus_index: dict[str, int], every_gpu: bool, sysfs: Path
+             ) -> tuple[Counter[int], int, float]:
     """(links per peer GPU, links to NVSwitches, per-link rate) of one GPU's active NVLinks (none unopened);
-    ``every_gpu``: every GPU was opened, so an address that is no GPU's is a switch's."""
+    ``every_gpu``: every GPU was opened, so an address that is no GPU's is a switch's (else sysfs is asked)."""
     peers: Counter[int] = Counter()
     switch, rate = 0, np.inf
     for link in range(nv.NVML_NVLINK_MAX_LINKS if h is not None else 0):
@@ -160,7 +168,7 @@ def _nvlinks(nv: Any, h: Any, bus_index: dict[str, int], every_gpu: bool) -> tup
         remote = _bus(info.busId)
         kind = _try(nv, nv.nvmlDeviceGetNvLinkRemoteDeviceType, h, link)
         if kind is None:  # older drivers: a peer GPU's address, else a switch (or an unopened GPU: not counted)
-            if remote not in bus_index and not every_gpu:
+            if remote not in bus_index and not every_gpu and not _switch(sysfs, remote):
                 continue
             kind = nv.NVML_NVLINK_DEVICE_TYPE_GPU if remote in bus_index else nv.NVML_NVLINK_DEVICE_TYPE_SWITCH
         if kind == nv.NVML_NVLINK_DEVICE_TYPE_GPU and remote in bus_index:
@@ -184,7 +192,7 @@ def _read(nv: Any, sysfs: Path, name: str) -> Topology:
     opened = [_open(nv, i, sysfs) for i in range(nv.nvmlDeviceGetCount())]
     gpus, handles = [g for g, _ in opened], [h for _, h in opened]
     bus_index = {_bus(g.pci_bus_id): g.index for g in gpus if g.pci_bus_id}
-    links = [_nvlinks(nv, h, bus_index, None not in handles) for h in handles]
+    links = [_nvlinks(nv, h, bus_index, None not in handles, sysfs) for h in handles]
     pcie = [_pcie(nv, h) if h is not None else np.inf for h in handles]
     n = len(gpus)
     kinds = [[LinkKind.SELF] * n for _ in range(n)]

@@ -285,3 +285,19 @@ def test_a_gpu_the_topology_could_not_open_but_the_source_reads_triggers_nothing
     observed = Observed(topo, 1000.0)
     _util, memory = observed.windows(observed.read(frame))
     assert np.isnan(memory[5]) and np.isfinite(np.delete(memory, 5)).all()
+
+
+def test_on_an_old_driver_with_a_gpu_unopened_sysfs_tells_switches_from_gpus(fake: FakeNvml, tmp_path) -> None:
+    """Without the remote-type call and with GPU 7 lost, every NVSwitch link's far end was 'maybe a dead GPU':
+    the whole HGX box read as PCIe until a restart.  The PCI class in sysfs says bridge (a switch) or not."""
+    for g in fake.gpus:
+        g.fail["nvmlDeviceGetNvLinkRemoteDeviceType"] = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
+    fake.gpus[7].lost = True
+    assert topology_from_nvml(fake, sysfs=tmp_path).kinds[0][1] != LinkKind.NVSWITCH  # sysfs says nothing
+    for k in range(4):  # the fake's switches
+        dev = tmp_path / f"bus/pci/devices/0000:{0xC0 + k:02x}:00.0"
+        dev.mkdir(parents=True)
+        (dev / "class").write_text("0x068000\n")
+    topo = topology_from_nvml(fake, sysfs=tmp_path)
+    assert topo.kinds[0][1] == LinkKind.NVSWITCH and topo.bandwidth[0, 1] == 18 * 25e9
+    assert topo.kinds[0][7] == LinkKind.NUMA_INTERCONNECT  # the lost GPU
