@@ -6,8 +6,8 @@ joins the tick's, so one writing malformed data fails the same way, alone; a tic
 take is counted as ``store`` and skipped, the ticks stored before kept.  Timestamps come from the daemon's
 clock: wall time for real hosts, simulated time (advancing ``tick_interval`` per tick, ``speed`` ticks per
 wall interval) for the simulator, so every window downstream is measured on the source clock.  Each tick first
-lets every source start its slow reads (``prefetch()``: the page fetches), so servers that hang hold it for about
-one timeout, not the sum of theirs.
+lets every source start its slow reads (``prefetch()``: the page fetches, the NVML sample), so servers that hang
+hold it for about one timeout, not the sum of theirs, and a stop ends the waits for them.
 """
 
 from __future__ import annotations
@@ -37,8 +37,9 @@ log = logging.getLogger("sits_observe.daemon")
 
 
 class Source(Protocol):
-    """Fills its part of a Frame.  Optional: ``prefetch()``, called on every source before any collects, to start
-    slow reads (a page fetch) so that they overlap; ``reload(config)``, ``close()``, ``metrics()``."""
+    """Fills its part of a Frame.  Optional: ``prefetch(stop)``, called on every source before any collects, to start
+    slow reads (a page fetch, an NVML sample) so that they overlap, a wait for them ending once ``stop`` (the
+    daemon's stop event) is set; ``reload(config)``, ``close()``, ``metrics()``."""
 
     name: str
 
@@ -114,7 +115,7 @@ class Daemon:
 
     def _prefetch(self, src: Any, frame: Frame) -> None:
         try:
-            src.prefetch()
+            src.prefetch(self.stop_event)
         except Exception as exc:  # counted like a failed collect, which is still asked (and may recover it)
             self._failed(src.name, exc, frame)
 

@@ -9,9 +9,12 @@ hung call never delays the process's exit.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, wait
 from typing import Generic, TypeVar
+
+from ..errors import StillDown
 
 __all__ = ["Background"]
 
@@ -45,9 +48,18 @@ class Background(Generic[T]):
         threading.Thread(target=run, name=self.name, daemon=True).start()
         self._call = call
 
-    def wait(self, timeout: float) -> bool:
-        """Wait at most ``timeout`` seconds for the call out; True when it has ended (or none is out)."""
-        return self._call is None or wait([self._call], timeout).done
+    def wait(self, timeout: float, stop: threading.Event | None = None) -> bool:
+        """Wait at most ``timeout`` seconds for the call out; True when it has ended (or none is out).  Once
+        ``stop`` is set (the daemon's: a SIGTERM came) the wait ends with :class:`StillDown`, within 50 ms."""
+        if self._call is None or stop is None:
+            return self._call is None or wait([self._call], timeout).done
+        deadline = time.monotonic() + timeout
+        while not wait([self._call], min(0.05, max(0.0, deadline - time.monotonic()))).done:
+            if stop.is_set():
+                raise StillDown(f"{self.name}: not waited for: the daemon is stopping")
+            if time.monotonic() >= deadline:
+                return False
+        return True
 
     def take(self) -> T:
         """The ended call's result, or its exception raised here; after this another call may start."""

@@ -9,6 +9,7 @@ the ticks in between reuse it; it is fetched in the background together with the
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -127,9 +128,9 @@ class DcgmSource:
                                  "is this a dcgm-exporter /metrics URL (gpu.dcgm_url)?")
         return _Page(gpu, samples)
 
-    def prefetch(self) -> None:
+    def prefetch(self, stop: threading.Event | None = None) -> None:
         """Start the page fetch when a sample is due (see :mod:`.pagefetch`)."""
-        self._fetch.prefetch()
+        self._fetch.prefetch(stop)
 
     def collect(self, frame: Frame) -> None:
         now = self._fetch.tick_time()

@@ -13,6 +13,7 @@ most; then the GPUs read as missing (the hung call's GPU unhealthy) until it ret
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,12 +22,13 @@ from typing import Any
 import numpy as np
 
 from ..errors import CollectorError
-from ..frame import GPU_FIELD_INDEX, Frame, GpuFrame, GpuInfo, Sample
+from ..frame import GPU_FIELD_INDEX, Frame, GpuFrame, Sample
 from .background import Background
 from .gpu_processes import OTHER_WORKLOAD, Attribution, attribute, process_samples
-from .gpu_samples import detail, gpu_labels, gpu_sample
+from .gpu_samples import detail, gpu_sample
 from .nvml_driver import SCALARS, clock_event_reasons, is_unsupported, load_nvml, nvml_status
-from .nvml_links import LinkCounters, link_bytes
+from .nvml_gpus import NvmlGpu, open_gpu
+from .nvml_links import link_bytes
 from .nvml_xid import XidEvents
 from .replicas import ReplicaBoard
 
@@ -41,16 +43,6 @@ SKIP_RECHECK_S = 300.0  # a field a GPU does not support is asked again after th
 
 class _Lost(Exception):
     """The GPU answered NVML_ERROR_GPU_IS_LOST or NVML_ERROR_RESET_REQUIRED: no call on it will work."""
-
-
-@dataclass
-class _Gpu:
-    info: GpuInfo
-    handle: Any
-    links: tuple[int, ...] = ()
-    link_labels: tuple[tuple[tuple[str, str], ...], ...] = ()
-    field_ids: list[tuple[int, int]] = field(default_factory=list)  # (RX, link), (TX, link) per link
-    nvlink: LinkCounters = field(default_factory=lambda: LinkCounters(0))
 
 
 @dataclass
@@ -81,6 +73,7 @@ class NvmlSource:
         # GPU, what the sample out reads and since when (monotonic): named, and that GPU unhealthy, if it hangs
         self._calling: tuple[int | None, str, float] = (None, "", 0.0)  # "": between calls
         self._t0 = 0.0  # clock() at the sample's start: NVLink counters are timed from it, as read
+        self._stop: threading.Event | None = None  # the daemon's, from prefetch(): a stop ends the wait for a sample
         self.clock = clock
         self.wall_clock = wall_clock  # NVML stamps per-process samples with the wall clock
         self.resolve_workload = resolve_workload or (lambda pid: None)
@@ -95,49 +88,28 @@ class NvmlSource:
                          for g, f, fn, args, s in SCALARS]
         self._enabled, self._success = nv.NVML_FEATURE_ENABLED, nv.NVML_SUCCESS
         try:
-            self.gpus = [self._open(i) for i in range(nv.nvmlDeviceGetCount())]
+            self.gpus = [open_gpu(nv, i) for i in range(nv.nvmlDeviceGetCount())]
             self.xid = XidEvents(nv, [g.handle for g in self.gpus])
         except nv.NVMLError as exc:
             nv.nvmlShutdown()
             raise CollectorError(f"nvml: cannot list GPUs: {exc}; check `nvidia-smi`") from exc
 
-    # ---- set-up --------------------------------------------------------------------------------
-
-    def _open(self, index: int) -> _Gpu:
-        nv = self.nvml
-        try:
-            h = nv.nvmlDeviceGetHandleByIndex(index)
-            info = GpuInfo(index, nv.nvmlDeviceGetUUID(h), nv.nvmlDeviceGetName(h), nv.nvmlDeviceGetPciInfo(h).busId)
-            links = tuple(link for link in range(nv.NVML_NVLINK_MAX_LINKS) if self._has_link(h, link))
-        except nv.NVMLError as exc:  # lost, unpowered, IRQ trouble...: that GPU, not the whole source
-            if exc.value != nv.NVML_ERROR_GPU_IS_LOST:
-                log.warning("nvml: GPU %d cannot be opened (%s); reported unhealthy until a restart", index, exc)
-            return _Gpu(GpuInfo(index, "", "", ""), None)  # reported every sample
-        ids = [(fid, link) for link in links
-               for fid in (nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX)]
-        return _Gpu(info, h, links, tuple(gpu_labels(info, ("link", str(k))) for k in links), ids,
-                    nvlink=LinkCounters(len(links)))
-
-    def _has_link(self, handle: Any, link: int) -> bool:
-        nv = self.nvml
-        try:
-            nv.nvmlDeviceGetNvLinkState(handle, link)
-        except nv.NVMLError as exc:
-            if not is_unsupported(nv, exc):
-                log.warning("nvml: NVLink %d state unreadable (%s); its throughput is not read", link, exc)
-            return False
-        return True
-
     # ---- Source --------------------------------------------------------------------------------
 
-    def collect(self, frame: Frame) -> None:
+    def prefetch(self, stop: threading.Event | None = None) -> None:
+        """Start the sample when one is due, so that it runs beside the tick's page fetches; a wait for it ends
+        once ``stop`` is set."""
+        self._stop = stop
         now = self.clock()
-        replicas, sampler = self.replicas, self._sampler
-        if not sampler.busy and (self._snap is None or now - self._snap.at >= self.sample_interval):
+        if not self._sampler.busy and (self._snap is None or now - self._snap.at >= self.sample_interval):
             self._hung_since, self._started = None, time.strftime("%H:%M:%S UTC", time.gmtime(self.wall_clock()))
-            sampler.start(self.sample, now)
+            self._sampler.start(self.sample, now)
+
+    def collect(self, frame: Frame) -> None:
+        replicas, sampler = self.replicas, self._sampler
+        self.prefetch(self._stop)  # started already when the tick prefetched (then this starts nothing)
         if sampler.busy:
-            if not sampler.wait(0.0 if self._hung_since else self.timeout):  # known hung: not waited for again
+            if not sampler.wait(0.0 if self._hung_since else self.timeout, self._stop):  # known hung: no wait
                 self._hung(frame)
             self._snap = sampler.take()  # the sample's own exception, if it raised, fails this tick
             if replicas:  # which replicas had work when the utilization was sampled
@@ -239,7 +211,7 @@ class NvmlSource:
         finally:  # what runs after the call (reading /proc for its processes) is no call of this GPU's
             self._calling = (None, "", time.monotonic())
 
-    def _read(self, i: int, g: _Gpu, row: np.ndarray, samples: list[Sample], snap: _Snapshot) -> None:
+    def _read(self, i: int, g: NvmlGpu, row: np.ndarray, samples: list[Sample], snap: _Snapshot) -> None:
         nv, h = self.nvml, g.handle
         if h is None:
             raise _Lost
@@ -272,7 +244,7 @@ class NvmlSource:
         self._read_nvlink(i, g, row, samples, snap)
         self._read_processes(i, g, row, samples, snap)
 
-    def _read_nvlink(self, i: int, g: _Gpu, row: np.ndarray, samples: list[Sample], snap: _Snapshot) -> None:
+    def _read_nvlink(self, i: int, g: NvmlGpu, row: np.ndarray, samples: list[Sample], snap: _Snapshot) -> None:
         if not g.links:
             return
         nv = self.nvml
@@ -286,7 +258,7 @@ class NvmlSource:
         row[[_F["nvlink_rx_bytes_total"], _F["nvlink_tx_bytes_total"]]] = totals
         row[[_F["nvlink_rx_bytes_per_second"], _F["nvlink_tx_bytes_per_second"]]] = rates
 
-    def _read_processes(self, i: int, g: _Gpu, row: np.ndarray, samples: list[Sample], snap: _Snapshot) -> None:
+    def _read_processes(self, i: int, g: NvmlGpu, row: np.ndarray, samples: list[Sample], snap: _Snapshot) -> None:
         procs = self._get(i, "processes", snap, self.nvml.nvmlDeviceGetComputeRunningProcesses, g.handle)
         if procs is None:
             return

@@ -15,6 +15,7 @@ the process's exit waits for it.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Callable
 
@@ -42,10 +43,13 @@ class PageFetch:
         self._late = False  # the fetch out outlived its timeout: a tick gave up on it
         self._asked: float | None = None  # the source's clock at this tick's prefetch, until collect() reads it
         self._refused: CollectorError | None = None  # this tick's fetch could not start
+        self._stop: threading.Event | None = None  # the daemon's, from this tick's prefetch()
 
-    def prefetch(self) -> float:
+    def prefetch(self, stop: threading.Event | None = None) -> float:
         """Note this tick's time (returned) and start a fetch when one is due, unless one is still out (hung); one
-        that ended untaken (its tick gave up on it, or stopped before asking for it) is dropped."""
+        that ended untaken (its tick gave up on it, or stopped before asking for it) is dropped.  ``stop`` (the
+        daemon's) ends :meth:`page`'s wait once set."""
+        self._stop = stop
         self._asked = now = self._clock()
         if not self._due(now) or (self._call.busy and not self._call.wait(0.0)):
             return now
@@ -72,7 +76,7 @@ class PageFetch:
         if self._refused is not None:
             refused, self._refused = self._refused, None
             raise refused
-        if not self._call.wait(max(0.0, self._started + self.timeout + SLACK - time.monotonic())):
+        if not self._call.wait(max(0.0, self._started + self.timeout + SLACK - time.monotonic()), self._stop):
             if self._late:
                 raise CollectorError(f"{self._shown}: the fetch started {time.monotonic() - self._started:.0f} s ago "
                                      f"(timeout {self.timeout:g} s) has not ended; no other starts until it does")

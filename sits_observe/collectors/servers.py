@@ -18,6 +18,7 @@ should be busy from idle ones.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterable
 
@@ -152,9 +153,9 @@ class ServerSource:
         self._fetch = PageFetch(fetch_page, config.url, config.timeout, clock=clock,
                                 due=lambda now: now >= self._retry_at)
 
-    def prefetch(self) -> None:
+    def prefetch(self, stop: threading.Event | None = None) -> None:
         """Start this tick's page fetch unless backing off (see :mod:`.pagefetch`)."""
-        self._fetch.prefetch()
+        self._fetch.prefetch(stop)
 
     def collect(self, frame: Frame) -> None:
         now = self._fetch.tick_time()

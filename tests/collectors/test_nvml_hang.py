@@ -19,7 +19,7 @@ from sits_observe.collectors.host import HostSource
 from sits_observe.collectors.nvml import NvmlSource
 from sits_observe.config import parse
 from sits_observe.daemon import Daemon
-from sits_observe.errors import CollectorError
+from sits_observe.errors import CollectorError, StillDown
 from sits_observe.frame import GPU_FIELD_INDEX, Frame
 
 POWER = GPU_FIELD_INDEX["power_watts"]
@@ -146,6 +146,21 @@ def test_the_tick_goes_on_without_nvml_while_a_call_hangs(tmp_path: Path, fake: 
         daemon.close()
 
 
+def test_a_stop_ends_the_wait_for_a_hung_sample(tmp_path: Path, fake: FakeNvml, held: threading.Event) -> None:
+    """SIGTERM in the first tick of a hang waited out gpu.nvml_timeout before the daemon could drain."""
+    cfg = parse({"state_dir": str(tmp_path), "gpu": {"backend": "none"}}, env={})
+    daemon = Daemon(config=cfg, clock=WallClock(1.0))
+    daemon.sources += [NvmlSource(fake, timeout=5.0), HostSource()]
+    threading.Timer(0.3, daemon.stop_event.set).start()
+    try:
+        _none, took = in_thread(daemon.run, 10)
+        assert took < 1.5 and daemon.store.ticks == 1
+        assert daemon.health["nvml"].errors == 0  # not counted as a failure: not waited for
+    finally:
+        held.set()
+        daemon.close()
+
+
 def test_a_sample_that_raises_fails_that_tick_and_the_next_samples_again(fake: FakeNvml) -> None:
     clock = Clock()
     src = NvmlSource(fake, clock=clock, timeout=1.0)
@@ -168,3 +183,11 @@ def test_one_call_at_a_time() -> None:
         calls.take()
     release.set()
     assert calls.wait(5) and calls.take() == 1 and not calls.busy
+    release.clear()
+    stop = threading.Event()
+    calls.start(lambda: int(release.wait(5)))
+    threading.Timer(0.1, stop.set).start()
+    with pytest.raises(StillDown, match="test: not waited for: the daemon is stopping"):
+        calls.wait(5, stop)
+    release.set()
+    assert calls.wait(5, stop) and calls.take() == 1  # ended: no stop to report
