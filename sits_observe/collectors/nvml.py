@@ -146,8 +146,9 @@ class NvmlSource:
                              "the kernel log for Xid errors)")
 
     def close(self) -> None:
-        if self._sampler.busy and not self._sampler.wait(1.0):  # NVML shut down under a call still in it: undefined
-            log.warning("nvml: left without nvmlShutdown: a call has not returned (%s)", self._calling[1])
+        if self._sampler.busy and not self._sampler.wait(self.timeout):  # NVML shut down under a call: undefined
+            log.warning("nvml: left without nvmlShutdown: a sample is still out (now: %s)",
+                        self._calling[1] or "between NVML calls")
             return
         nv = self.nvml
         try:
@@ -158,7 +159,7 @@ class NvmlSource:
     # ---- one sample ----------------------------------------------------------------------------
 
     def sample(self, now: float) -> _Snapshot:
-        """Read every GPU once (what :meth:`collect` has done in its thread every ``sample_interval``)."""
+        """Read every GPU once (what :meth:`prefetch` starts in its thread every ``sample_interval``)."""
         snap = _Snapshot(now, GpuFrame.empty([g.info for g in self.gpus]))
         self._attribution.start()
         self._calling, self._t0 = (None, "XID events", time.monotonic()), self.clock()

@@ -165,6 +165,8 @@ class ServerSource:
             raise StillDown(f"{self.name}: not asked again for {self._retry_at - now:.0f} s (back-off)")
         try:
             text = self._fetch.page()
+        except StillDown:  # not waited for (a stop): no failure of the server's
+            raise
         except CollectorError:
             self._backoff = min(_MAX_BACKOFF, max(1.0, 2 * self._backoff))
             self._retry_at = now + self._backoff

@@ -124,9 +124,25 @@ def test_work_after_the_last_call_blames_no_gpu(fake: FakeNvml) -> None:
 def test_close_does_not_shut_nvml_down_under_a_hung_call(fake: FakeNvml, held: threading.Event) -> None:
     src = NvmlSource(fake, clock=Clock(), timeout=0.3)
     _collect(src)
-    _none, took = in_thread(src.close, 5)  # waits a second for the call, then leaves NVML as it is
+    _none, took = in_thread(src.close, 5)  # waits its timeout for the call, then leaves NVML as it is
     assert took < 3.0 and fake.initialised == 1  # nvmlShutdown was not called under the call
     held.set()
+
+
+def test_close_waits_for_a_sample_that_is_only_slow(fake: FakeNvml, caplog: pytest.LogCaptureFixture) -> None:
+    """A stop ends the tick's wait; the sample it leaves running is slow, not hung: close waited 1 s, said a call
+    had not returned, and skipped nvmlShutdown."""
+    power = fake.nvmlDeviceGetPowerUsage
+
+    def slow(handle: object) -> int:
+        time.sleep(0.2)  # 1.6 s for the 8 GPUs
+        return power(handle)
+
+    fake.nvmlDeviceGetPowerUsage = slow  # type: ignore[method-assign]
+    src = NvmlSource(fake, clock=Clock(), timeout=4.0)
+    src.prefetch()  # the tick started the sample; the stop came before it ended
+    in_thread(src.close, 8)
+    assert fake.initialised == 0 and not [r for r in caplog.records if "left without" in r.getMessage()]
 
 
 def test_the_tick_goes_on_without_nvml_while_a_call_hangs(tmp_path: Path, fake: FakeNvml,
