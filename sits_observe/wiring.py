@@ -77,10 +77,11 @@ def _add_sources(daemon: Daemon) -> None:
 
 
 def _nvml_topology(src: Any) -> Any:
+    from .collectors.nvml_driver import started
     from .topology import Topology
 
     try:
-        return Topology.from_nvml(src.nvml)
+        return started("nvml topology", lambda: Topology.from_nvml(src.nvml))
     except SitsError as exc:
         log.warning("GPU topology unavailable: %s", exc)
         return None

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from ..errors import CollectorError
+from .background import Background
 
-__all__ = ["SCALARS", "clock_event_reasons", "load_nvml", "nvml_status", "is_unsupported"]
+__all__ = ["SCALARS", "START_TIMEOUT", "clock_event_reasons", "load_nvml", "nvml_status", "is_unsupported", "started"]
+
+T = TypeVar("T")
+
+START_TIMEOUT = 15.0  # seconds the daemon's start waits for NVML to answer at all (healthy: well under one)
 
 # group, GPU field, pynvml function, names of its extra constant arguments, scale to base units
 SCALARS: tuple[tuple[str, str, str, tuple[str, ...], float], ...] = (
@@ -71,3 +77,17 @@ def clock_event_reasons(nvml: Any, handle: Any) -> int:
         if exc.value != nvml.NVML_ERROR_FUNCTION_NOT_FOUND:
             raise
     return nvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle)
+
+
+def started(what: str, fn: Callable[[], T], timeout: float | None = None) -> T:
+    """``fn()`` (NVML's start: init, the GPUs, the topology) in a daemon thread, waited for at most ``timeout``
+    seconds (:data:`START_TIMEOUT`): a GPU off the bus can hang a driver call for minutes, and the daemon's start
+    with it.  One-line CollectorError naming ``what`` then; the call is left to its thread."""
+    call: Background[T] = Background(f"{what} start")
+    call.start(fn)
+    wait = START_TIMEOUT if timeout is None else timeout
+    if not call.wait(wait):
+        raise CollectorError(f"{what}: no answer from the NVIDIA driver within {wait:g} s at start (a GPU off the bus "
+                             "or a hung driver: check `nvidia-smi` and the kernel log for Xid errors); off until a "
+                             "restart")
+    return call.take()

@@ -13,6 +13,7 @@ from ..frame import BucketLayout
 from .dcgm import DcgmSource
 from .host import HostSource
 from .nvml import NvmlSource
+from .nvml_driver import started
 from .replicas import ReplicaBoard
 from .servers import ServerSource
 
@@ -26,7 +27,8 @@ def build_sources(config: Config, layout: BucketLayout, *, resolve_workload: Cal
     """The host source (CPU, memory, per NUMA node; not with the simulator, which has its own host), the GPU
     source of ``gpu.backend`` (nvml or dcgm; sim and none add none here) and one per ``servers`` entry.
 
-    NVML that cannot start (no driver) is logged as one line and left out, so everything else still runs.
+    NVML that cannot start (no driver, or no answer within :data:`~.nvml_driver.START_TIMEOUT`) is logged as one
+    line and left out, so everything else still runs.
     The servers come before the GPU source: each tick they tell the shared :class:`ReplicaBoard` their
     backlog, which the NVML source joins to the GPUs their processes use.
     """
@@ -41,8 +43,9 @@ def build_sources(config: Config, layout: BucketLayout, *, resolve_workload: Cal
     sources += servers
     if gpu.backend == "nvml":
         try:
-            sources.append(NvmlSource(nvml, sample_interval=gpu.sample_interval, timeout=gpu.nvml_timeout, clock=clock,
-                                      resolve_workload=resolve_workload, replicas=replicas))
+            sources.append(started("nvml", lambda: NvmlSource(
+                nvml, sample_interval=gpu.sample_interval, timeout=gpu.nvml_timeout, clock=clock,
+                resolve_workload=resolve_workload, replicas=replicas)))
         except CollectorError as exc:
             log.warning("%s", exc)
     elif gpu.backend == "dcgm" and gpu.dcgm_url:

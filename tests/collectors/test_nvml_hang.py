@@ -207,3 +207,37 @@ def test_one_call_at_a_time() -> None:
         calls.wait(5, stop)
     release.set()
     assert calls.wait(5, stop) and calls.take() == 1  # ended: no stop to report
+
+
+def test_a_driver_that_hangs_at_start_leaves_nvml_and_its_topology_out(
+        fake: FakeNvml, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A GPU off the bus can hang NVML's start (init, listing the GPUs, the topology): the daemon's start hung with
+    it, past systemd's start timeout, again at every restart."""
+    from sits_observe import wiring
+    from sits_observe.collectors import nvml_driver
+    from sits_observe.collectors.sources import build_sources
+    from sits_observe.frame import BucketLayout
+
+    monkeypatch.setattr(nvml_driver, "START_TIMEOUT", 0.3)
+    release = threading.Event()
+    count, numa = fake.nvmlDeviceGetCount, fake.nvmlDeviceGetNumaNodeId
+    fake.nvmlDeviceGetCount = lambda: (release.wait(30), count())[1]  # type: ignore[method-assign]
+    cfg = parse({"gpu": {"backend": "nvml"}}, env={})
+    try:
+        sources, took = in_thread(lambda: build_sources(cfg, BucketLayout(cfg.store.snapped()), nvml=fake), 5)
+        assert took < 2.0 and [s.name for s in sources] == ["host"]
+        assert ("nvml: no answer from the NVIDIA driver within 0.3 s at start (a GPU off the bus or a hung driver: "
+                "check `nvidia-smi` and the kernel log for Xid errors); off until a restart") in caplog.text
+    finally:
+        release.set()
+    release.clear()
+    fake.nvmlDeviceGetCount = count  # type: ignore[method-assign]
+    src = NvmlSource(fake)
+    fake.nvmlDeviceGetNumaNodeId = lambda h: (release.wait(30), numa(h))[1]  # type: ignore[method-assign]
+    try:
+        topology, took = in_thread(lambda: wiring._nvml_topology(src), 5)
+        assert topology is None and took < 2.0
+        assert "GPU topology unavailable: nvml topology: no answer from the NVIDIA driver" in caplog.text
+    finally:
+        release.set()
+        src.close()
