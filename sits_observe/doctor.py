@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .errors import CollectorError
+
 __all__ = ["register", "Check", "run_checks"]
 
 CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN = 39, 38, 21
@@ -89,9 +91,13 @@ def _bcc() -> Check:
 def _nvml() -> Check:
     try:
         from .collectors.nvml import nvml_status
+        from .collectors.nvml_driver import started
     except ImportError:
         return Check("nvml", False, "collector not installed", "", needed_for_ebpf=False)
-    ok, detail = nvml_status()
+    try:
+        ok, detail = started("nvml", nvml_status)  # a driver hung by a GPU off the bus must not hang doctor
+    except CollectorError as exc:
+        ok, detail = False, str(exc)
     return Check("nvml", ok, detail, "install the NVIDIA driver (libnvidia-ml.so.1)", needed_for_ebpf=False)
 
 

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from ..topology import PRESETS, LinkKind, Topology, preset
+from .nvml_driver import started
 from .nvml_topology import format_cpulist
 
 __all__ = ["register", "run_topo", "format_topology", "cell"]
@@ -31,7 +32,7 @@ def register(subparsers: Any) -> None:
 
 
 def run_topo(args: argparse.Namespace) -> int:
-    topo = preset(args.preset) if args.preset else Topology.from_nvml()
+    topo = preset(args.preset) if args.preset else started("nvml topology", Topology.from_nvml)
     print(json.dumps(topo.to_dict(), indent=2) if args.json else format_topology(topo))
     return 0
 

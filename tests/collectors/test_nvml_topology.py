@@ -301,3 +301,27 @@ def test_on_an_old_driver_with_a_gpu_unopened_sysfs_tells_switches_from_gpus(fak
     topo = topology_from_nvml(fake, sysfs=tmp_path)
     assert topo.kinds[0][1] == LinkKind.NVSWITCH and topo.bandwidth[0, 1] == 18 * 25e9
     assert topo.kinds[0][7] == LinkKind.NUMA_INTERCONNECT  # the lost GPU
+
+
+def test_topo_and_doctor_give_up_on_a_driver_that_does_not_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`sits-observe topo` and `doctor` hung with a driver hung by a GPU off the bus."""
+    import threading
+
+    from in_thread import in_thread
+
+    from sits_observe import doctor
+    from sits_observe.collectors import nvml, nvml_driver
+
+    release = threading.Event()
+    monkeypatch.setattr(nvml_driver, "START_TIMEOUT", 0.2)
+    monkeypatch.setattr(Topology, "from_nvml", staticmethod(lambda: release.wait(30)))
+    monkeypatch.setattr(nvml, "nvml_status", lambda: (release.wait(30), "")[::-1])
+    try:
+        args = _topo_cli(["topo"])
+        raised, took = in_thread(lambda: args.func(args), 5)
+        assert isinstance(raised, CollectorError) and took < 2.0
+        assert str(raised).startswith("nvml topology: no answer from the NVIDIA driver within 0.2 s at start")
+        check, took = in_thread(doctor._nvml, 5)
+        assert took < 2.0 and not check.ok and check.detail.startswith("nvml: no answer from the NVIDIA driver")
+    finally:
+        release.set()
