@@ -21,6 +21,7 @@ from typing import Any
 from ..errors import ConfigError, SchedulerError
 from ..frame import Frame, Sample
 from ..rca.verdict import HEALTHY, Verdict
+from ..snapshot import Snapshot
 from ..topology import Topology
 from .actuators import Actuator, StepOutcome, build_actuator
 from .bodies import AckBody, parse_body
@@ -64,7 +65,8 @@ class Scheduler:
         self.decider = Decider(cfg, topology, self.seen, self.store, self.walker, self.tracer, annotate=annotate,
                                alerts=alerts)
         self._lock = threading.RLock()
-        self._scraped: tuple[dict[Any, int], dict[str, Any]] = ({}, {})  # the last scrape's counts and views
+        # decision counts and shard views; readers finding a tick deciding (or a slow database) get the last ones
+        self._last_read: Snapshot[tuple[dict[Any, int], dict[str, Any]]] = Snapshot(self._lock)
         self._verdicts: deque[Verdict] = deque(maxlen=256)
         self._unplaced: dict[str, ShardSpec] = {}  # config shards waiting for GPU values to be placed
         with self._lock:
@@ -228,8 +230,7 @@ class Scheduler:
             return self.walker.complete(StepOutcome(placement_id, a.step, a.ok, a.reason), self.seen.now).to_dict()
 
     def shards_state(self) -> dict[str, Any]:
-        with self._lock:
-            views = self.decider.views()
+        views = self._counts_and_views()[1]
         return {"strategy": self.cfg.strategy, "actuator": self.actuator.name, "migrations_in_flight": in_flight(views),
                 "shards": [v.to_dict() for v in views.values()]}
 
@@ -237,13 +238,11 @@ class Scheduler:
         return {"exporting": self.tracer.exporting, "spans_dropped": self.tracer.dropped,
                 "decisions": self.tracer.recent(limit)}
 
+    def _counts_and_views(self) -> tuple[dict[Any, int], dict[str, Any]]:
+        return self._last_read.read(lambda: (dict(self.decider.counts), self.decider.views()))
+
     def metrics(self) -> Iterable[Sample]:
-        if self._lock.acquire(timeout=0.25):  # a tick deciding (or a slow database) holds it: last values then
-            try:
-                self._scraped = (dict(self.decider.counts), self.decider.views())
-            finally:
-                self._lock.release()
-        counts, views = self._scraped
+        counts, views = self._counts_and_views()
         states, pending = self.store.counts(), self.store.span_backlog()  # plain reads, under the store's own lock
         for (trigger, action), n in sorted(counts.items()):
             yield Sample("sits_scheduler_decisions_total", "counter", "Scheduler decisions by trigger and action.",

@@ -46,6 +46,7 @@ from ..alerting.dispatch import Dispatcher
 from ..alerting.formats import QUIET_ANNOTATIONS, Alert
 from ..errors import SloError
 from ..frame import Frame, Sample
+from ..snapshot import Snapshot
 from .plan import Evaluation, Plan
 from .sli import SliReader
 from .spec import SloSpec
@@ -61,7 +62,6 @@ __all__ = ["SloEngine"]
 
 log = logging.getLogger("sits_observe.slo")
 RECENT_KEPT = 50
-SCRAPE_WAIT_S = 0.25  # a scrape waits this long for the tick's lock, then answers with the last values
 UNSAVED_KEPT = 10000  # ring edges kept for the next write while slo.db refuses writes (newest first kept)
 
 
@@ -94,7 +94,9 @@ class SloEngine:
         self.recent: deque[Alert] = deque(maxlen=RECENT_KEPT)
         self._lock = threading.Lock()
         self._started = False
-        self._scraped: list[Sample] = []  # what the last scrape read, for one that finds the tick holding the lock
+        # readers that find the tick holding the lock (slo.db slow or locked) get the last values
+        self._scrape: Snapshot[list[Sample]] = Snapshot(self._lock)
+        self._views: Snapshot[tuple[list[dict[str, Any]], dict[str, Any]]] = Snapshot(self._lock)
 
     @classmethod
     def from_config(cls, config: Config) -> SloEngine | None:
@@ -274,25 +276,19 @@ class SloEngine:
                     self._notify(self.alerts[key])
 
     def metrics(self) -> Iterable[Sample]:
-        if self._lock.acquire(timeout=SCRAPE_WAIT_S):
-            try:
-                self._scraped = metrics_of(self)
-                out = list(self._scraped)  # a copy: the dispatcher's samples join it below, not the cache
-            finally:
-                self._lock.release()
-        else:  # the tick holds the lock (slo.db slow or locked): the last scrape's values, not a stalled scrape
-            out = list(self._scraped)
+        out = list(self._scrape.read(lambda: metrics_of(self)))  # a copy: the dispatcher's samples join it
         if self.dispatcher is not None:
             out += list(self.dispatcher.metrics())
         return out
 
+    def _state(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        return self._views.read(lambda: ([slo_view(self, i) for i in range(len(self.specs))], alerts_view(self)))
+
     def slos_state(self) -> list[dict[str, Any]]:
-        with self._lock:
-            return [slo_view(self, i) for i in range(len(self.specs))]
+        return self._state()[0]
 
     def alerts_state(self) -> dict[str, Any]:
-        with self._lock:
-            out = alerts_view(self)
+        out = dict(self._state()[1])
         if self.dispatcher is not None:
             out.update(self.dispatcher.state())
         return out

@@ -388,3 +388,31 @@ def test_an_ack_after_the_step_timed_out_is_a_409_saying_the_placement_failed(
             f"placement {new}: ack for step stage refused: expected state placed, actual failed "
             "(not waiting for any step)")
     assert live_gpus(sched)["tp2"] == ("launched", [0, 1])  # the old placement keeps serving
+
+
+def test_reads_do_not_wait_for_a_tick_stuck_in_the_database(api: tuple[FlaskClient, Scheduler]) -> None:
+    """A tick holds the scheduler's lock through its scheduler.sqlite writes; /api/v1/shards, the UI's topology
+    page and /metrics waited as long, each holding one of the HTTP server's few workers."""
+    import threading
+    import time
+
+    client, sched = api
+    shards = client.get("/api/v1/shards").get_json()
+    metrics = [(s.name, s.labels, s.value) for s in sched.metrics() if s.name != "sits_scheduler_spans_pending"]
+    held, release = threading.Event(), threading.Event()
+
+    def stuck_tick() -> None:
+        with sched._lock:
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=stuck_tick)
+    t.start()
+    held.wait(5)
+    start = time.monotonic()
+    during = client.get("/api/v1/shards").get_json()
+    metrics_during = [(s.name, s.labels, s.value) for s in sched.metrics() if s.name != "sits_scheduler_spans_pending"]
+    took = time.monotonic() - start
+    release.set()
+    t.join()
+    assert took < 2 and during == shards and shards["shards"] and metrics_during == metrics

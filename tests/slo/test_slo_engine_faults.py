@@ -278,13 +278,17 @@ def test_a_scrape_does_not_wait_for_a_tick_stuck_in_slo_db(tmp_path, receiver):
             held.set()
             release.wait(10)
 
+    slos, alerts = engine.slos_state(), engine.alerts_state()["firing"]
     t = threading.Thread(target=stuck_tick)
     t.start()
     held.wait(5)
     start = time.monotonic()
     during = {(s.name, s.labels): s.value for s in engine.metrics() if s.name.startswith("sits_slo")}
+    # the API's and the UI's reads too: each one waiting held an HTTP worker, and a few starved /metrics
+    slos_during, alerts_during = engine.slos_state(), engine.alerts_state()["firing"]
     took = time.monotonic() - start
     release.set()
     t.join()
     assert took < 2 and during == before and before  # the last values, at once (deliveries may move on)
+    assert slos_during == slos and alerts_during == alerts and alerts
     engine.close()
