@@ -7,6 +7,7 @@ page is served, so a bad one is answered 400 (unknown page 404) with the reason,
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from dash import Dash, Input, Output, dcc, html
@@ -32,6 +33,8 @@ def create_dash(server: Flask, daemon: Any, *, incremental: bool = True) -> Dash
     for page in PAGES.values():
         page.register(app, ctx)
 
+    update_path = app.config.routes_pathname_prefix + "_dash-update-component"
+
     @server.before_request
     def check_page_url() -> None:
         if request.endpoint in INDEX_ENDPOINTS:
@@ -40,9 +43,13 @@ def create_dash(server: Flask, daemon: Any, *, incremental: bool = True) -> Dash
             except UnicodeDecodeError:
                 raise BadRequest("query string is not UTF-8") from None
             _options(ctx, request.path, search)
+        elif request.path == update_path and request.method == "POST":
+            _check_callback_body(request.get_json(silent=True), app.callback_map)
 
     @app.callback(Output("page", "children"), Input("url", "pathname"), Input("url", "search"))
-    def route(path: str | None, search: str | None) -> Any:
+    def route(path: Any, search: Any) -> Any:
+        if not isinstance(path, (str, type(None))) or not isinstance(search, (str, type(None))):
+            raise BadRequest("url: pathname and search must be strings; reload the page")
         page, opts = _options(ctx, path or "/", search)
         return page.layout(ctx, opts)
 
@@ -53,7 +60,24 @@ def create_dash(server: Flask, daemon: Any, *, incremental: bool = True) -> Dash
     return app
 
 
+def _check_callback_body(body: Any, callbacks: Mapping[str, Any]) -> None:
+    """Refuse (400) a live-update request that is not the shape dash-renderer sends, before Dash reads it."""
+    if not isinstance(body, dict):
+        raise BadRequest("callback: body must be a JSON object")
+    output = body.get("output")
+    if not isinstance(output, str) or output not in callbacks:
+        raise BadRequest(f"callback: no callback for output {str(output)[:80]!r}")
+    for key in ("inputs", "state"):
+        items = body.get(key, [])
+        if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+            raise BadRequest(f"callback: {key} must be a list of objects")
+    if not isinstance(body.get("outputs", []), (dict, list)) or not isinstance(body.get("changedPropIds", []), list):
+        raise BadRequest("callback: outputs must be an object or a list, changedPropIds a list")
+
+
 def _options(ctx: UiContext, path: str, search: str | None) -> tuple[Any, dict[str, Any]]:
+    if path == "/api" or path.startswith("/api/"):  # the API's own routes matched first; this one is not one
+        raise NotFound(f"no such API path {path[:80]!r}")
     page = PAGES.get(DEFAULT if path == "/" else path)
     if page is None:
         raise NotFound(f"no UI page {path[:80]!r}; pages: {', '.join(PAGES)}")
@@ -88,6 +112,9 @@ def _status(ctx: UiContext) -> list[Any]:
                       for a in firing[:2] if isinstance(a.get("labels"), dict))
     count = f"{len(firing)} alert{'s' if len(firing) != 1 else ''} firing"
     items.append(html.Span(f"{count}: {names}" if names else count, className="item bad" if firing else "item ok"))
+    down = _sources_down(ctx)
+    if down:
+        items.append(html.Span(down, className="item warn"))
     ctx.verdicts.refresh(ctx)  # every open page polls the classifier, so the causes timeline misses none
     v = ctx.verdicts.latest()
     if v:
@@ -99,3 +126,19 @@ def _status(ctx: UiContext) -> list[Any]:
         gpus = ",".join(map(str, m.get("source_gpus") or [])) + " → " + ",".join(map(str, m.get("target_gpus") or []))
         items.append(html.Span(f"last move: {m.get('action')} {m.get('shard_id') or ''} {gpus}", className="item"))
     return items
+
+
+def _sources_down(ctx: UiContext) -> str:
+    """``source down: nvml (CollectorError: ...)``, naming every source whose last read failed; else ``""``."""
+    sources = ctx.daemon.status().get("sources") or []
+    down = [f"{s.get('name', '?')} ({_cut(str(s.get('last_error') or 'failing'), 80)})"
+            for s in sources if isinstance(s, dict) and not s.get("healthy", True)]
+    if not down:
+        return ""
+    return f"source{'s' if len(down) > 1 else ''} down: {'; '.join(down[:3])}" + (
+        f" and {len(down) - 3} more" if len(down) > 3 else "")
+
+
+def _cut(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 1] + "…"

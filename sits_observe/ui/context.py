@@ -60,9 +60,12 @@ class UiContext:
         return int(self.cfg.update_interval * 1000)
 
     @property
-    def n_gpus(self) -> int:
+    def gpu_indices(self) -> list[int]:
+        """The host's GPU indices: the topology's, else those the GPU source reports (DCGM may skip one)."""
         topo = self.daemon.topology
-        return topo.n if topo is not None else len(self.store.gpu_info())
+        if topo is not None:
+            return [g.index for g in topo.gpus]
+        return [g.index for g in self.store.gpu_info()]
 
     def part(self, name: str) -> Any:
         """An optional subsystem (``slo``, ``rca``, ``scheduler``) or None when not enabled."""

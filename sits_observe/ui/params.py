@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from urllib.parse import parse_qs
 
 from werkzeug.exceptions import BadRequest
 
-__all__ = ["parse_query", "parse_range", "parse_gpu", "parse_choice", "fmt_range"]
+__all__ = ["parse_query", "parse_range", "parse_gpu", "parse_choice", "fmt_range", "fmt_gpus"]
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _RANGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
@@ -57,17 +57,27 @@ def parse_range(raw: str | None, default: float, limit: float) -> float:
     return seconds
 
 
-def parse_gpu(raw: str | None, n_gpus: int) -> int | None:
-    """A GPU index present on this host."""
+def parse_gpu(raw: str | None, gpus: Sequence[int]) -> int | None:
+    """A GPU index present on this host (``gpus``: the indices the host reports, not their count)."""
     if raw is None:
         return None
-    if not raw.isdigit() or len(raw) > 6:
-        raise BadRequest(f"gpu: expected a GPU index (0-{max(n_gpus - 1, 0)}), got {raw[:40]!r}")
+    known = fmt_gpus(gpus)
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 6:
+        raise BadRequest(f"gpu: expected a GPU index ({known}), got {raw[:40]!r}")
     gpu = int(raw)
-    if gpu >= n_gpus:
-        known = f"0-{n_gpus - 1}" if n_gpus else "none: no GPU topology is known"
+    if gpu not in gpus:
         raise BadRequest(f"gpu: no GPU {gpu} on this host; GPUs are {known}")
     return gpu
+
+
+def fmt_gpus(gpus: Sequence[int]) -> str:
+    """``[0..7]`` -> ``0-7``, ``[0, 1, 3]`` -> ``0, 1, 3``."""
+    ordered = sorted(gpus)
+    if not ordered:
+        return "none: no GPU is known"
+    if ordered == list(range(ordered[0], ordered[-1] + 1)) and len(ordered) > 2:
+        return f"{ordered[0]}-{ordered[-1]}"
+    return ", ".join(map(str, ordered))
 
 
 def parse_choice(name: str, raw: str | None, choices: Mapping[str, object] | Iterable[str], default: str) -> str:
@@ -75,6 +85,8 @@ def parse_choice(name: str, raw: str | None, choices: Mapping[str, object] | Ite
     if raw is None:
         return default
     options = list(choices)
+    if not isinstance(raw, str):
+        raise BadRequest(f"{name}: expected a string, got {type(raw).__name__}; choose one of {', '.join(options)}")
     if raw not in options:
         raise BadRequest(f"{name}: unknown value {raw[:40]!r}; choose one of {', '.join(options)}")
     return raw

@@ -14,6 +14,9 @@ from sits_observe.export.http import create_app
 from sits_observe.ui.bench import GRAPHS
 from sits_observe.ui.pages import PAGES
 
+STAGE_OUTPUTS = ["stages-p99.figure", "stages-hist.figure", "stages-held.data", "stages-stage.options",
+                 "stages-stage.value"]
+
 
 def dash_call(client: Any, outputs: list[str], inputs: list[tuple[str, Any]], state: list[tuple[str, Any]] = (),
               changed: str | None = None) -> Any:
@@ -83,6 +86,9 @@ def apply_patch(obj: Any, patch: dict[str, Any]) -> Any:
     ("/load?" + "a" * 5000, 400, "at most 512"),
     ("/no-such-page", 404, "no UI page '/no-such-page'; pages: /topology, /load"),
     ("/favicon.ico", 404, "no UI page"),
+    ("/api/v1/nope", 404, "no such API path '/api/v1/nope'"),
+    ("/topology?gpu=%C2%B2", 400, "gpu: expected a GPU index (0-7), got '²'"),
+    ("/topology?gpu=%EF%BC%91", 400, "gpu: expected a GPU index"),
 ])
 def test_bad_page_urls_get_a_reason(client: Any, url: str, status: int, says: str) -> None:
     r = client.get(url)
@@ -119,12 +125,20 @@ def test_crafted_callback_inputs_are_refused(client: Any) -> None:
     r = dash_call(client, ["page.children"], [("url.pathname", "/topology"), ("url.search", "?gpu=12")])
     assert r.status_code == 400 and "no GPU 12" in r.get_json()["error"]
     held = {"p99": None, "hist": None, "stage": "e2e", "window": 1e12}
-    r = dash_call(client, ["stages-p99.figure", "stages-hist.figure", "stages-held.data"],
-                  [("stages-tick.n_intervals", 1), ("stages-stage.value", "e2e")], [("stages-held.data", held)])
+    r = dash_call(client, STAGE_OUTPUTS, [("stages-tick.n_intervals", 1), ("stages-stage.value", "e2e")],
+                  [("stages-held.data", held)])
     assert r.status_code == 400 and "range: this daemon keeps" in r.get_json()["error"]
     r = dash_call(client, ["load-heat.figure", "load-held.data"], [("load-tick.n_intervals", 1),
                   ("load-field.value", "../../etc")], [("load-held.data", {"window": 60})])
     assert r.status_code == 400 and "field: unknown value" in r.get_json()["error"]
+    r = dash_call(client, ["load-heat.figure", "load-held.data"], [("load-tick.n_intervals", 1),
+                  ("load-field.value", {"a": 1})], [("load-held.data", {"window": 60})])
+    assert r.status_code == 400 and "field: expected a string, got dict" in r.get_json()["error"]
+    r = dash_call(client, ["page.children"], [("url.pathname", 5), ("url.search", ["a"])])
+    assert r.status_code == 400 and "url: pathname and search must be strings" in r.get_json()["error"]
+    for body in ([], {}, {"output": "x.y", "inputs": []}, {"output": "page.children", "inputs": 5}):
+        r = client.post("/_dash-update-component", json=body)
+        assert r.status_code == 400 and r.get_json()["error"].startswith("callback: "), body
     # junk where the browser's figure state should be: answered with a whole new figure, not an error
     r = dash_call(client, ["load-heat.figure", "load-held.data"], [("load-tick.n_intervals", 1),
                   ("load-field.value", "power")], [("load-held.data", {"window": 60, "heat": {"tick": "x"}})])
@@ -143,8 +157,8 @@ def test_live_updates_patch_to_the_fresh_figure(make_daemon: Callable[..., Daemo
     for step in (1, 3, 4, 10):
         for _ in range(step):
             d.tick()
-        r = dash_call(client, ["stages-p99.figure", "stages-hist.figure", "stages-held.data"],
-                      [("stages-tick.n_intervals", step), ("stages-stage.value", "e2e")], [("stages-held.data", held)])
+        r = dash_call(client, STAGE_OUTPUTS, [("stages-tick.n_intervals", step), ("stages-stage.value", "e2e")],
+                      [("stages-held.data", held)])
         assert r.status_code in (200, 204)
         if r.status_code == 204:
             continue

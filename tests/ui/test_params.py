@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 from werkzeug.exceptions import BadRequest
 
-from sits_observe.ui.params import fmt_range, parse_choice, parse_gpu, parse_query, parse_range
+from sits_observe.ui.params import fmt_gpus, fmt_range, parse_choice, parse_gpu, parse_query, parse_range
 
 HOUR = 3600.0
 
@@ -28,21 +30,27 @@ def test_range_refuses(raw: str, says: str) -> None:
     assert says in e.value.description and e.value.description.startswith("range:")
 
 
-@pytest.mark.parametrize(("raw", "n", "says"), [
-    ("8", 8, "no GPU 8 on this host; GPUs are 0-7"), ("-1", 8, "expected a GPU index (0-7)"),
-    ("x", 8, "expected a GPU index"), ("1" * 40, 8, "expected a GPU index"), ("0", 0, "no GPU topology"),
+@pytest.mark.parametrize(("raw", "gpus", "says"), [
+    ("8", range(8), "no GPU 8 on this host; GPUs are 0-7"), ("-1", range(8), "expected a GPU index (0-7)"),
+    ("x", range(8), "expected a GPU index"), ("1" * 40, range(8), "expected a GPU index"),
+    ("0", [], "none: no GPU is known"), ("²", range(8), "expected a GPU index (0-7), got '²'"),
+    ("１", range(8), "expected a GPU index"), ("2", [0, 1, 3], "no GPU 2 on this host; GPUs are 0, 1, 3"),
 ])
-def test_gpu_refuses(raw: str, n: int, says: str) -> None:
+def test_gpu_refuses(raw: str, gpus: Sequence[int], says: str) -> None:
     with pytest.raises(BadRequest) as e:
-        parse_gpu(raw, n)
+        parse_gpu(raw, gpus)
     assert says in e.value.description
 
 
 def test_gpu_and_choice_accept() -> None:
-    assert parse_gpu("7", 8) == 7 and parse_gpu(None, 8) is None
+    assert parse_gpu("7", range(8)) == 7 and parse_gpu(None, range(8)) is None and parse_gpu("3", [0, 1, 3]) == 3
     assert parse_choice("field", None, {"a": 1}, "a") == "a" and parse_choice("field", "b", ["a", "b"], "a") == "b"
     with pytest.raises(BadRequest, match="field: unknown value 'c'; choose one of a, b"):
         parse_choice("field", "c", ["a", "b"], "a")
+    with pytest.raises(BadRequest, match="field: expected a string, got dict"):
+        parse_choice("field", {"a": 1}, ["a", "b"], "a")  # type: ignore[arg-type]
+    assert [fmt_gpus(g) for g in (range(8), [0, 1, 3], [2], [0, 1], [])] == ["0-7", "0, 1, 3", "2", "0, 1",
+                                                                          "none: no GPU is known"]
 
 
 @pytest.mark.parametrize(("search", "says"), [

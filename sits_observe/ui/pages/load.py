@@ -59,7 +59,8 @@ def options(ctx: UiContext, q: Mapping[str, str]) -> dict[str, Any]:
 
 
 def _gpu_rows(ctx: UiContext) -> tuple[str, ...]:
-    return tuple(f"GPU {i}" for i in range(len(ctx.store.gpu_info())))
+    """One row per GPU the source reports, named by its index (DCGM may skip one: rows 0, 1, 3)."""
+    return tuple(f"GPU {g.index}" for g in ctx.store.gpu_info())
 
 
 def _spec(name: str, n_gpus: int) -> HeatSpec:

@@ -6,7 +6,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from dash import Dash, Input, Output, State, ctx as dash_ctx, dcc, html
+from dash import Dash, Input, Output, State, ctx as dash_ctx, dcc, html, no_update
+from werkzeug.exceptions import BadRequest
 
 from ...frame import STAGES
 from ..cache import binned_counts, binned_quantile
@@ -86,13 +87,32 @@ def layout(ctx: UiContext, opts: dict[str, Any]) -> Any:
     ])
 
 
+def held_stage(ctx: UiContext, stage: Any) -> str:
+    """The stage a live update draws: the one the page holds while it has data, else the first with data.
+
+    A page opened before any stage had data holds the default (``e2e``), which a host without request
+    stages (NVML only, probes only) never gets; it moves to the first stage that appears instead of
+    failing every update. Only a URL's ``?stage=`` is refused for a stage without data.
+    """
+    known = stages(ctx)
+    if not isinstance(stage, str):
+        raise BadRequest(f"stage: expected a stage name from the page, got {type(stage).__name__}; reload the page")
+    if stage in known:
+        return stage
+    if known:
+        return known[0]
+    return stage if stage in STAGES else "e2e"  # nothing has data yet: no cache for a name we do not know
+
+
 def register(app: Dash, ctx: UiContext) -> None:
     @app.callback(Output("stages-p99", "figure"), Output("stages-hist", "figure"), Output("stages-held", "data"),
+                  Output("stages-stage", "options"), Output("stages-stage", "value"),
                   Input("stages-tick", "n_intervals"), Input("stages-stage", "value"), State("stages-held", "data"),
                   prevent_initial_call=True)
-    def update(_n: int, stage: str, held: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
-        stage = parse_choice("stage", stage, stages(ctx), "e2e")
+    def update(_n: int, raw: Any, held: Any) -> tuple[Any, ...]:
+        stage = held_stage(ctx, raw)
         held = held if isinstance(held, dict) else {}
         if dash_ctx.triggered_id == "stages-stage":
             held = {**held, "hist": None}
-        return _update(ctx, stage, ctx.held_window(held.get("window")), held)
+        p99, hist, held = _update(ctx, stage, ctx.held_window(held.get("window")), held)
+        return p99, hist, held, stages(ctx) or [stage], stage if stage != raw else no_update

@@ -29,7 +29,7 @@ SOURCE, TARGET, PICKED = "#e6550d", "#31a354", "#111111"
 
 
 def options(ctx: UiContext, q: Mapping[str, str]) -> dict[str, Any]:
-    return {"gpu": parse_gpu(q.get("gpu"), ctx.n_gpus)}
+    return {"gpu": parse_gpu(q.get("gpu"), ctx.gpu_indices)}
 
 
 def order(topo: Topology) -> list[int]:
@@ -161,7 +161,7 @@ def register(app: Dash, ctx: UiContext) -> None:
     def update(_n: int, held: Any) -> tuple[Patch, Patch, str]:
         topo = ctx.daemon.topology
         held = held if isinstance(held, dict) else {}
-        picked = parse_gpu(str(held["gpu"]) if held.get("gpu") is not None else None, ctx.n_gpus)
+        picked = parse_gpu(str(held["gpu"]) if held.get("gpu") is not None else None, ctx.gpu_indices)
         idx = order(topo)
         moves = parts.migrations(ctx)
         shapes = highlights(idx, moves, picked)

@@ -1,0 +1,122 @@
+"""The UI on hosts unlike the demo's: no request stages (NVML or probes only), a GPU source that skips an
+index (DCGM with a GPU off the bus), a source that is down."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from sits_observe.clock import WallClock
+from sits_observe.config import parse
+from sits_observe.daemon import Daemon
+from sits_observe.export.http import create_app
+from sits_observe.frame import GPU_FIELD_INDEX, GPU_FIELDS, GpuFrame, GpuInfo
+from sits_observe.ui.app import _status
+from sits_observe.ui.context import UiContext
+
+from test_app import dash_call, find, page
+
+STAGE_OUTPUTS = ["stages-p99.figure", "stages-hist.figure", "stages-held.data", "stages-stage.options",
+                 "stages-stage.value"]
+
+
+class Probe:
+    """What a probes-only host produces: a device stage, never ``e2e``; silent until ``on``."""
+
+    name = "probe"
+
+    def __init__(self, layout: Any) -> None:
+        self.layout, self.on = layout, False
+
+    def collect(self, frame: Any) -> None:
+        if self.on:
+            frame.add_values("sync", "llm", np.array([0.001, 0.002]), self.layout)
+
+
+class SkippingGpus:
+    """A GPU source reporting GPUs 0, 1 and 3 (2 is missing), utilization 10, 20 and 99 %."""
+
+    name = "dcgm"
+
+    def collect(self, frame: Any) -> None:
+        info = tuple(GpuInfo(i, f"GPU-{i}", "H100", f"00000000:{i:02X}:00.0") for i in (0, 1, 3))
+        values = np.full((3, len(GPU_FIELDS)), np.nan)
+        values[:, GPU_FIELD_INDEX["utilization_ratio"]] = (0.1, 0.2, 0.99)
+        frame.gpu = GpuFrame(info, values, np.ones(3, dtype=bool))
+
+
+class Hung:
+    name = "nvml"
+
+    def collect(self, frame: Any) -> None:
+        raise RuntimeError("a call (GPU 3, utilization) has not returned since 17:58:07 UTC; " + "x" * 200)
+
+
+@pytest.fixture
+def bare(tmp_path: Path) -> Iterator[Daemon]:
+    """A daemon with no sources, no topology and no SLOs; tests add sources."""
+    d = Daemon(config=parse({"state_dir": str(tmp_path)}, env={}), clock=WallClock(1.0))
+    yield d
+    d.close()
+
+
+def test_a_page_opened_before_any_stage_follows_the_first_stage_that_appears(bare: Daemon) -> None:
+    probe = Probe(bare.layout)
+    bare.sources.append(probe)
+    client = create_app(bare).test_client()
+    bare.tick()
+    tree = page(client, "/stages")
+    dropdown, held = find(tree, "stages-stage"), find(tree, "stages-held")["data"]
+    assert dropdown["value"] == "e2e"  # nothing known yet
+
+    def update(stage: Any) -> Any:
+        return dash_call(client, STAGE_OUTPUTS, [("stages-tick.n_intervals", 1), ("stages-stage.value", stage)],
+                         [("stages-held.data", held)])
+
+    r = update("e2e")  # still no stage: the page keeps waiting, no error
+    assert r.status_code == 200, r.get_data(as_text=True)
+    probe.on = True
+    for _ in range(3):
+        bare.tick()
+    r = update("e2e")  # e2e never comes on this host: the first stage with data is drawn, the menu offers it
+    assert r.status_code == 200, r.get_data(as_text=True)
+    out = r.get_json()["response"]
+    assert out["stages-stage"] == {"options": ["sync"], "value": "sync"}
+    assert out["stages-held"]["data"]["stage"] == "sync"
+    assert client.get("/stages?stage=e2e").status_code == 400  # a URL still names a stage with data
+    r = update(["e2e"])
+    assert r.status_code == 400 and "stage: expected a stage name" in r.get_json()["error"]
+
+
+def test_gpus_are_named_by_their_index_when_the_source_skips_one(bare: Daemon) -> None:
+    bare.sources.append(SkippingGpus())
+    client = create_app(bare).test_client()
+    for _ in range(3):
+        bare.tick()
+    r = dash_call(client, ["load-heat.figure", "load-held.data"],
+                  [("load-tick.n_intervals", 1), ("load-field.value", "utilization")],
+                  [("load-held.data", {"window": 60})])
+    trace = r.get_json()["response"]["load-heat"]["figure"]["data"][0]
+    assert trace["y"] == ["GPU 0", "GPU 1", "GPU 3"]
+    assert [row[-1] for row in trace["z"]] == [10.0, 20.0, 99.0]
+    assert client.get("/topology?gpu=3").status_code == 200
+    r = client.get("/topology?gpu=2")
+    assert r.status_code == 400 and r.get_json()["error"] == "gpu: no GPU 2 on this host; GPUs are 0, 1, 3"
+
+
+def test_the_status_line_names_a_source_that_is_down(bare: Daemon) -> None:
+    bare.sources.append(Hung())
+    bare.tick()
+    items = {x.className: x.children for x in _status(UiContext(bare))}
+    warn = items["item warn"]
+    assert warn.startswith("source down: nvml (RuntimeError: a call (GPU 3, utilization) has not returned")
+    assert warn.endswith("…)") and len(warn) < 120
+    bare.sources.clear()
+    bare.sources.append(SkippingGpus())
+    bare.sources[0].name = "nvml"
+    bare.tick()  # recovered: the warning goes
+    assert "item warn" not in {x.className for x in _status(UiContext(bare))}
