@@ -1,4 +1,4 @@
-"""gpu.backend: nvml on a machine without a driver: one clear line, and everything else is served."""
+"""gpu.backend: nvml on a machine without a driver, or whose driver lists no GPU: everything else is served."""
 
 import logging
 
