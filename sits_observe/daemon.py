@@ -260,9 +260,10 @@ class Daemon:
         yield Sample("sits_store_ticks_total", "counter", "Ticks ingested.", (), float(self.store.ticks))
         if self.topology is not None:
             t = self.topology
+            known = [bool(g.pci_bus_id) for g in t.gpus]  # a GPU not opened at start has no links to report
             for i in range(t.n):
                 for j in range(t.n):
-                    if i != j:
+                    if i != j and known[i] and known[j]:
                         yield Sample("sits_gpu_link_bandwidth_bytes_per_second", "gauge",
                                      "Nominal one-direction bandwidth between two GPUs by link kind.",
                                      (("gpu", str(i)), ("peer_gpu", str(j)), ("link", t.kinds[i][j].value)),

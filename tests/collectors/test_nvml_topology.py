@@ -325,3 +325,16 @@ def test_topo_and_doctor_give_up_on_a_driver_that_does_not_answer(monkeypatch: p
         assert took < 2.0 and not check.ok and check.detail.startswith("nvml: no answer from the NVIDIA driver")
     finally:
         release.set()
+
+
+def test_a_gpu_not_opened_at_start_has_no_link_series(fake: FakeNvml, tmp_path) -> None:
+    """Its placeholder paths (the slowest kind, nominal bandwidth) were exported as if measured."""
+    from sits_observe.clock import WallClock
+    from sits_observe.config import parse
+    from sits_observe.daemon import Daemon
+
+    fake.gpus[5].lost = True
+    daemon = Daemon(config=parse({"state_dir": str(tmp_path), "gpu": {"backend": "none"}}, env={}),
+                    clock=WallClock(1.0), topology=topology_from_nvml(fake))
+    links = [dict(s.labels) for s in daemon.metrics() if s.name == "sits_gpu_link_bandwidth_bytes_per_second"]
+    assert len(links) == 7 * 6 and not [lab for lab in links if "5" in (lab["gpu"], lab["peer_gpu"])]
