@@ -63,7 +63,7 @@ def register_api(app: Flask, daemon: Daemon) -> None:
         last = window_ticks(daemon)
         workload = request.args.get("workload")
         if workload is not None and workload not in daemon.store.workloads():
-            raise ApiError(404, f"workload: unknown workload {workload!r}; known: {daemon.store.workloads()}")
+            raise ApiError(404, f"workload: unknown workload {workload[:40]!r}; known: {daemon.store.workloads()}")
         out = []
         for stage in [s for s in STAGES if s in daemon.store.stages()]:
             q = {k: daemon.store.quantile(v, stage, workload, last) for k, v in QUANTILES}

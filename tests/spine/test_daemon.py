@@ -99,6 +99,8 @@ def test_api_rejects_bad_windows_with_a_reason(tmp_path):
         assert r.status_code == 400 and "window" in r.get_json()["error"]
     r = client.get("/api/v1/stages?workload=nope")
     assert r.status_code == 404 and "unknown workload" in r.get_json()["error"]
+    r = client.get("/api/v1/stages?workload=" + "x" * 3000)  # not echoed whole
+    assert r.status_code == 404 and len(r.get_json()["error"]) < 200
     r = client.get("/api/v1/nope")
     assert r.status_code == 404 and "Traceback" not in r.data.decode()
 
