@@ -40,8 +40,10 @@ class SeriesRings:
         self._counters = np.zeros((self.history, 16))
         self._ctotal = np.zeros(16)
         self._host = np.full((self.history, len(HOST_FIELDS)), np.nan)
-        self._gpu_info: tuple[GpuInfo, ...] = ()
+        self._gpu_info: tuple[GpuInfo, ...] = ()  # every GPU seen, by index (a row each)
         self._gpu = np.full((self.history, 0, len(GPU_FIELDS)), np.nan)
+        self._frame_gpus: tuple[GpuInfo, ...] = ()  # the last frame's GPUs, and their rows
+        self._gpu_rows = np.zeros(0, dtype=np.intp)
         self._gpu_healthy: np.ndarray | None = None  # of the latest tick; None when it had no GPU data
         self._samples: list[Sample] = []
 
@@ -144,12 +146,30 @@ class SeriesRings:
             self._gpu[t] = np.nan
             self._gpu_healthy = None
             return
-        if gpu.info != self._gpu_info:
-            if len(gpu.info) != len(self._gpu_info):
-                self._gpu = np.full((self.history, len(gpu.info), len(GPU_FIELDS)), np.nan)
-            self._gpu_info = gpu.info
-        self._gpu[t] = gpu.values
-        self._gpu_healthy = gpu.healthy.copy()
+        if gpu.info != self._frame_gpus:
+            self._regrid(gpu.info)
+        self._gpu[t] = np.nan
+        self._gpu[t, self._gpu_rows] = gpu.values
+        self._gpu_healthy = np.zeros(len(self._gpu_info), dtype=bool)  # a GPU the frame lacks: not reported
+        self._gpu_healthy[self._gpu_rows] = gpu.healthy
+
+    def _regrid(self, info: tuple[GpuInfo, ...]) -> None:
+        """Rows for the GPUs of ``info`` among every GPU seen, by GPU index (its newest identity): a GPU missing
+        from a frame (a dcgm-exporter page without the GPU that fell off the bus) keeps its history and reads as
+        missing and unhealthy, where the rows had shifted and every GPU's history had been wiped."""
+        by_index = {g.index: g for g in self._gpu_info} | {g.index: g for g in info}
+        union = tuple(by_index[i] for i in sorted(by_index))
+        if [g.index for g in union] != [g.index for g in self._gpu_info]:
+            old = {g.index: k for k, g in enumerate(self._gpu_info)}
+            grid = np.full((self.history, len(union), len(GPU_FIELDS)), np.nan)
+            for k, g in enumerate(union):
+                if g.index in old:
+                    grid[:, k] = self._gpu[:, old[g.index]]
+            self._gpu = grid
+        self._gpu_info = union
+        row = {g.index: k for k, g in enumerate(union)}
+        self._gpu_rows = np.array([row[g.index] for g in info], dtype=np.intp)
+        self._frame_gpus = info
 
 
 def _grow_cols(arr: np.ndarray, need: int, fill: float) -> np.ndarray:

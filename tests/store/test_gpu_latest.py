@@ -1,5 +1,7 @@
 """The latest GPU data of the store, and what /metrics says of GPU health, when a tick had no GPU frame."""
 
+import pytest
+
 from sits_observe.config import parse
 from sits_observe.export.fasttext import GpuText
 from sits_observe.frame import BucketLayout, Frame, GpuFrame, GpuInfo
@@ -29,3 +31,29 @@ def test_a_tick_without_gpu_data_says_nothing_of_gpu_health() -> None:
     assert store.gpu_info() == INFO  # the GPUs are still known to the history windows
     _tick(store, 3.0, gpu)
     assert list(store.gpu_latest().healthy) == [True, False]
+
+
+def test_a_gpu_missing_from_a_frame_keeps_its_row_and_every_gpu_its_history() -> None:
+    """A dcgm-exporter page without the GPU that fell off the bus (GPUs 0, 1, 3): the rows had shifted (GPU 3's
+    values under GPU 2) and every GPU's history had been wiped, the RCA windows and the UI's with it."""
+    store = SeriesStore(BucketLayout(parse({}, env={}).store.snapped()), history=16)
+    four = tuple(GpuInfo(i, f"GPU-{i}", "NVIDIA H100 80GB HBM3", f"00000000:{0x18 + i:02X}:00.0") for i in range(4))
+
+    def tick(ts: float, gpus: tuple[GpuInfo, ...]) -> None:
+        gpu = GpuFrame.empty(gpus)
+        for k, g in enumerate(gpus):
+            gpu.set(k, "utilization_ratio", g.index / 10 + ts / 100)
+        _tick(store, ts, gpu)
+
+    for ts in (1.0, 2.0):
+        tick(ts, four)
+    tick(3.0, (four[0], four[1], four[3]))
+    assert store.gpu_info() == four
+    util = store.gpu_window("utilization_ratio", 3)
+    assert util[:, 3] == pytest.approx([0.31, 0.32, 0.33]) and util[:2, 2] == pytest.approx([0.21, 0.22])
+    assert util[2, 2] != util[2, 2]  # NaN: not reported
+    assert list(store.gpu_latest().healthy) == [True, True, False, True]
+    assert 'sits_gpu_healthy{gpu="2",' in GpuText(store).render()  # said unhealthy, not silently gone
+    tick(4.0, four)  # back
+    assert store.gpu_window("utilization_ratio", 4)[-1, 2] == pytest.approx(0.24)
+    assert list(store.gpu_latest().healthy) == [True] * 4
