@@ -66,7 +66,8 @@ class Scheduler:
                                alerts=alerts)
         self._lock = threading.RLock()
         # decision counts and shard views; readers finding a tick deciding (or a slow database) get the last ones
-        self._last_read: Snapshot[tuple[dict[Any, int], dict[str, Any]]] = Snapshot(self._lock)
+        self._last_read: Snapshot[tuple[dict[Any, int], dict[str, Any]]] = Snapshot(
+            self._lock, ({}, {}))
         self._verdicts: deque[Verdict] = deque(maxlen=256)
         self._unplaced: dict[str, ShardSpec] = {}  # config shards waiting for GPU values to be placed
         with self._lock:

@@ -88,7 +88,7 @@ class Planner:
         self.weights = np.array([getattr(weights, t) for t in TERMS], dtype=np.float64)
         self.exact_limit = exact_limit
         self.seeds = seeds
-        top = float(topo.bandwidth.max(initial=0.0)) or 1.0  # a host of no GPUs (all bound to vfio) has no links
+        top = float(topo.bandwidth.max(initial=0.0)) or 1.0  # a host of no GPUs (all on vfio): no links
         self._bw = topo.bandwidth / top
         nodes = {name: i for i, name in enumerate(dict.fromkeys(g.node for g in topo.gpus))}
         self._node = np.array([nodes[g.node] for g in topo.gpus])

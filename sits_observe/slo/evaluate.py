@@ -95,7 +95,7 @@ class SloEngine:
         self._lock = threading.Lock()
         self._started = False
         # readers that find the tick holding the lock (slo.db slow or locked) get the last values
-        self._scrape: Snapshot[list[Sample]] = Snapshot(self._lock)
+        self._scrape: Snapshot[list[Sample]] = Snapshot(self._lock, [])  # a scrape never waits long
         self._views: Snapshot[tuple[list[dict[str, Any]], dict[str, Any]]] = Snapshot(self._lock)
 
     @classmethod

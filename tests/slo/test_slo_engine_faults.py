@@ -292,3 +292,30 @@ def test_a_scrape_does_not_wait_for_a_tick_stuck_in_slo_db(tmp_path, receiver):
     assert took < 2 and during == before and before  # the last values, at once (deliveries may move on)
     assert slos_during == slos and alerts_during == alerts and alerts
     engine.close()
+
+
+def test_a_first_scrape_does_not_wait_for_a_tick_stuck_in_slo_db(tmp_path, receiver):
+    """No scrape has read the engine yet: the first one still answers at once (the SLO series come with the next)."""
+    import threading
+    import time
+
+    cfg = config_for(tmp_path, receiver.url)
+    _feed, engine = burning(cfg)
+    held, release = threading.Event(), threading.Event()
+
+    def stuck_tick():
+        with engine._lock:
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=stuck_tick)
+    t.start()
+    held.wait(5)
+    start = time.monotonic()
+    during = [s for s in engine.metrics() if s.name.startswith("sits_slo")]
+    took = time.monotonic() - start
+    release.set()
+    t.join()
+    assert took < 2 and during == []
+    assert [s for s in engine.metrics() if s.name.startswith("sits_slo")]
+    engine.close()
