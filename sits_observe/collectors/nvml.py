@@ -175,8 +175,8 @@ class NvmlSource:
                 self.xid.fields(i, g.info, snap.gpu.values[i], snap.samples)  # an XID 79: why it fell off the bus
                 snap.errors.append(f"GPU {i} ({g.info.uuid}, {g.info.pci_bus_id}) is lost (NVML: "
                                    f"{lost.args[0] if lost.args else 'GPU is lost'}); drain and reset it"
-                                   if g.handle is not None else f"GPU {i} was not opened at start (logged then); "
-                                   "unhealthy until a restart")
+                                   if g.handle is not None else f"GPU {i} could not be opened at start; unhealthy until a "
+                                   "restart")
                 if i not in self._lost:
                     log.warning("nvml: %s", snap.errors[-1])
                 self._lost.add(i)

@@ -14,7 +14,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -66,11 +66,10 @@ class Scheduler:
                                alerts=alerts)
         self._lock = threading.RLock()
         # decision counts and shard views; readers finding a tick deciding (or a slow database) get the last ones
-        self._last_read: Snapshot[tuple[dict[Any, int], dict[str, Any]]] = Snapshot(
-            self._lock, ({}, {}))
+        self._last_read: Snapshot[tuple[dict[Any, int], dict[str, Any]]] = Snapshot(self._lock)
         self._verdicts: deque[Verdict] = deque(maxlen=256)
         self._unplaced: dict[str, ShardSpec] = {}  # config shards waiting for GPU values to be placed
-        with self._lock:
+        with self._changing():
             self.walker.resume(self.seen.now)
             for spec in cfg.shards:
                 self._ensure(spec, "config")
@@ -86,7 +85,7 @@ class Scheduler:
         self._verdicts.append(verdict)
 
     def on_tick(self, frame: Frame, store: Any = None) -> None:
-        with self._lock:
+        with self._changing():
             ts = frame.ts
             if sampled := self.seen.read(frame):
                 self._place_deferred()
@@ -165,7 +164,7 @@ class Scheduler:
     def register_shard(self, body: Any, origin: str = "api") -> dict[str, Any]:
         """``POST /api/v1/shards``: validate, place (or adopt ``placement``), then store; refused -> unchanged."""
         spec: ShardSpec = parse_body(ShardSpec, body, "shard")
-        with self._lock:
+        with self._changing():
             now, planner, views = self.seen.now, self.decider.planner, self.decider.views()
             if spec.id in views:
                 raise SchedulerError(f"shard {spec.id}: already registered; re-shard it instead")
@@ -199,7 +198,7 @@ class Scheduler:
         """``POST /api/v1/reshard``: move a launched shard to its best other placement now (no cooldown)."""
         if not isinstance(reason, str) or not reason.strip():
             raise ConfigError(f"reshard: reason: must be a non-empty string saying why, got {reason!r}")
-        with self._lock:
+        with self._changing():
             views = self.decider.views()
             view = views.get(shard_id)
             if view is None:
@@ -227,7 +226,7 @@ class Scheduler:
     def ack(self, placement_id: int, body: Any) -> dict[str, Any]:
         """``POST /api/v1/placements/{id}/ack`` from the orchestrator (webhook actuator)."""
         a: AckBody = parse_body(AckBody, body, f"placement {placement_id} ack")
-        with self._lock:
+        with self._changing():
             return self.walker.complete(StepOutcome(placement_id, a.step, a.ok, a.reason), self.seen.now).to_dict()
 
     def shards_state(self) -> dict[str, Any]:
@@ -238,6 +237,17 @@ class Scheduler:
     def decisions_state(self, limit: int = 100) -> dict[str, Any]:
         return {"exporting": self.tracer.exporting, "spans_dropped": self.tracer.dropped,
                 "decisions": self.tracer.recent(limit)}
+
+    @contextlib.contextmanager
+    def _changing(self) -> Iterator[None]:
+        """The lock, for a change; the readers' snapshot is taken once it is made (or refused), so that one who
+        finds a later tick stuck reads this state, not an older one."""
+        with self._lock:
+            try:
+                yield
+            finally:
+                with contextlib.suppress(SchedulerError):  # a database error while reading: the last snapshot
+                    self._counts_and_views()
 
     def _counts_and_views(self) -> tuple[dict[Any, int], dict[str, Any]]:
         return self._last_read.read(lambda: (dict(self.decider.counts), self.decider.views()))
@@ -272,7 +282,7 @@ class Scheduler:
             keep["step_timeout"] = self.cfg.step_timeout
         for spec in new.shards:  # refused before anything is swapped: a bad shard leaves all settings as they were
             self._on_this_host(spec)
-        with self._lock:
+        with self._changing():
             self.cfg = new = new.model_copy(update=keep)
             self.decider.configure(new)
             self.triggers = Triggers(new, self.topo.n)

@@ -14,6 +14,7 @@ from .keys import KeyTable
 __all__ = ["HOST_INDEX", "SeriesRings"]
 
 HOST_INDEX = {f.name: i for i, f in enumerate(HOST_FIELDS)}
+MAX_GPU_ROWS = 256  # GPUs kept a row of history each, the missing ones with the present ones
 
 
 class SeriesRings:
@@ -67,7 +68,7 @@ class SeriesRings:
     def check(self, frame: Frame) -> str | None:
         """What in ``frame`` this store could not take, named (see :mod:`.check`); None when it can take it all.
         Call it from the thread that ingests (it reads the key tables without the lock)."""
-        return malformed(frame, self.layout.n, (self.hists, self.gauges, self.counters), self._gpu_info)
+        return malformed(frame, self.layout.n, (self.hists, self.gauges, self.counters), self._frame_gpus)
 
     def _write(self, t: int, frame: Frame) -> None:
         self._ts[t] = frame.ts
@@ -154,19 +155,24 @@ class SeriesRings:
         self._gpu_healthy[self._gpu_rows] = gpu.healthy
 
     def _regrid(self, info: tuple[GpuInfo, ...]) -> None:
-        """Rows for the GPUs of ``info`` among every GPU seen, by GPU index (its newest identity): a GPU missing
-        from a frame (a dcgm-exporter page without the GPU that fell off the bus) keeps its history and reads as
-        missing and unhealthy, where the rows had shifted and every GPU's history had been wiped."""
-        by_index = {g.index: g for g in self._gpu_info} | {g.index: g for g in info}
-        union = tuple(by_index[i] for i in sorted(by_index))
-        if [g.index for g in union] != [g.index for g in self._gpu_info]:
-            old = {g.index: k for k, g in enumerate(self._gpu_info)}
-            grid = np.full((self.history, len(union), len(GPU_FIELDS)), np.nan)
-            for k, g in enumerate(union):
-                if g.index in old:
-                    grid[:, k] = self._gpu[:, old[g.index]]
-            self._gpu = grid
-        self._gpu_info = union
+        """Rows for the GPUs of ``info`` and for every GPU seen before that ``info`` lacks, by GPU index: a GPU
+        missing from a frame (a dcgm-exporter page without the GPU that fell off the bus) keeps its history and
+        reads as missing and unhealthy, where the rows had shifted and every GPU's history had been wiped.  A
+        row's history follows its GPU's UUID (a renumbered GPU takes its own with it; a GPU seen before whose
+        index or UUID the frame now gives another is dropped); past :data:`MAX_GPU_ROWS` rows only the frame's
+        GPUs are kept (a source inventing indices)."""
+        uuids = {g.uuid for g in info if g.uuid}
+        taken = {g.index for g in info}
+        kept = [g for g in self._gpu_info if g.index not in taken and g.uuid not in uuids]
+        union = tuple(sorted([*info, *kept], key=lambda g: g.index))
+        if len(union) > MAX_GPU_ROWS:
+            union = tuple(sorted(info, key=lambda g: g.index))
+        old_row = {g.uuid or f"#{g.index}": k for k, g in enumerate(self._gpu_info)}
+        grid = np.full((self.history, len(union), len(GPU_FIELDS)), np.nan)
+        for k, g in enumerate(union):
+            if (j := old_row.get(g.uuid or f"#{g.index}")) is not None:
+                grid[:, k] = self._gpu[:, j]
+        self._gpu, self._gpu_info = grid, union
         row = {g.index: k for k, g in enumerate(union)}
         self._gpu_rows = np.array([row[g.index] for g in info], dtype=np.intp)
         self._frame_gpus = info

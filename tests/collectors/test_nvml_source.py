@@ -455,7 +455,7 @@ def test_a_gpu_that_cannot_be_opened_at_start_leaves_the_others_running(fake: Fa
     fake.gpus[2].fail["nvmlDeviceGetNvLinkState"] = pynvml.NVML_ERROR_UNKNOWN
     frame = _frame(NvmlSource(fake, clock=Clock()))  # the whole source used to be dropped
     assert not frame.gpu.healthy[5] and frame.gpu.healthy[:5].all() and frame.gpu.healthy[6:].all()
-    assert frame.errors["nvml"] == "GPU 5 was not opened at start (logged then); unhealthy until a restart"
+    assert frame.errors["nvml"] == "GPU 5 could not be opened at start; unhealthy until a restart"
     assert _value(frame, 2, "utilization_ratio") == pytest.approx(0.73)
 
 

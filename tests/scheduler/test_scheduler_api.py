@@ -416,3 +416,27 @@ def test_reads_do_not_wait_for_a_tick_stuck_in_the_database(api: tuple[FlaskClie
     release.set()
     t.join()
     assert took < 2 and during == shards and shards["shards"] and metrics_during == metrics
+
+
+def test_a_read_while_a_tick_is_stuck_shows_the_last_change(api: tuple[FlaskClient, Scheduler]) -> None:
+    """No reader had looked since the shard was registered and re-sharded: a read during a stuck tick showed
+    the state of the last read (no shards at all on a fresh daemon), not that of the last change."""
+    import threading
+
+    client, sched = api
+    r = client.post("/api/v1/reshard", json={"shard": "tp2", "reason": "x"}, headers=AUTH)
+    assert r.status_code == 202
+    held, release = threading.Event(), threading.Event()
+
+    def stuck_tick() -> None:
+        with sched._lock:
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=stuck_tick)
+    t.start()
+    held.wait(5)
+    during = client.get("/api/v1/shards").get_json()
+    release.set()
+    t.join()
+    assert [s["shard"]["id"] for s in during["shards"]] == ["tp2"] and during["migrations_in_flight"] == 1

@@ -57,3 +57,29 @@ def test_a_gpu_missing_from_a_frame_keeps_its_row_and_every_gpu_its_history() ->
     tick(4.0, four)  # back
     assert store.gpu_window("utilization_ratio", 4)[-1, 2] == pytest.approx(0.24)
     assert list(store.gpu_latest().healthy) == [True] * 4
+
+
+def test_a_renumbered_gpu_takes_its_history_along_and_rows_stay_bounded() -> None:
+    """GPU 2 fell off and the exporter restarted: GPU-3 is listed as index 2.  Its row carries GPU-3's history,
+    and GPU-2 (its index now another's) and the old index 3 (its UUID now elsewhere) are dropped; a source
+    inventing ever-new indices keeps no more than MAX_GPU_ROWS rows."""
+    from sits_observe.store.rings import MAX_GPU_ROWS
+
+    store = SeriesStore(BucketLayout(parse({}, env={}).store.snapped()), history=8)
+    four = tuple(GpuInfo(i, f"GPU-{i}", "H100", f"0:{i}") for i in range(4))
+
+    def tick(ts: float, gpus: tuple[GpuInfo, ...], util: list[float]) -> None:
+        gpu = GpuFrame.empty(gpus)
+        for k, u in enumerate(util):
+            gpu.set(k, "utilization_ratio", u)
+        _tick(store, ts, gpu)
+
+    tick(1.0, four, [0.0, 0.1, 0.2, 0.3])
+    renumbered = (four[0], four[1], GpuInfo(2, "GPU-3", "H100", "0:3"))
+    tick(2.0, renumbered, [0.0, 0.1, 0.33])
+    assert store.gpu_info() == renumbered
+    assert store.gpu_window("utilization_ratio", 2)[:, 2] == pytest.approx([0.3, 0.33])
+    assert list(store.gpu_latest().healthy) == [True] * 3
+    for i in range(MAX_GPU_ROWS + 10):
+        tick(3.0 + i, (GpuInfo(1000 + i, "", "?", ""),), [0.5])
+    assert len(store.gpu_info()) <= MAX_GPU_ROWS
