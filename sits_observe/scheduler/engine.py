@@ -21,7 +21,6 @@ from typing import Any
 from ..errors import ConfigError, SchedulerError
 from ..frame import Frame, Sample
 from ..rca.verdict import HEALTHY, Verdict
-from ..snapshot import Snapshot
 from ..topology import Topology
 from .actuators import Actuator, StepOutcome, build_actuator
 from .bodies import AckBody, parse_body
@@ -65,8 +64,7 @@ class Scheduler:
         self.decider = Decider(cfg, topology, self.seen, self.store, self.walker, self.tracer, annotate=annotate,
                                alerts=alerts)
         self._lock = threading.RLock()
-        # decision counts and shard views; readers finding a tick deciding (or a slow database) get the last ones
-        self._last_read: Snapshot[tuple[dict[Any, int], dict[str, Any]]] = Snapshot(self._lock)
+        self._published: tuple[dict[Any, int], dict[str, Any]] = ({}, {})  # decision counts, shard views: _changing
         self._verdicts: deque[Verdict] = deque(maxlen=256)
         self._unplaced: dict[str, ShardSpec] = {}  # config shards waiting for GPU values to be placed
         with self._changing():
@@ -230,7 +228,7 @@ class Scheduler:
             return self.walker.complete(StepOutcome(placement_id, a.step, a.ok, a.reason), self.seen.now).to_dict()
 
     def shards_state(self) -> dict[str, Any]:
-        views = self._counts_and_views()[1]
+        views = self._published[1]
         return {"strategy": self.cfg.strategy, "actuator": self.actuator.name, "migrations_in_flight": in_flight(views),
                 "shards": [v.to_dict() for v in views.values()]}
 
@@ -240,20 +238,18 @@ class Scheduler:
 
     @contextlib.contextmanager
     def _changing(self) -> Iterator[None]:
-        """The lock, for a change; the readers' snapshot is taken once it is made (or refused), so that one who
-        finds a later tick stuck reads this state, not an older one."""
+        """The lock, for a change; the state the readers see (/metrics, /api/v1/shards, the UI) is published once
+        it is made (or refused), so that they never wait for a tick (one stuck in a slow database write held them,
+        and with them the HTTP workers) nor read the database themselves."""
         with self._lock:
             try:
                 yield
             finally:
-                with contextlib.suppress(SchedulerError):  # a database error while reading: the last snapshot
-                    self._counts_and_views()
-
-    def _counts_and_views(self) -> tuple[dict[Any, int], dict[str, Any]]:
-        return self._last_read.read(lambda: (dict(self.decider.counts), self.decider.views()))
+                with contextlib.suppress(SchedulerError):  # a database error while reading: the last state stays
+                    self._published = (dict(self.decider.counts), self.decider.views())
 
     def metrics(self) -> Iterable[Sample]:
-        counts, views = self._counts_and_views()
+        counts, views = self._published
         states, pending = self.store.counts(), self.store.span_backlog()  # plain reads, under the store's own lock
         for (trigger, action), n in sorted(counts.items()):
             yield Sample("sits_scheduler_decisions_total", "counter", "Scheduler decisions by trigger and action.",
