@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from otlp_receiver import Receiver
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fakes"))  # in_thread.lock_held
 
 from sits_observe.scheduler.config import OtlpConfig, SchedulerConfig
 from sits_observe.scheduler.engine import Scheduler

@@ -393,50 +393,30 @@ def test_an_ack_after_the_step_timed_out_is_a_409_saying_the_placement_failed(
 def test_reads_do_not_wait_for_a_tick_stuck_in_the_database(api: tuple[FlaskClient, Scheduler]) -> None:
     """A tick holds the scheduler's lock through its scheduler.sqlite writes; /api/v1/shards, the UI's topology
     page and /metrics waited as long, each holding one of the HTTP server's few workers."""
-    import threading
     import time
+
+    from in_thread import lock_held
 
     client, sched = api
     shards = client.get("/api/v1/shards").get_json()
     metrics = [(s.name, s.labels, s.value) for s in sched.metrics() if s.name != "sits_scheduler_spans_pending"]
-    held, release = threading.Event(), threading.Event()
-
-    def stuck_tick() -> None:
-        with sched._lock:
-            held.set()
-            release.wait(10)
-
-    t = threading.Thread(target=stuck_tick)
-    t.start()
-    held.wait(5)
-    start = time.monotonic()
-    during = client.get("/api/v1/shards").get_json()
-    metrics_during = [(s.name, s.labels, s.value) for s in sched.metrics() if s.name != "sits_scheduler_spans_pending"]
-    took = time.monotonic() - start
-    release.set()
-    t.join()
+    with lock_held(sched._lock):
+        start = time.monotonic()
+        during = client.get("/api/v1/shards").get_json()
+        metrics_during = [(s.name, s.labels, s.value) for s in sched.metrics()
+                          if s.name != "sits_scheduler_spans_pending"]
+        took = time.monotonic() - start
     assert took < 2 and during == shards and shards["shards"] and metrics_during == metrics
 
 
 def test_a_read_while_a_tick_is_stuck_shows_the_last_change(api: tuple[FlaskClient, Scheduler]) -> None:
     """No reader had looked since the shard was registered and re-sharded: a read during a stuck tick showed
     the state of the last read (no shards at all on a fresh daemon), not that of the last change."""
-    import threading
+    from in_thread import lock_held
 
     client, sched = api
     r = client.post("/api/v1/reshard", json={"shard": "tp2", "reason": "x"}, headers=AUTH)
     assert r.status_code == 202
-    held, release = threading.Event(), threading.Event()
-
-    def stuck_tick() -> None:
-        with sched._lock:
-            held.set()
-            release.wait(10)
-
-    t = threading.Thread(target=stuck_tick)
-    t.start()
-    held.wait(5)
-    during = client.get("/api/v1/shards").get_json()
-    release.set()
-    t.join()
+    with lock_held(sched._lock):
+        during = client.get("/api/v1/shards").get_json()
     assert [s["shard"]["id"] for s in during["shards"]] == ["tp2"] and during["migrations_in_flight"] == 1

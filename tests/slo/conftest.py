@@ -11,6 +11,7 @@ import pytest
 from slo_helpers import SECRET
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "alerting"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fakes"))
 from alert_receiver import Receiver  # noqa: E402
 
 

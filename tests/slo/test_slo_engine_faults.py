@@ -265,30 +265,20 @@ def test_a_short_restart_keeps_the_flap_guard(tmp_path, receiver):
 
 
 def test_a_scrape_does_not_wait_for_a_tick_stuck_in_slo_db(tmp_path, receiver):
-    import threading
     import time
+
+    from in_thread import lock_held
 
     cfg = config_for(tmp_path, receiver.url)
     feed, engine = burning(cfg)
     before = {(s.name, s.labels): s.value for s in engine.metrics() if s.name.startswith("sits_slo")}
-    held, release = threading.Event(), threading.Event()
-
-    def stuck_tick():  # a tick holding the engine's lock while slo.db answers "database is locked" for 5 s
-        with engine._lock:
-            held.set()
-            release.wait(10)
-
     slos, alerts = engine.slos_state(), engine.alerts_state()["firing"]
-    t = threading.Thread(target=stuck_tick)
-    t.start()
-    held.wait(5)
-    start = time.monotonic()
-    during = {(s.name, s.labels): s.value for s in engine.metrics() if s.name.startswith("sits_slo")}
-    # the API's and the UI's reads too: each one waiting held an HTTP worker, and a few starved /metrics
-    slos_during, alerts_during = engine.slos_state(), engine.alerts_state()["firing"]
-    took = time.monotonic() - start
-    release.set()
-    t.join()
+    with lock_held(engine._lock):  # a tick holding the engine's lock while slo.db answers "database is locked"
+        start = time.monotonic()
+        during = {(s.name, s.labels): s.value for s in engine.metrics() if s.name.startswith("sits_slo")}
+        # the API's and the UI's reads too: each one waiting held an HTTP worker, and a few starved /metrics
+        slos_during, alerts_during = engine.slos_state(), engine.alerts_state()["firing"]
+        took = time.monotonic() - start
     assert took < 2 and during == before and before  # the last values, at once (deliveries may move on)
     assert slos_during == slos and alerts_during == alerts and alerts
     engine.close()
@@ -296,26 +286,16 @@ def test_a_scrape_does_not_wait_for_a_tick_stuck_in_slo_db(tmp_path, receiver):
 
 def test_a_first_scrape_does_not_wait_for_a_tick_stuck_in_slo_db(tmp_path, receiver):
     """No scrape has read the engine yet: the first one still answers at once (the SLO series come with the next)."""
-    import threading
     import time
+
+    from in_thread import lock_held
 
     cfg = config_for(tmp_path, receiver.url)
     _feed, engine = burning(cfg)
-    held, release = threading.Event(), threading.Event()
-
-    def stuck_tick():
-        with engine._lock:
-            held.set()
-            release.wait(10)
-
-    t = threading.Thread(target=stuck_tick)
-    t.start()
-    held.wait(5)
-    start = time.monotonic()
-    during = [s for s in engine.metrics() if s.name.startswith("sits_slo")]
-    took = time.monotonic() - start
-    release.set()
-    t.join()
+    with lock_held(engine._lock):
+        start = time.monotonic()
+        during = [s for s in engine.metrics() if s.name.startswith("sits_slo")]
+        took = time.monotonic() - start
     assert took < 2 and during == []
     assert [s for s in engine.metrics() if s.name.startswith("sits_slo")]
     engine.close()
