@@ -209,8 +209,9 @@ class LibraryAttacher:
         try:
             self._bpf.detach_uprobe_event(ev_name)
         except Exception as exc:  # bcc raises bare Exception, after closing the fd (a tracefs event may be left)
-            del self._bpf.uprobe_fds[ev_name]  # so that cleanup() does not close that fd number again
-            _forget_probe(self._bpf)
+            # and before its own _del_uprobe_fd, done here: cleanup() then does not close that fd number again,
+            # and the probe leaves bcc's count of open probes
+            self._bpf._del_uprobe_fd(ev_name)
             return f"{ev_name.decode(errors='replace')}: {exc}"
         return None
 
@@ -248,7 +249,7 @@ class LibraryAttacher:
 
 
 def _forget_probe(bpf: Any) -> None:
-    """Count one probe out of bcc's open probes, closed (or dropped from ``uprobe_fds``) behind bcc's back.
+    """Count one probe out of bcc's open probes, closed behind bcc's back (its ``uprobe_fds`` names another fd).
 
     bcc counts the probes open in this process, for its quota (``BCC_PROBE_LIMIT``, 1000 by default: "Number of
     open probes would exceed global quota"), in a global of its module, lowered only by its own ``_del_uprobe_fd``

@@ -33,7 +33,7 @@ class FakeBpf:
         self.uprobe_fds[b"%s_%s_0x%x" % (kind, name, addr)] = self._fd
         _num_open_probes += 1
 
-    def _del(self, ev_name: bytes) -> None:
+    def _del_uprobe_fd(self, ev_name: bytes) -> None:
         global _num_open_probes
         del self.uprobe_fds[ev_name]
         _num_open_probes -= 1
@@ -48,12 +48,12 @@ class FakeBpf:
         self._add(b"r", name, addr)
 
     def detach_uretprobe(self, name: bytes, addr: int) -> None:
-        self._del(b"r_%s_0x%x" % (name, addr))
+        self._del_uprobe_fd(b"r_%s_0x%x" % (name, addr))
 
     def detach_uprobe_event(self, ev_name: bytes) -> None:
         if self.stuck:
             raise Exception("Failed to detach BPF from uprobe")  # noqa: TRY002 (bcc's own)
-        self._del(ev_name)
+        self._del_uprobe_fd(ev_name)
 
 
 class Symbols:
