@@ -96,7 +96,8 @@ class SloEngine:
         self._started = False
         # readers that find the tick holding the lock (slo.db slow or locked) get the last values
         self._scrape: Snapshot[list[Sample]] = Snapshot(self._lock, [])  # a scrape never waits long
-        self._views: Snapshot[tuple[list[dict[str, Any]], dict[str, Any]]] = Snapshot(self._lock)
+        self._slos: Snapshot[list[dict[str, Any]]] = Snapshot(self._lock)
+        self._alerts: Snapshot[dict[str, Any]] = Snapshot(self._lock)
 
     @classmethod
     def from_config(cls, config: Config) -> SloEngine | None:
@@ -281,14 +282,11 @@ class SloEngine:
             out += list(self.dispatcher.metrics())
         return out
 
-    def _state(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        return self._views.read(lambda: ([slo_view(self, i) for i in range(len(self.specs))], alerts_view(self)))
-
     def slos_state(self) -> list[dict[str, Any]]:
-        return self._state()[0]
+        return self._slos.read(lambda: [slo_view(self, i) for i in range(len(self.specs))])
 
     def alerts_state(self) -> dict[str, Any]:
-        out = dict(self._state()[1])
+        out = dict(self._alerts.read(lambda: alerts_view(self)))
         if self.dispatcher is not None:
             out.update(self.dispatcher.state())
         return out
