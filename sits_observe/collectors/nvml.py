@@ -69,7 +69,7 @@ class NvmlSource:
         self.timeout = timeout  # the longest a tick waits for a sample
         self._sampler: Background[_Snapshot] = Background("nvml sample")
         self._started = ""  # wall time (UTC) the sample out started
-        self._hung_since: str | None = None  # the same, once that sample is out past the timeout
+        self._late = False  # that sample is out past the timeout: ticks no longer wait for it
         # GPU, what the sample out reads and since when (monotonic): named, and that GPU unhealthy, if it hangs
         self._calling: tuple[int | None, str, float] = (None, "", 0.0)  # "": between calls
         self._t0 = 0.0  # clock() at the sample's start: NVLink counters are timed from it, as read
@@ -102,14 +102,14 @@ class NvmlSource:
         self._stop = stop
         now = self.clock()
         if not self._sampler.busy and (self._snap is None or now - self._snap.at >= self.sample_interval):
-            self._hung_since, self._started = None, time.strftime("%H:%M:%S UTC", time.gmtime(self.wall_clock()))
+            self._late, self._started = False, time.strftime("%H:%M:%S UTC", time.gmtime(self.wall_clock()))
             self._sampler.start(self.sample, now)
 
     def collect(self, frame: Frame) -> None:
         replicas, sampler = self.replicas, self._sampler
         self.prefetch(self._stop)  # started already when the tick prefetched (then this starts nothing)
         if sampler.busy:
-            if not sampler.wait(0.0 if self._hung_since else self.timeout, self._stop):  # known hung: no wait
+            if not sampler.wait(0.0 if self._late else self.timeout, self._stop):  # known hung: no wait
                 self._hung(frame)
             self._snap = sampler.take()  # the sample's own exception, if it raised, fails this tick
             if replicas:  # which replicas had work when the utilization was sampled
@@ -127,7 +127,7 @@ class NvmlSource:
     def _hung(self, frame: Frame) -> None:
         """The sample out is past the timeout: every GPU reads as missing but for its XID count; the GPU of a call
         out for half the timeout or more is unhealthy.  A sample merely slow (every call quick) blames no GPU."""
-        self._hung_since = self._hung_since or self._started
+        self._late = True
         gpu, what, since = self._calling
         frame.gpu = GpuFrame.empty([g.info for g in self.gpus])
         if self._snap is not None:
@@ -136,12 +136,12 @@ class NvmlSource:
             self.xid.fields(i, g.info, frame.gpu.values[i], frame.samples)
         what = what if gpu is None else f"GPU {gpu}, {what}"
         if not what or time.monotonic() - since < self.timeout / 2:
-            raise CollectorError(f"nvml: the sample started at {self._hung_since} has not ended within "
+            raise CollectorError(f"nvml: the sample started at {self._started} has not ended within "
                                  f"gpu.nvml_timeout ({self.timeout:g} s), no call hung so far (now: "
                                  f"{what or 'between NVML calls'}); GPU readings are missing until it ends")
         if gpu is not None:
             frame.gpu.healthy[gpu] = False
-        raise CollectorError(f"nvml: a call ({what}) has not returned since {self._hung_since}; GPU readings "
+        raise CollectorError(f"nvml: a call ({what}) has not returned since {self._started}; GPU readings "
                              "are missing until it does (a GPU off the bus or a hung driver: check `nvidia-smi` and "
                              "the kernel log for Xid errors)")
 
