@@ -15,7 +15,7 @@ import numpy as np
 
 from .errors import ConfigError
 
-__all__ = ["LinkKind", "Gpu", "Link", "Topology", "PRESETS", "preset"]
+__all__ = ["LinkKind", "Gpu", "Link", "Topology", "NUMA_UNKNOWN", "PRESETS", "preset"]
 
 GB = 1e9
 
@@ -40,6 +40,9 @@ DEFAULT_BANDWIDTH = {
     LinkKind.NUMA_INTERCONNECT: 20 * GB,
     LinkKind.NETWORK: 50 * GB,
 }
+
+
+NUMA_UNKNOWN = -1  # a GPU whose NUMA node nobody could read (NVML could not open it at start)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,10 +87,11 @@ class Topology:
         return Link(self.kinds[a][b], float(self.bandwidth[a, b]), int(self.nvlinks[a, b]))
 
     def numa_nodes(self) -> dict[int, list[int]]:
-        """NUMA node -> GPU indices."""
+        """NUMA node -> GPU indices (GPUs whose node is unknown left out)."""
         out: dict[int, list[int]] = {}
         for g in self.gpus:
-            out.setdefault(g.numa_node, []).append(g.index)
+            if g.numa_node != NUMA_UNKNOWN:
+                out.setdefault(g.numa_node, []).append(g.index)
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -99,7 +103,7 @@ class Topology:
                     "uuid": g.uuid,
                     "model": g.model,
                     "pci_bus_id": g.pci_bus_id,
-                    "numa_node": g.numa_node,
+                    "numa_node": None if g.numa_node == NUMA_UNKNOWN else g.numa_node,
                     "cpu_affinity": list(g.cpu_affinity),
                     "memory_total_bytes": g.memory_total_bytes,
                     "node": g.node,
@@ -116,7 +120,8 @@ class Topology:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Topology:
         gpus = tuple(
-            Gpu(int(g["index"]), g["uuid"], g["model"], g["pci_bus_id"], int(g["numa_node"]),
+            Gpu(int(g["index"]), g["uuid"], g["model"], g["pci_bus_id"],
+                NUMA_UNKNOWN if g["numa_node"] is None else int(g["numa_node"]),
                 tuple(g.get("cpu_affinity", ())), int(g["memory_total_bytes"]), g.get("node", "localhost"))
             for g in data["gpus"]
         )

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from ..topology import PRESETS, LinkKind, Topology, preset
+from ..topology import NUMA_UNKNOWN, PRESETS, LinkKind, Topology, preset
 from .nvml_driver import started
 from .nvml_topology import format_cpulist
 
@@ -53,7 +53,8 @@ def format_topology(topo: Topology) -> str:
     lines = ["\t" + "\t".join([*gpus, "CPU Affinity", "NUMA Affinity"])]
     for a, g in enumerate(topo.gpus):
         cells = [cell(topo, a, b) for b in range(topo.n)]
-        lines.append("\t".join([gpus[a], *cells, format_cpulist(g.cpu_affinity) or "N/A", str(g.numa_node)]))
+        lines.append("\t".join([gpus[a], *cells, format_cpulist(g.cpu_affinity) or "N/A",
+                                "N/A" if g.numa_node == NUMA_UNKNOWN else str(g.numa_node)]))
     lines += ["", "Bandwidth, GB/s one direction:", "\t" + "\t".join(gpus)]
     for a in range(topo.n):
         row = ["-" if a == b else f"{topo.bandwidth[a, b] / 1e9:g}" for b in range(topo.n)]

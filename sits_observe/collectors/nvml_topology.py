@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CollectorError
-from ..topology import DEFAULT_BANDWIDTH, GB, NVLINK4_PER_LINK, Gpu, LinkKind, Topology
+from ..topology import DEFAULT_BANDWIDTH, GB, NUMA_UNKNOWN, NVLINK4_PER_LINK, Gpu, LinkKind, Topology
 from .nvml_driver import is_unsupported, load_nvml
 
 __all__ = ["topology_from_nvml", "ancestor_kind", "nvlink_per_link", "pcie_bandwidth", "parse_cpulist",
@@ -120,7 +120,7 @@ def _open(nv: Any, index: int, sysfs: Path) -> tuple[Gpu, Any]:
     except nv.NVMLError as exc:
         log.warning("nvml: GPU %d cannot be opened (%s); in the topology without links or memory, so nothing is "
                     "placed on it until a restart", index, exc)
-        return Gpu(index, "", "", "", 0, (), 0), None
+        return Gpu(index, "", "", "", NUMA_UNKNOWN, (), 0), None
     return _gpu(nv, index, h, ids, sysfs), h
 
 

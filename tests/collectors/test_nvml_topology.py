@@ -21,7 +21,7 @@ from sits_observe.collectors.nvml_topology import (
     topology_from_nvml,
 )
 from sits_observe.errors import CollectorError
-from sits_observe.topology import Gpu, LinkKind, Topology
+from sits_observe.topology import NUMA_UNKNOWN, Gpu, LinkKind, Topology
 
 GB = 1e9
 NVS, NVL = LinkKind.NVSWITCH, LinkKind.NVLINK
@@ -223,6 +223,11 @@ def test_a_gpu_that_cannot_be_opened_keeps_its_place_without_links_or_memory(fak
     dead = topo.gpus[5]
     assert (dead.uuid, dead.pci_bus_id, dead.memory_total_bytes) == ("", "", 0)
     assert topo.gpus[:5] == whole.gpus[:5] and topo.gpus[6:] == whole.gpus[6:]
+    # its NUMA node is unknown, not node 0: null in the API, N/A in `topo`, in no node's GPU list
+    assert dead.numa_node == NUMA_UNKNOWN and topo.to_dict()["gpus"][5]["numa_node"] is None
+    assert Topology.from_dict(topo.to_dict()).gpus[5].numa_node == NUMA_UNKNOWN
+    assert all(5 not in gs for gs in topo.numa_nodes().values())
+    assert format_topology(topo).splitlines()[6].endswith("\tN/A\tN/A")
     others = [i for i in range(8) if i != 5]
     assert all(topo.kinds[5][b] == topo.kinds[b][5] == LinkKind.NUMA_INTERCONNECT for b in others)
     assert topo.nvlinks[5].sum() == topo.nvlinks[:, 5].sum() == 0

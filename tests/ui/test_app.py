@@ -210,3 +210,18 @@ def test_a_migration_in_flight_is_outlined_and_logged(make_daemon: Callable[...,
     rows = find(tree, "causes-decisions")["children"]["props"]["children"][1]["props"]["children"]
     first = rows[0]["props"]
     assert first["data-shard"] == "chat-1" and first["data-span"] == decision["span_id"]
+
+
+def test_a_gpu_of_unknown_numa_node_is_a_block_of_its_own_not_node_0() -> None:
+    """A GPU NVML could not open at start has no NUMA node; the matrix drew it inside node 0's square."""
+    from dataclasses import replace
+
+    from sits_observe.topology import NUMA_UNKNOWN, preset
+    from sits_observe.ui.pages.topology import link_figure
+
+    topo = preset("pcie-8")
+    topo = replace(topo, gpus=tuple(replace(g, numa_node=NUMA_UNKNOWN) if g.index == 1 else g for g in topo.gpus))
+    fig = link_figure(topo)
+    assert fig["data"][0]["x"] == [f"GPU {i}" for i in (0, 2, 3, 4, 5, 6, 7, 1)]
+    squares = [(s["label"]["text"], s["x0"] + 0.5, s["x1"] - 0.5) for s in fig["layout"]["shapes"]]
+    assert squares == [("NUMA 0", 0, 2), ("NUMA 1", 3, 6), ("NUMA unknown", 7, 7)]

@@ -11,7 +11,7 @@ import numpy as np
 from dash import Dash, Input, Output, Patch, State, dcc, html
 
 from ...frame import GPU_FIELD_INDEX as F
-from ...topology import LinkKind, Topology
+from ...topology import NUMA_UNKNOWN, LinkKind, Topology
 from .. import parts
 from ..context import UiContext
 from ..figures import base_layout
@@ -33,8 +33,8 @@ def options(ctx: UiContext, q: Mapping[str, str]) -> dict[str, Any]:
 
 
 def order(topo: Topology) -> list[int]:
-    """GPU indices grouped by NUMA node, so each node is one block of the matrix."""
-    return sorted(range(topo.n), key=lambda i: (topo.gpus[i].numa_node, i))
+    """GPU indices grouped by NUMA node, so each node is one block of the matrix (GPUs of unknown node last)."""
+    return sorted(range(topo.n), key=lambda i: (topo.gpus[i].numa_node == NUMA_UNKNOWN, topo.gpus[i].numa_node, i))
 
 
 def _abbrev(topo: Topology, i: int, j: int) -> str:
@@ -79,9 +79,10 @@ def numa_shapes(topo: Topology, idx: list[int]) -> list[dict[str, Any]]:
         end = start
         while end + 1 < len(idx) and topo.gpus[idx[end + 1]].numa_node == node:
             end += 1
+        name = "NUMA unknown" if node == NUMA_UNKNOWN else f"NUMA {node}"
         shapes.append({"type": "rect", "xref": "x", "yref": "y", "x0": start - 0.5, "x1": end + 0.5,
                        "y0": start - 0.5, "y1": end + 0.5, "line": {"color": "#d62728", "width": 2, "dash": "dot"},
-                       "label": {"text": f"NUMA {node}", "textposition": "top left", "font": {"size": 11}}})
+                       "label": {"text": name, "textposition": "top left", "font": {"size": 11}}})
         start = end + 1
     return shapes
 
