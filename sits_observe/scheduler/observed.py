@@ -33,15 +33,20 @@ class Observed:
         self.numa_cpu: dict[int, float] = {}
 
     def read(self, frame: Frame) -> bool:
-        """Take the frame's values; True when it carried a sample of every GPU."""
+        """Take the frame's values; True when it carried a sample of every GPU.  A frame whose GPUs all read as
+        missing (the GPU source hung: only their health and XIDs are known) is no sample: it updates health only,
+        so a source hung past ``GPU_STALE_S`` is "not reporting", not a host with no GPU that qualifies."""
         self.now = frame.ts
         g = frame.gpu
-        sampled = g is not None and len(g.info) == self.n
+        if g is None or len(g.info) != self.n:
+            sampled = False
+        else:
+            self.healthy = np.asarray(g.healthy, dtype=bool)
+            sampled = bool(np.isfinite(np.delete(g.values, GPU_FIELD_INDEX["xid_errors_total"], axis=1)).any())
         if sampled:
             self.values, self.gpu_ts = g.values, frame.ts
             self.util = g.values[:, GPU_FIELD_INDEX["utilization_ratio"]]  # NaN: not read (not idle)
             self.mem = g.values[:, GPU_FIELD_INDEX["memory_used_bytes"]]
-            self.healthy = np.asarray(g.healthy, dtype=bool)
         self.host_cpu = float(frame.host.get("cpu_utilization_ratio", float("nan")))
         self.numa_cpu = numa_cpu_by_node(frame.samples)
         return sampled
@@ -65,8 +70,8 @@ class Observed:
         """Why no GPUs may be chosen now, "" when they may."""
         if self.fresh():
             return ""
-        return (f"no GPU values for {GPU_STALE_S:g} s (the GPU source is not reporting), so the targets' free "
-                "memory is unknown")
+        return (f"no GPU values for {GPU_STALE_S:g} s (the GPU source is not reporting, or reads every GPU as "
+                "missing), so the targets' free memory is unknown")
 
     def load(self, views: dict[str, ShardView]) -> GpuLoad:
         return gpu_load(views, self.util, self.mem, self.healthy)

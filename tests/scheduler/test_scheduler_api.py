@@ -300,8 +300,8 @@ def test_registration_without_gpu_values_is_a_409(api: tuple[FlaskClient, Schedu
     for t in range(1, 17):  # the GPU source stops reporting
         sched.on_tick(Frame(1000.0 + t, 1.0))
     refused(client, sched, "/api/v1/shards", {"id": "chat", "gpus": 1, "memory_per_gpu": GiB}, 409,
-            "shard chat: cannot place: no GPU values for 15 s (the GPU source is not reporting), so the targets' "
-            "free memory is unknown; try again when it reports")
+            "shard chat: cannot place: no GPU values for 15 s (the GPU source is not reporting, or reads every GPU as "
+            "missing), so the targets' free memory is unknown; try again when it reports")
     r = client.post("/api/v1/shards", json={"id": "chat", "gpus": 1, "memory_per_gpu": GiB, "placement": [5]},
                     headers=AUTH)
     assert (r.status_code, r.get_json()["gpus"]) == (201, [5])  # a running shard is adopted where it runs

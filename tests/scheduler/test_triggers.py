@@ -196,6 +196,31 @@ def test_imbalance_moves_only_for_a_real_gain(make_scheduler: Callable[..., Sche
     assert d["target_gpus"] != (0,) and d["score"] > 0
 
 
+def hung_frame(ts: float, stuck: int, n: int = 8) -> Frame:
+    """What the NVML source gives while a sample is hung: every GPU missing but for its XID count, the GPU of
+    the hung call unhealthy."""
+    f = frame(ts, n=n)
+    f.gpu.values[:] = np.nan
+    f.gpu.values[:, GPU_FIELD_INDEX["xid_errors_total"]] = 0.0
+    f.gpu.healthy[stuck] = False
+    return f
+
+
+def test_a_hung_gpu_source_is_not_reporting_rather_than_every_gpu_unqualified(
+        make_scheduler: Callable[..., Scheduler]) -> None:
+    """Frames of missing GPUs were taken as fresh values: a re-shard then said '0 of 8 qualify'."""
+    s = make_scheduler(verdict_consecutive=1)
+    s.register_shard({"id": "a", "gpus": 1, "memory_per_gpu": 20 * 2**30, "placement": [0]})
+    s.on_tick(frame(1000.0))
+    for t in range(1, 17):
+        s.on_tick(hung_frame(1000.0 + t, stuck=3))
+    assert not s.seen.healthy[3] and s.seen.healthy[[0, 1, 2, 4, 5, 6, 7]].all()  # the hung GPU is avoided
+    s.on_verdict(verdict("thermal_throttling", 0.9, 1017.0, gpus=(0,)))
+    s.on_tick(hung_frame(1017.0, stuck=3))
+    d = s.decisions_state()["decisions"][0]
+    assert d["action"] == "no_action" and "the GPU source is not reporting, or reads every GPU as missing" in d["reason"]
+
+
 def test_nothing_is_decided_on_gpu_values_the_gpu_source_stopped_sending(
         make_scheduler: Callable[..., Scheduler]) -> None:
     s = make_scheduler(imbalance_sustain=5, min_gain=0.0, verdict_consecutive=1)
