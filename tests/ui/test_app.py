@@ -225,3 +225,22 @@ def test_a_gpu_of_unknown_numa_node_is_a_block_of_its_own_not_node_0() -> None:
     assert fig["data"][0]["x"] == [f"GPU {i}" for i in (0, 2, 3, 4, 5, 6, 7, 1)]
     squares = [(s["label"]["text"], s["x0"] + 0.5, s["x1"] - 0.5) for s in fig["layout"]["shapes"]]
     assert squares == [("NUMA 0", 0, 2), ("NUMA 1", 3, 6), ("NUMA unknown", 7, 7)]
+
+
+def test_the_live_strip_matches_store_rows_to_gpus_by_index() -> None:
+    """The strip read the store's rows by position; the store keeps them in the order the GPUs were seen."""
+    from types import SimpleNamespace
+
+    from sits_observe.frame import GPU_FIELD_INDEX, GpuFrame, GpuInfo
+    from sits_observe.topology import preset
+    from sits_observe.ui.pages.topology import order, strip_values
+
+    topo = preset("pcie-8")
+    seen = [7, 6, 5, 4, 3, 2, 1]  # GPU 0 never reported
+    latest = GpuFrame.empty([GpuInfo(i, f"GPU-{i}", "H100", f"0:{i}") for i in seen])
+    for r, i in enumerate(seen):
+        latest.values[r, GPU_FIELD_INDEX["utilization_ratio"]] = i / 10
+        latest.values[r, GPU_FIELD_INDEX["memory_used_bytes"]] = i
+        latest.values[r, GPU_FIELD_INDEX["memory_total_bytes"]] = 100
+    ctx = SimpleNamespace(store=SimpleNamespace(gpu_latest=lambda: latest))
+    assert strip_values(ctx, topo, order(topo)) == [[None, None]] + [[10.0 * i, float(i)] for i in range(1, 8)]

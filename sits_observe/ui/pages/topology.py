@@ -104,7 +104,9 @@ def highlights(idx: list[int], moves: list[parts.Move], picked: int | None) -> l
     return out
 
 
-def strip_values(ctx: UiContext, idx: list[int]) -> list[list[float | None]]:
+def strip_values(ctx: UiContext, topo: Topology, idx: list[int]) -> list[list[float | None]]:
+    """Utilization and memory (%) of the topology's GPUs ``idx``, matched to the store's rows by GPU index (the
+    store keeps a row per GPU seen, in the order they were seen)."""
     latest = ctx.store.gpu_latest()
     if latest is None:
         return [[None, None] for _ in idx]
@@ -112,13 +114,15 @@ def strip_values(ctx: UiContext, idx: list[int]) -> list[list[float | None]]:
     util = 100.0 * v[:, F["utilization_ratio"]]
     with np.errstate(divide="ignore", invalid="ignore"):
         mem = 100.0 * v[:, F["memory_used_bytes"]] / v[:, F["memory_total_bytes"]]
-    return [[None if not np.isfinite(x) else round(float(x), 1) for x in (util[i], mem[i])] if i < len(v)
-            else [None, None] for i in idx]
+    row = {g.index: r for r, g in enumerate(latest.info)}
+    rows = [row.get(topo.gpus[i].index) for i in idx]
+    return [[None if not np.isfinite(x) else round(float(x), 1) for x in (util[r], mem[r])] if r is not None
+            else [None, None] for r in rows]
 
 
-def strip_figure(ctx: UiContext, idx: list[int], shapes: list[dict[str, Any]]) -> dict[str, Any]:
+def strip_figure(ctx: UiContext, topo: Topology, idx: list[int], shapes: list[dict[str, Any]]) -> dict[str, Any]:
     trace = {"type": "heatmap", "x": ["utilization", "memory"], "y": [f"GPU {i}" for i in idx],
-             "z": strip_values(ctx, idx), "zmin": 0, "zmax": 100, "colorscale": "Blues", "reversescale": True,
+             "z": strip_values(ctx, topo, idx), "zmin": 0, "zmax": 100, "colorscale": "Blues", "reversescale": True,
              "xgap": 2, "ygap": 2,
              "texttemplate": "%{z:.0f}%", "hovertemplate": "%{y} %{x}: %{z:.1f} %<extra></extra>",
              "colorbar": {"title": {"text": "% (now)", "side": "right"}, "thickness": 12}}
@@ -147,7 +151,7 @@ def layout(ctx: UiContext, opts: dict[str, Any]) -> Any:
     links["layout"]["shapes"] = links["layout"]["shapes"] + shapes
     return html.Div([
         html.Div([dcc.Graph(id="topo-links", figure=links, config={"displaylogo": False}, className="wide"),
-                  dcc.Graph(id="topo-strip", figure=strip_figure(ctx, idx, shapes), config={"displaylogo": False},
+                  dcc.Graph(id="topo-strip", figure=strip_figure(ctx, topo, idx, shapes), config={"displaylogo": False},
                             className="narrow")], className="row"),
         html.P(LEGEND, className="legend"),
         html.P(_moves_text(moves), id="topo-moves", className="moves"),
@@ -168,6 +172,6 @@ def register(app: Dash, ctx: UiContext) -> None:
         shapes = highlights(idx, moves, picked)
         links, strip = Patch(), Patch()
         links["layout"]["shapes"] = numa_shapes(topo, idx) + shapes
-        strip["data"][0]["z"] = strip_values(ctx, idx)
+        strip["data"][0]["z"] = strip_values(ctx, topo, idx)
         strip["layout"]["shapes"] = shapes
         return links, strip, _moves_text(moves)
