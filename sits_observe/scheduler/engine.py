@@ -64,7 +64,9 @@ class Scheduler:
         self.decider = Decider(cfg, topology, self.seen, self.store, self.walker, self.tracer, annotate=annotate,
                                alerts=alerts)
         self._lock = threading.RLock()
-        self._published: tuple[dict[Any, int], dict[str, Any]] = ({}, {})  # decision counts, shard views: _changing
+        self._clock = clock
+        # decision counts, shard views and when they were published (the clock's time): _changing
+        self._published: tuple[dict[Any, int], dict[str, Any], float] = ({}, {}, clock())
         self._verdicts: deque[Verdict] = deque(maxlen=256)
         self._unplaced: dict[str, ShardSpec] = {}  # config shards waiting for GPU values to be placed
         with self._changing():
@@ -228,9 +230,9 @@ class Scheduler:
             return self.walker.complete(StepOutcome(placement_id, a.step, a.ok, a.reason), self.seen.now).to_dict()
 
     def shards_state(self) -> dict[str, Any]:
-        views = self._published[1]
-        return {"strategy": self.cfg.strategy, "actuator": self.actuator.name, "migrations_in_flight": in_flight(views),
-                "shards": [v.to_dict() for v in views.values()]}
+        _, views, as_of = self._published
+        return {"strategy": self.cfg.strategy, "actuator": self.actuator.name, "as_of": as_of,
+                "migrations_in_flight": in_flight(views), "shards": [v.to_dict() for v in views.values()]}
 
     def decisions_state(self, limit: int = 100) -> dict[str, Any]:
         return {"exporting": self.tracer.exporting, "spans_dropped": self.tracer.dropped,
@@ -246,10 +248,10 @@ class Scheduler:
                 yield
             finally:
                 with contextlib.suppress(SchedulerError):  # a database error while reading: the last state stays
-                    self._published = (dict(self.decider.counts), self.decider.views())
+                    self._published = (dict(self.decider.counts), self.decider.views(), self._clock())
 
     def metrics(self) -> Iterable[Sample]:
-        counts, views = self._published
+        counts, views, _ = self._published
         states, pending = self.store.counts(), self.store.span_backlog()  # plain reads, under the store's own lock
         for (trigger, action), n in sorted(counts.items()):
             yield Sample("sits_scheduler_decisions_total", "counter", "Scheduler decisions by trigger and action.",

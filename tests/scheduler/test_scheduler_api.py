@@ -409,6 +409,22 @@ def test_reads_do_not_wait_for_a_tick_stuck_in_the_database(api: tuple[FlaskClie
     assert took < 2 and during == shards and shards["shards"] and metrics_during == metrics
 
 
+def test_a_read_says_when_the_state_it_shows_was_published(api: tuple[FlaskClient, Scheduler]) -> None:
+    """A read during a stuck tick answers with the last published state; nothing in it said how old that was."""
+    from in_thread import lock_held
+
+    client, sched = api
+    now = [1010.0]
+    sched._clock = lambda: now[0]
+    sched.on_tick(frame(1010.0))
+    assert client.get("/api/v1/shards").get_json()["as_of"] == 1010.0
+    with lock_held(sched._lock):  # the next tick is stuck in the database for a minute
+        now[0] = 1070.0
+        assert client.get("/api/v1/shards").get_json()["as_of"] == 1010.0
+    sched.on_tick(frame(1071.0))
+    assert client.get("/api/v1/shards").get_json()["as_of"] == 1070.0
+
+
 def test_a_read_while_a_tick_is_stuck_shows_the_last_change(api: tuple[FlaskClient, Scheduler]) -> None:
     """No reader had looked since the shard was registered and re-sharded: a read during a stuck tick showed
     the state of the last read (no shards at all on a fresh daemon), not that of the last change."""
