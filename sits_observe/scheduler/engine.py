@@ -64,9 +64,8 @@ class Scheduler:
         self.decider = Decider(cfg, topology, self.seen, self.store, self.walker, self.tracer, annotate=annotate,
                                alerts=alerts)
         self._lock = threading.RLock()
-        self._clock = clock
-        # decision counts, shard views and when they were published (the clock's time): _changing
-        self._published: tuple[dict[Any, int], dict[str, Any], float] = ({}, {}, clock())
+        # decision counts, shard views, and the time of the newest frame then (source clock): _changing
+        self._published: tuple[dict[Any, int], dict[str, Any], float] = ({}, {}, self.seen.now)
         self._verdicts: deque[Verdict] = deque(maxlen=256)
         self._unplaced: dict[str, ShardSpec] = {}  # config shards waiting for GPU values to be placed
         with self._changing():
@@ -248,7 +247,7 @@ class Scheduler:
                 yield
             finally:
                 with contextlib.suppress(SchedulerError):  # a database error while reading: the last state stays
-                    self._published = (dict(self.decider.counts), self.decider.views(), self._clock())
+                    self._published = (dict(self.decider.counts), self.decider.views(), self.seen.now)
 
     def metrics(self) -> Iterable[Sample]:
         counts, views, _ = self._published
