@@ -18,6 +18,7 @@ which was trained with all features present and leans on them fully.
 from __future__ import annotations
 
 import math
+import zipfile
 from collections.abc import Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -209,6 +210,8 @@ class RcaModel:
         except Exception as exc:  # torch raises RuntimeError, UnpicklingError, EOFError, ... for bad files
             raise ModelError(f"{p}: not a readable model file: truncated, corrupt or not made by "
                              f"`sits-observe rca train` (torch said {type(exc).__name__}); {hint}") from exc
+        if (bad := _damage(p)) is not None:  # torch reads the archive without checking its checksums
+            raise ModelError(f"{p}: damaged (a disk or copy error): {bad}; {hint}")
         model = cls._from_blob(blob, p, hint)
         if "fallback" in blob:
             model.fallback = cls._from_blob(blob["fallback"], p, hint)
@@ -228,6 +231,7 @@ class RcaModel:
             if meta.get("format") != FORMAT:
                 raise ModelError(f"{p}: model format {meta.get('format')!r} is not {FORMAT!r}; {hint}")
             _check_sizes(meta)  # before any tensor is allocated from them
+            _check_types(meta)
             model = cls.new(meta["features"], meta["classes"], meta["window"], meta["hidden"],
                             meta["dropout"], Normalizer.from_dict(meta["norm"]),
                             Baseline(int(meta["baseline"]["horizon"]), int(meta["baseline"]["every"])),
@@ -237,6 +241,10 @@ class RcaModel:
             if any(len(getattr(model.norm, k)) != n for k in ("scale", "mean", "std")):  # the window: _check_sizes
                 raise ValueError(f"normalisation sizes do not fit {n} features")
             model.net.load_state_dict(blob["state"])
+            if bad := [k for k, t in model.net.state_dict().items() if not torch.isfinite(t).all()]:
+                raise ValueError(f"weights {bad[0]} hold NaN or infinite values")
+            if not all(np.isfinite(getattr(model.norm, k)).all() for k in ("scale", "mean", "std")):
+                raise ValueError("normalisation holds NaN or infinite values")
             model.temperature = float(meta["temperature"])
             if not (math.isfinite(model.temperature) and model.temperature > 0):
                 raise ValueError(f"temperature {model.temperature} is not a positive number")
@@ -249,6 +257,32 @@ class RcaModel:
                              f"{str(exc)[:200]}); {hint}") from exc
         model.net.eval()
         return model
+
+
+def _damage(path: Path) -> str | None:
+    """What in the model file's zip archive fails its checks: the first entry whose CRC does not match, or the
+    archive itself (None: all is well, or the file is no zip archive: torch's legacy format has no checksums)."""
+    if not zipfile.is_zipfile(path):
+        return None
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError) as exc:
+        return f"its archive cannot be read back ({exc})"
+    return None if bad is None else f"its entry {bad} fails its checksum"
+
+
+def _check_types(meta: dict[str, Any]) -> None:
+    """Names are strings and the records mappings (a foreign or hand-edited file could hold numbers there, which
+    would fail later, in the daemon's start or an API answer); ValueError naming the first that is not."""
+    for key in ("features", "classes", "relative_only"):
+        if not all(isinstance(x, str) for x in meta.get(key, ())):
+            raise ValueError(f"{key} are not all names")
+    if not isinstance(meta.get("training", {}), dict):
+        raise ValueError("training is not a mapping")
+    metrics = meta.get("metrics", {})
+    if not isinstance(metrics, dict) or not all(isinstance(v, dict) for v in metrics.values()):
+        raise ValueError("metrics is not a mapping of mappings")
 
 
 def _check_sizes(meta: dict[str, Any]) -> None:

@@ -271,3 +271,48 @@ def test_a_model_file_with_sizes_no_model_can_have_is_refused(tmp_path: Path, ti
     with pytest.raises(ModelError, match="incomplete or inconsistent") as err:
         RcaModel.load(good)
     assert needle in str(err.value), str(err.value)
+
+
+def test_a_file_damaged_inside_its_weights_is_refused(tmp_path: Path, tiny_model: RcaModel) -> None:
+    """torch reads a model file without checking its checksums: bytes changed inside a tensor loaded, and every
+    verdict was NaN (the daemon stored none, served NaN as JSON, and said RCA was on)."""
+    import zipfile
+
+    good = tmp_path / "good.pt"
+    tiny_model.save(good)
+    raw = bytearray(good.read_bytes())
+    with zipfile.ZipFile(good) as z:
+        entry = next(i for i in z.infolist() if i.filename.endswith("data/0"))
+    h = entry.header_offset  # the data follow the 30-byte local header, its name and its extra field
+    start = h + 30 + int.from_bytes(raw[h + 26:h + 28], "little") + int.from_bytes(raw[h + 28:h + 30], "little")
+    raw[start + 4:start + 12] = b"\xff" * 8
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(bytes(raw))
+    with pytest.raises(ModelError) as err:
+        RcaModel.load(bad)
+    assert f"{bad}: damaged (a disk or copy error): its entry {entry.filename} fails its checksum" in str(err.value)
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (lambda blob: blob["state"]["head.bias"].fill_(float("nan")), "weights head.bias hold NaN or infinite values"),
+    (lambda blob: blob["meta"]["norm"]["std"].__setitem__(0, float("inf")), "normalisation holds NaN or infinite"),
+    (lambda blob: blob["meta"].__setitem__("classes", list(range(len(blob["meta"]["classes"])))),
+     "classes are not all names"),
+    (lambda blob: blob["meta"]["features"].__setitem__(0, 7), "features are not all names"),
+    (lambda blob: blob["meta"].__setitem__("metrics", {"validation": 0.9}), "metrics is not a mapping of mappings"),
+    (lambda blob: blob["meta"].__setitem__("training", []), "training is not a mapping"),
+])
+def test_a_file_whose_values_no_trained_model_has_is_refused(tmp_path: Path, tiny_model: RcaModel,
+                                                             edit: Callable[[dict], object], needle: str) -> None:
+    """Such files loaded: NaN weights gave NaN verdicts; numbers as names failed the daemon's start with a
+    traceback, metrics that are no mapping every GET /api/v1/verdicts."""
+    import torch
+
+    path = tmp_path / "m.pt"
+    tiny_model.save(path)
+    blob = torch.load(path, weights_only=True)
+    edit(blob)
+    torch.save(blob, path)
+    with pytest.raises(ModelError, match="incomplete or inconsistent") as err:
+        RcaModel.load(path)
+    assert needle in str(err.value), str(err.value)
