@@ -125,7 +125,7 @@ class RcaEngine:
     # ---- per tick ------------------------------------------------------------------------------
 
     def on_tick(self, frame: Frame, store: SeriesStore) -> None:
-        if self.model is None:
+        if self.model is None or store.latest_ts != frame.ts:  # a tick the store did not take: no window ends at it
             return
         if store.history < self.model.window:  # the window would silently be cut to what the ring holds
             self._disable(f"store.history is {store.history} ticks, shorter than the model's window of "

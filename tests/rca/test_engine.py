@@ -264,6 +264,32 @@ def test_a_window_mostly_without_data_is_not_classified(tmp_path: Path, tiny_mod
     assert len(handed) >= 1  # from the tick on which half the window has data, as training windows
 
 
+def test_no_verdict_on_ticks_the_store_did_not_take(tmp_path: Path, tiny_model: RcaModel,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tick the store failed to take was still classified: the last stored window again, stamped with the lost
+    tick's time, every due tick of an outage (and the scheduler re-shards on a streak of verdicts)."""
+    path = tmp_path / "m.pt"
+    tiny_model.save(path)
+    handed: list[Verdict] = []
+    daemon, engine = _daemon(tmp_path, path, every=1, on_verdict=handed.append)
+    daemon.sources.append(HostSource(daemon.layout))
+    for _ in range(tiny_model.window + 5):
+        daemon.tick()
+    assert handed and handed[-1].ts == daemon.store.latest_ts
+    before = len(handed)
+
+    def refuse(frame: Frame) -> None:
+        raise OSError("no memory for the tick")
+
+    monkeypatch.setattr(daemon.store, "ingest", refuse)
+    for _ in range(10):
+        daemon.tick()
+    assert len(handed) == before and daemon.health["store"].errors == 10
+    monkeypatch.undo()
+    daemon.tick()
+    assert len(handed) == before + 1 and handed[-1].ts == daemon.store.latest_ts
+
+
 def test_confidence_series_go_when_rca_turns_off(tmp_path: Path, tiny_model: RcaModel) -> None:
     path = tmp_path / "m.pt"
     tiny_model.save(path)
