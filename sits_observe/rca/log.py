@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import threading
 from collections import deque
@@ -14,6 +15,8 @@ from ..statedb import StateFile
 from .verdict import Verdict
 
 __all__ = ["VerdictLog"]
+
+log = logging.getLogger("sits_observe.rca")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS verdicts (
@@ -30,12 +33,13 @@ CREATE TABLE IF NOT EXISTS verdicts (
 class VerdictLog:
     """Append-only with a cap of ``keep`` rows, held at open and after every append (so a daemon restarted
     often, or given a smaller ``keep``, never lets the file grow past it); ``recent()`` answers from
-    memory (thread-safe)."""
+    memory (thread-safe), without waiting for a write (one to a locked file waits SQLite's busy timeout)."""
 
     def __init__(self, path: Path, keep: int = 10000, memory: int = 200) -> None:
         self.path = path
         self.keep = keep
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the database
+        self._memory = threading.Lock()  # the newest verdicts
         self._recent: deque[Verdict] = deque(maxlen=memory)
         rows: list[tuple[str]] = []
 
@@ -46,12 +50,20 @@ class VerdictLog:
 
         file = StateFile(path, "the verdicts", lambda m: StoreError(f"verdict log {m}"))
         self._db = file.connect("FULL", setup=setup)
+        damaged = 0
         for (body,) in reversed(rows):
-            self._recent.append(Verdict.from_dict(json.loads(body)))
+            try:
+                self._recent.append(Verdict.from_dict(json.loads(body)))
+            except (ValueError, TypeError, KeyError, AttributeError):  # a row changed by hand or by a disk error
+                damaged += 1
+        if damaged:
+            log.warning("rca: %s: %d of the last %d stored verdicts cannot be read back (damaged rows); left in "
+                        "the file, not served", path, damaged, len(rows))
 
     def append(self, v: Verdict) -> None:
-        with self._lock:
+        with self._memory:
             self._recent.append(v)
+        with self._lock:
             try:
                 self._db.execute("INSERT INTO verdicts (id, ts, cause, confidence, body) VALUES (?, ?, ?, ?, ?)",
                                  (v.id, v.ts, v.cause, v.confidence, json.dumps(v.to_dict())))
@@ -74,7 +86,7 @@ class VerdictLog:
 
     def recent(self, limit: int = 50) -> list[dict[str, Any]]:
         """The newest verdicts first."""
-        with self._lock:
+        with self._memory:
             return [v.to_dict() for v in list(self._recent)[::-1][:limit]]
 
     def count(self) -> int:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fakes"))  # in_thread
 
 from sits_observe.rca.dataset import Dataset, Entity, Label
 from sits_observe.rca.model import RcaModel

@@ -332,6 +332,50 @@ def test_a_verdict_the_log_cannot_store_is_still_annotated_and_handed_on(tmp_pat
     assert daemon.health["rca"].last_error is None and engine.log.count() == 2
 
 
+def test_reads_do_not_wait_for_a_verdict_write_to_a_locked_file(tmp_path: Path) -> None:
+    """GET /api/v1/verdicts took the lock a write holds through SQLite's 5 s busy timeout on a locked file (an
+    operator's sqlite3 shell, a backup), holding one of the HTTP server's few workers as long."""
+    import threading
+
+    from in_thread import in_thread
+
+    log = VerdictLog(tmp_path / "rca.sqlite")
+    log.append(Verdict("healthy", 0.9, 1.0))
+    other = sqlite3.connect(tmp_path / "rca.sqlite", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    writing = threading.Thread(target=log.append, args=(Verdict("thermal_throttling", 0.95, 2.0),), daemon=True)
+    writing.start()
+    while not log._lock.locked():  # the write is waiting for the file
+        writing.join(0.01)
+    try:
+        recent, _ = in_thread(log.recent, wait=2.0)  # the write waits 5 s for the file
+        assert [v["cause"] for v in recent] == ["thermal_throttling", "healthy"]
+    finally:
+        other.rollback()
+        writing.join(10)
+        log.close()
+
+
+@pytest.mark.parametrize("body", ["{not json", '{"confidence": 0.5, "ts": 1.0}', "null", '{"cause": "x", "gpus": 3}'])
+def test_a_damaged_verdict_row_is_skipped_with_a_warning_not_a_failed_start(tmp_path: Path, body: str,
+                                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """Such a row raised out of the log's open: the daemon's start failed with a traceback."""
+    path = tmp_path / "rca.sqlite"
+    log = VerdictLog(path)
+    for ts in (1.0, 2.0, 3.0):
+        log.append(Verdict("healthy", 0.9, ts))
+    log.close()
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE verdicts SET body = ? WHERE ts = 2.0", (body,))
+    with caplog.at_level(logging.WARNING, "sits_observe.rca"):
+        log = VerdictLog(path)
+    try:
+        assert [v["ts"] for v in log.recent()] == [3.0, 1.0] and log.count() == 3  # left in the file
+        assert "1 of the last 3 stored verdicts cannot be read back" in caplog.text
+    finally:
+        log.close()
+
+
 def test_a_verdict_says_which_network_scored_it_and_keeps_it_in_the_log(
         tmp_path: Path, untrained: Callable[..., RcaModel]) -> None:
     features = ("stage.e2e.p99", "gpu.backlog_utilization_ratio.min", "gpu.backlog_utilization_ratio.mean")
