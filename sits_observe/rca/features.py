@@ -93,11 +93,12 @@ NORMAL_TICKS = 600
 
 
 class _GpuOccluded:
-    """Stands in for the store where GPU windows are read: GPU ``gpu`` replaced by its own normal."""
+    """Stands in for the store where GPU windows are read: the GPUs of ``normal`` (a mask) replaced by their own
+    normal."""
 
-    def __init__(self, store: SeriesStore, gpu: int, normals: dict[str, np.ndarray]) -> None:
+    def __init__(self, store: SeriesStore, normal: np.ndarray, normals: dict[str, np.ndarray]) -> None:
         self._store = store
-        self._gpu = gpu
+        self._normal = normal
         self._normals = normals
 
     def gpu_window(self, field: str, last: int | None = None) -> np.ndarray:
@@ -106,24 +107,29 @@ class _GpuOccluded:
             with warnings.catch_warnings():  # a GPU that never reported the field: NaN is the right answer
                 warnings.simplefilter("ignore", RuntimeWarning)
                 self._normals[field] = np.nanmedian(self._store.gpu_window(field, NORMAL_TICKS), axis=0)
-        vals[:, self._gpu] = self._normals[field][self._gpu]
+        vals[:, self._normal] = self._normals[field][self._normal]
         return vals
 
 
 def gpu_occluded(store: SeriesStore, features: tuple[str, ...], raw: np.ndarray, last: int) -> np.ndarray:
-    """``(G, n, F)``: ``raw`` with every GPU feature recomputed as if GPU ``g`` behaved as it normally does
-    (its median over the last :data:`NORMAL_TICKS` ticks, as a feature's occlusion uses the host baseline).
+    """``(2G + 1, n, F)``: ``raw`` with every GPU feature recomputed with GPUs put back to their own normal (their
+    median over the last :data:`NORMAL_TICKS` ticks, as a feature's occlusion uses the host baseline): row ``g``
+    GPU ``g`` alone, row ``G + g`` every GPU but ``g``, the last row every GPU.
 
-    Its own normal, not the other GPUs': an idle spare GPU is normal when idle, and a GPU that became
-    busy because of a co-tenant is not.  The GPU aggregates come from the store's own feature code
-    (:func:`feature_series`), so they are computed exactly as in ``raw``.
+    Both ways, as a fault often hits several GPUs (a tensor-parallel pair): putting one of two hot GPUs back
+    leaves the other driving the aggregates (a maximum, a mean), so only keeping one as it is, with the rest
+    back to normal, shows what it alone drives.  Its own normal, not the other GPUs': an idle spare GPU is
+    normal when idle, and a GPU that became busy because of a co-tenant is not.  The GPU aggregates come from
+    the store's own feature code (:func:`feature_series`), so they are computed exactly as in ``raw``.
     """
     gpus = len(store.gpu_info())
     cols = [j for j, f in enumerate(features) if gpu_field_of(f) is not None]
-    out = np.repeat(raw[None], gpus, axis=0)
+    eye = np.eye(gpus, dtype=bool)
+    masks = np.concatenate([eye, ~eye, np.ones((1, gpus), dtype=bool)])
+    out = np.repeat(raw[None], len(masks), axis=0)
     normals: dict[str, np.ndarray] = {}
-    for g in range(gpus):
-        shim = _GpuOccluded(store, g, normals)
+    for v, mask in enumerate(masks):
+        shim = _GpuOccluded(store, mask, normals)
         for j in cols:
-            out[g, :, j] = feature_series(shim, features[j], last)  # type: ignore[arg-type]
+            out[v, :, j] = feature_series(shim, features[j], last)  # type: ignore[arg-type]
     return out

@@ -27,13 +27,13 @@ GPUS = tuple(GpuInfo(i, f"GPU-{i}", "sim", f"0:{i}") for i in range(4))
 
 
 class HostSource:
-    """Steady host at the synthetic baseline; from tick 30 ``hot_gpu`` runs 80 % hotter than the rest."""
+    """Steady host at the synthetic baseline; from tick 30 the GPUs ``hot`` run 80 % hotter than the rest."""
 
     name = "host"
 
-    def __init__(self, layout: Any, hot_gpu: int | None = None) -> None:
+    def __init__(self, layout: Any, hot: tuple[int, ...] = ()) -> None:
         self.layout = layout
-        self.hot_gpu = hot_gpu
+        self.hot = hot
         self.rng = np.random.default_rng(0)
         self.ticks = 0
 
@@ -41,7 +41,7 @@ class HostSource:
         self.ticks += 1
         frame.gpu = GpuFrame.empty(GPUS)
         for g in range(len(GPUS)):
-            hot = g == self.hot_gpu and self.ticks > 30
+            hot = g in self.hot and self.ticks > 30
             frame.gpu.set(g, "temperature_celsius", 60.0 * (1.8 if hot else 1.0))
         frame.host["cpu_utilization_ratio"] = 0.3
         frame.add_values("ingress", "chat", self.rng.uniform(0.0015, 0.0021, 50), self.layout)
@@ -70,7 +70,7 @@ def test_verdicts_are_classified_stored_exported_and_handed_on(tmp_path: Path, t
     handed: list[Verdict] = []
     daemon, engine = _daemon(tmp_path, path, every=10, firing=lambda: burning,
                              annotate=lambda slo, a: annotations.append((slo, dict(a))), on_verdict=handed.append)
-    daemon.sources.append(HostSource(daemon.layout, hot_gpu=2))
+    daemon.sources.append(HostSource(daemon.layout, hot=(2,)))
     for _ in range(40):  # window 16: periodic verdicts at ticks 20, 30, 40
         daemon.tick()
     assert [v.trigger for v in handed] == ["periodic"] * 3 and not annotations
@@ -99,6 +99,21 @@ def test_verdicts_are_classified_stored_exported_and_handed_on(tmp_path: Path, t
     # a restarted engine serves the stored verdicts again
     again = RcaEngine(RcaConfig(model=str(path)), tmp_path)
     assert again.verdicts_state()["verdicts"][0]["id"] == v.id
+
+
+def test_a_fault_on_a_pair_of_gpus_implicates_both(tmp_path: Path, tiny_model: RcaModel) -> None:
+    """Putting one of two hot GPUs back to normal leaves the other driving the hottest-GPU feature, so one GPU at
+    a time implicated neither: no GPU fault of the demo (each on a tensor-parallel pair) named a GPU."""
+    path = tmp_path / "m.pt"
+    tiny_model.save(path)
+    handed: list[Verdict] = []
+    daemon, engine = _daemon(tmp_path, path, every=10, on_verdict=handed.append)
+    daemon.sources.append(HostSource(daemon.layout, hot=(1, 2)))
+    for _ in range(40):
+        daemon.tick()
+    v = handed[-1]
+    assert v.cause == "thermal_throttling" and sorted(v.gpus) == [1, 2]
+    engine.close()
 
 
 @pytest.mark.parametrize("content", [b"", b"\x00garbage", None])
@@ -146,7 +161,7 @@ def test_a_burn_classifies_every_burn_every_ticks(tmp_path: Path, tiny_model: Rc
     daemon = Daemon(config=cfg, clock=SimClock(1.0, 1.0, start=1000.0))
     daemon.consumers.append(RcaEngine(cfg.rca, cfg.state_dir, firing=lambda: ["chat-latency"],
                                       on_verdict=handed.append))
-    daemon.sources.append(HostSource(daemon.layout, hot_gpu=2))
+    daemon.sources.append(HostSource(daemon.layout, hot=(2,)))
     for _ in range(40):  # window 16: burn verdicts at ticks 16, 20, ..., 40
         daemon.tick()
     assert [v.trigger for v in handed] == ["slo_burn"] * 7
@@ -235,7 +250,7 @@ def test_a_store_shorter_than_the_models_window_turns_rca_off(tmp_path: Path, ti
     handed: list[Verdict] = []
     with caplog.at_level(logging.WARNING, logger="sits_observe.rca"):
         daemon, engine = _daemon(tmp_path, path, every=1, history=60, on_verdict=handed.append)
-        daemon.sources.append(HostSource(daemon.layout, hot_gpu=2))
+        daemon.sources.append(HostSource(daemon.layout, hot=(2,)))
         for _ in range(100):  # the ring holds 60 ticks: a window of 80 cannot be read
             daemon.tick()
     assert handed == [] and engine.model is None and daemon.health["rca"].errors == 0
@@ -295,7 +310,7 @@ def test_confidence_series_go_when_rca_turns_off(tmp_path: Path, tiny_model: Rca
     tiny_model.save(path)
     cfg = _config(tmp_path, path, every=1)
     daemon, engine = _daemon(tmp_path, path, every=1)
-    daemon.sources.append(HostSource(daemon.layout, hot_gpu=2))
+    daemon.sources.append(HostSource(daemon.layout, hot=(2,)))
     for _ in range(20):
         daemon.tick()
     client = create_app(daemon, ui=False).test_client()
@@ -317,7 +332,7 @@ def test_a_verdict_the_log_cannot_store_is_still_annotated_and_handed_on(tmp_pat
     annotations: list[str] = []
     daemon, engine = _daemon(tmp_path, path, every=1, firing=lambda: ["chat-latency"],
                              annotate=lambda slo, a: annotations.append(a["rca_verdict"]), on_verdict=handed.append)
-    daemon.sources.append(HostSource(daemon.layout, hot_gpu=2))
+    daemon.sources.append(HostSource(daemon.layout, hot=(2,)))
     for _ in range(16):
         daemon.tick()
     assert len(handed) == 1
