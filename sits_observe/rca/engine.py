@@ -59,6 +59,7 @@ class RcaEngine:
         self._observed = np.zeros(0, dtype=bool)  # the model's features that are NaN on a tick without data
         self._unseen_checked = False
         self._proba: dict[str, float] = {}
+        self._proba_ts = float("nan")  # the source time of the window ``_proba`` is of
         self._counts: dict[str, int] = {}
         self._load()
 
@@ -185,7 +186,7 @@ class RcaEngine:
         assert m is not None
         lacking = m.lacking(raw[None])
         proba = m.proba(raw[None], base[None], lacking)[0]
-        self._proba = {c: float(p) for c, p in zip(m.classes, proba)}
+        self._proba, self._proba_ts = {c: float(p) for c, p in zip(m.classes, proba)}, ts
         k = int(proba.argmax())
         cause = str(m.decide(proba[None], self.cfg.min_confidence, self.cfg.healthy_min_confidence)[0])
         network = "fallback" if m.fallback is not None and lacking[0] else "main"
@@ -231,6 +232,10 @@ class RcaEngine:
             yield Sample("sits_rca_verdict_confidence", "gauge",
                          "Probability of each cause in the latest classification (calibrated).",
                          (("cause", cause),), p)
+        if self._proba:  # how old the probabilities above are: none come while ticks have no data
+            yield Sample("sits_rca_last_classification_timestamp_seconds", "gauge",
+                         "Time of the window the latest classification scored (Unix seconds, source clock).", (),
+                         self._proba_ts)
         for cause, n in sorted(self._counts.items()):
             yield Sample("sits_rca_verdicts_total", "counter", "Verdicts given, by cause (unknown included).",
                          (("cause", cause),), float(n))
@@ -245,8 +250,9 @@ class RcaEngine:
             "relative_only": list(m.relative_only), "fallback": m.fallback is not None,
         }
         return {"enabled": m is not None, "error": self.error, "model": model,
-                "min_confidence": self.cfg.min_confidence, "healthy_min_confidence": self.cfg.healthy_min_confidence,
-                "latest_probabilities": dict(self._proba),
+                "min_confidence": self.cfg.min_confidence,  # the healthy floor in force: never above the other
+                "healthy_min_confidence": min(self.cfg.healthy_min_confidence, self.cfg.min_confidence),
+                "latest_probabilities": dict(self._proba), "latest_ts": self._proba_ts if self._proba else None,
                 "verdicts": self.log.recent(limit)}
 
     def close(self) -> None:

@@ -56,7 +56,7 @@ def explain(model: RcaModel, raw: np.ndarray, base: np.ndarray, cause: int, stor
     g = (len(occluded) - 1) // 2
     gpu = np.maximum(p[0] - occluded[:g], occluded[g:2 * g] - occluded[2 * g:]) if g else occluded[:0]
     order = np.argsort(-feat, kind="stable")
-    tops = tuple((model.features[j], round(float(feat[j]), 4)) for j in order[:top] if feat[j] > 0)
+    tops = tuple((model.features[j], c) for j in order[:top] if (c := round(float(feat[j]), 4)) > 0)
     by_stage: dict[str, float] = {}
     for j, name in enumerate(model.features):
         st = stage_of(name)

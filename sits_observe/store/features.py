@@ -47,11 +47,16 @@ def _stage(store: SeriesStore, stage: str, stat: str, last: int) -> np.ndarray:
     raise StoreError(f"feature stage.{stage}.{stat}: unknown statistic; use p50|p90|p95|p99|mean|rate|count|tail")
 
 
+_GPU_AGGREGATES = ("mean", "max", "min", "spread", "std")
+
+
 def _gpu(store: SeriesStore, field: str, agg: str, last: int) -> np.ndarray:
     try:
         vals = store.gpu_window(field, last)
     except KeyError:
         raise StoreError(f"feature gpu.{field}.{agg}: unknown GPU field") from None
+    if not (agg.isdigit() or agg in _GPU_AGGREGATES):  # checked first: also on a host without GPUs (yet)
+        raise StoreError(f"feature gpu.{field}.{agg}: unknown aggregate; use mean|max|min|spread|std|<gpu index>")
     n = len(vals)
     if vals.shape[1] == 0:
         return np.full(n, np.nan)
@@ -68,9 +73,7 @@ def _gpu(store: SeriesStore, field: str, agg: str, last: int) -> np.ndarray:
             return np.nanmin(vals, axis=1)
         if agg == "spread":
             return np.nanmax(vals, axis=1) - np.nanmin(vals, axis=1)
-        if agg == "std":
-            return np.nanstd(vals, axis=1)
-    raise StoreError(f"feature gpu.{field}.{agg}: unknown aggregate; use mean|max|min|spread|std|<gpu index>")
+        return np.nanstd(vals, axis=1)  # "std"
 
 
 def feature_series(store: SeriesStore, name: str, last: int) -> np.ndarray:

@@ -90,9 +90,11 @@ def test_verdicts_are_classified_stored_exported_and_handed_on(tmp_path: Path, t
     body = client.get("/metrics").data.decode()
     assert 'sits_rca_verdicts_total{cause="thermal_throttling"} ' in body
     assert 'sits_rca_verdict_confidence{cause="thermal_throttling"} ' in body
+    assert f"sits_rca_last_classification_timestamp_seconds {v.ts}" in body
     assert "sits_rca_model_loaded 1.0" in body
     state = client.get("/api/v1/verdicts").get_json()
     assert state["enabled"] and state["verdicts"][0]["id"] == v.id and state["verdicts"][0]["gpus"][0] == 2
+    assert state["latest_ts"] == v.ts
     engine.close()
     rows = sqlite3.connect(tmp_path / "rca.sqlite").execute("SELECT cause, ts FROM verdicts ORDER BY seq").fetchall()
     assert len(rows) == 5 and rows[-1] == ("thermal_throttling", v.ts)
@@ -240,6 +242,11 @@ def test_the_api_shows_both_floors_and_sighup_applies_a_new_healthy_floor(tmp_pa
     engine.reload(cfg.model_copy(update={"rca": cfg.rca.model_copy(update={"healthy_min_confidence": 0.8})}))
     assert client.get("/api/v1/verdicts").get_json()["healthy_min_confidence"] == 0.8
     assert engine.classify(raw, base, 1001.0, "periodic").cause == "unknown"
+    # a fault floor below the healthy one lowers it too: the API says the floor in force (it said 0.8)
+    engine.reload(cfg.model_copy(update={"rca": cfg.rca.model_copy(update={"healthy_min_confidence": 0.8,
+                                                                            "min_confidence": 0.65})}))
+    assert client.get("/api/v1/verdicts").get_json()["healthy_min_confidence"] == 0.65
+    assert engine.classify(raw, base, 1002.0, "periodic").cause == "healthy"
     engine.close()
 
 

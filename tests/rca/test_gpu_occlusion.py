@@ -73,7 +73,7 @@ def test_gpus_are_implicated_both_ways_and_only_near_the_largest(monkeypatch: py
     st = _store()
     raw = st.window(FEATURES, 20)
     monkeypatch.setattr(ex, "gpu_occluded", lambda store, features, raw, last: np.repeat(raw[None], 9, axis=0))
-    p = np.array([0.90, *[0.90] * len(FEATURES),
+    p = np.array([0.90, 0.90, 0.89996, 0.50, 0.90,  # features put back: the temperature's 0.40 (and 0.00004)
                   0.78, 0.90, 0.90, 0.90,    # GPU g alone put back: without GPU 0 it drops by 0.12
                   0.70, 0.90, 0.84, 0.75,    # GPU g alone left as it is: GPUs 1, 2, 3 raise it by 0.20, 0.14, 0.05
                   0.70])                     # every GPU put back
@@ -82,3 +82,4 @@ def test_gpus_are_implicated_both_ways_and_only_near_the_largest(monkeypatch: py
                             proba=lambda batch, base, route: np.repeat(p[:, None], 2, axis=1))
     got = ex.explain(model, raw, np.zeros(len(FEATURES), np.float32), 1, st, 3)  # type: ignore[arg-type]
     assert got.gpus == (1, 2, 0)  # GPU 3's 0.05 is under half of GPU 1's 0.20
+    assert got.top_features == ((FEATURES[2], 0.4),)  # not the std's 0.00004, shown as a contribution of 0.0

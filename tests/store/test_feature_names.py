@@ -53,3 +53,12 @@ def test_bad_feature_names_say_what_to_use(store: SeriesStore, name: str, says: 
     with pytest.raises(StoreError, match=f"feature {name}") as err:
         store.window((name,), 2)
     assert says in str(err.value)
+
+
+def test_a_bad_gpu_aggregate_is_refused_on_a_host_without_gpus() -> None:
+    """It read as missing there, so a model naming it ran; once GPUs appeared RCA turned itself off mid-run."""
+    st = SeriesStore(BucketLayout((0.1, 1.0)), history=8)
+    st.ingest(Frame(1.0, 1.0))
+    np.testing.assert_array_equal(st.window(("gpu.utilization_ratio.max",), 1)[:, 0], [np.nan])
+    with pytest.raises(StoreError, match="gpu.utilization_ratio.median: unknown aggregate"):
+        st.window(("gpu.utilization_ratio.median",), 1)
