@@ -38,6 +38,15 @@ def fingerprint(labels: Mapping[str, str]) -> str:
     return f"{h:016x}"
 
 
+def _strings(m: Any) -> bool:
+    return isinstance(m, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in m.items())
+
+
+def _time(t: Any) -> bool:
+    """A Unix time :func:`rfc3339` can write (years 1970-9999)."""
+    return isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t < 253402300800
+
+
 def rfc3339(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
@@ -64,7 +73,14 @@ class Alert:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Alert:
-        return cls(**d)
+        """The alert :meth:`to_json` gave; ValueError or TypeError for a record of another shape (another
+        version's, or damaged), also where only a field's type is off, which would fail later, in rendering."""
+        a = cls(**d)
+        if not (_strings(a.labels) and _strings(a.annotations) and a.status in ("firing", "resolved")
+                and _time(a.starts_at) and (a.ends_at is None or _time(a.ends_at))
+                and isinstance(a.generator_url, str)):
+            raise ValueError("a field of the wrong type or out of range")
+        return a
 
     def _times(self, now: float | None) -> tuple[str, str]:
         """RFC 3339 start and end; with ``now`` both are held at or before it (Alertmanager's own clock)."""

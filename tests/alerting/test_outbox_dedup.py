@@ -1,6 +1,10 @@
 """The outbox's deduplication: what it drops as a copy, and what it must not."""
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from sits_observe.alerting.formats import Alert
 from sits_observe.alerting.outbox import Outbox
@@ -43,13 +47,24 @@ def test_a_change_of_quiet_annotations_alone_is_no_new_message(tmp_path: Path) -
     box.close()
 
 
-def test_a_message_that_cannot_be_read_back_moves_aside_and_the_queue_goes_on(tmp_path: Path) -> None:
+@pytest.mark.parametrize("edit", [
+    lambda a: {"labels": 3},
+    # an alert is made of these, so they passed; they failed in rendering, and the sender retried the head forever
+    lambda a: a | {"starts_at": "2026-12-01T10:00:00Z"},  # another version's time format
+    lambda a: a | {"annotations": ["summary"]},
+    lambda a: a | {"status": "resolved", "ends_at": "x"},
+    lambda a: a | {"labels": {"slo": 7}},
+    lambda a: a | {"starts_at": 1e300},
+])
+def test_a_message_that_cannot_be_read_back_moves_aside_and_the_queue_goes_on(
+        tmp_path: Path, edit: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    import json
     import sqlite3
 
     box = Outbox(tmp_path / "outbox.db")
     box.enqueue(["hook"], _alert())
     with sqlite3.connect(tmp_path / "outbox.db") as db:  # another version's row, or a damaged one
-        db.execute("UPDATE outbox SET alert='{\"labels\": 3}'")
+        db.execute("UPDATE outbox SET alert=?", (json.dumps(edit(_alert().to_json())),))
     box.enqueue(["hook"], Alert({"alertname": "Other"}, {}, "firing", 1000.0))
     assert [m.alert.labels["alertname"] for m in box.head("hook")] == ["Other"]  # the bad one moved aside
     (failure,) = box.recent_failures()
