@@ -16,12 +16,13 @@ import contextlib
 import http.client
 import logging
 import random
+import re
 import socket
 import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from ..backoff import backoff_delay
 from ..collectors.config import basic_auth
@@ -71,9 +72,7 @@ class Sender(threading.Thread):
         self._path = path + (f"?{parts.query}" if parts.query else "")
         # what a receiver's answer may echo of the request (a proxy's "Cannot POST /hooks/<token>"): the
         # path and query are the secret of many webhooks (Slack's among them), so never kept in a reason
-        self._secrets = sorted({x for x in (cfg.url, parts.netloc, parts.path, parts.query, self._path,
-                                            cfg.secret.get_secret_value() if cfg.secret else "")
-                                if len(x) > 1}, key=len, reverse=True)
+        self._secrets = _echoes(cfg.url, self._path, cfg.secret.get_secret_value() if cfg.secret else "")
         self._conn: http.client.HTTPConnection | None = None
         self._wake = threading.Event()
         self._halt = threading.Event()
@@ -181,7 +180,7 @@ class Sender(threading.Thread):
         status = resp.status
         if 200 <= status < 300:
             return
-        reason = f"HTTP {status} {resp.reason}: {self._excerpt(text)}".rstrip(": ")
+        reason = f"HTTP {status} {self._excerpt(resp.reason.encode())}: {self._excerpt(text)}".rstrip(": ")
         if status >= 500 or status in _RETRY_STATUS:
             raise _Retry(reason, _retry_after(resp.getheader("Retry-After")))
         raise _Final(reason)
@@ -247,6 +246,18 @@ class Sender(threading.Thread):
 
 class _Final(Exception):
     """The receiver refused the message for good (a non-2xx answer other than 5xx, 408, 429)."""
+
+
+def _echoes(url: str, path: str, secret: str) -> list[str]:
+    """What of a receiver's URL and secret its answer may echo, longest first: the URL, its parts and the
+    password, each also without a leading slash, with JSON's escaped slashes (``hooks\\/<token>``) and
+    percent-encoded, and every piece of 8 or more characters of its path and query (a token alone: "The route
+    hooks/<token> could not be found")."""
+    parts = urlsplit(url)
+    whole = {url, parts.netloc, parts.path, parts.query, path, secret, parts.password or ""}
+    pieces = {p for x in (parts.path, parts.query) for p in re.split(r"[/&=;]", x) if len(p) >= 8}
+    out = {v for x in whole | pieces for v in (x, x.lstrip("/"), x.replace("/", "\\/"), quote(x, safe=""), quote(x))}
+    return sorted((v for v in out if len(v) > 1), key=len, reverse=True)
 
 
 def _describe(exc: BaseException) -> str:

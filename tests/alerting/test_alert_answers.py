@@ -4,6 +4,7 @@ cannot carry its secret path into the reason shown in logs and the API."""
 import socketserver
 import threading
 import time
+from urllib.parse import quote
 
 from sits_observe.alerting.config import AlertingConfig
 from sits_observe.alerting.dispatch import Dispatcher
@@ -34,9 +35,11 @@ class RawReceiver:
                 outer.requests += 1
                 line = head.split(b"\r\n")[0].decode()
                 try:
-                    if mode == "echo":
-                        body = f"<html>Cannot {line}</html>".encode() * 50
-                        head = b"HTTP/1.1 404 Not Found\r\nContent-Length: %d\r\n\r\n" % len(body)
+                    if mode == "echo":  # the ways servers quote a path: as sent, without its slash, JSON, encoded
+                        path = line.split()[1]
+                        body = (f"Cannot {line}|route {path.lstrip('/')}|{path.replace('/', chr(92) + '/')}"
+                                f"|{quote(path, safe='')}|").encode() * 5
+                        head = b"HTTP/1.1 404 No URLTOKEN\r\nContent-Length: %d\r\n\r\n" % len(body)
                         self.request.sendall(head + body)
                     elif mode == "endless":
                         self.request.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
@@ -103,5 +106,5 @@ def test_an_answer_echoing_the_url_shows_none_of_its_secret_path(tmp_path) -> No
         d.close()
         rx.close()
     reason = failure["reason"]
-    assert reason.startswith("HTTP 404 Not Found: <html>Cannot POST <hidden>"), reason
+    assert reason.startswith("HTTP 404 No <hidden>: Cannot POST <hidden> HTTP/1.1|route <hidden>|"), reason
     assert "URLTOKEN" not in reason + state and "QUERYSECRET" not in reason + state and len(reason) < 260
