@@ -36,8 +36,9 @@ class Dispatcher:
         self.cfg = cfg
         self.outbox = Outbox(Path(state_dir) / "outbox.db")
         self.counts: Counter[tuple[str, str]] = Counter()
-        self.senders = {r.label: Sender(r, self.outbox, cfg.backoff, cfg.max_batch, self.counts, rng)
-                        for r in cfg.receivers}
+        # firing alerts re-sent every resend_interval stay valid for four of them, as Prometheus sends them
+        self.senders = {r.label: Sender(r, self.outbox, cfg.backoff, cfg.max_batch, self.counts, rng,
+                                        hold=4 * cfg.resend_interval) for r in cfg.receivers}
         self._am = [r.label for r in cfg.receivers if r.type == "alertmanager"]
         self._clock = clock
         self._last_refresh = clock()

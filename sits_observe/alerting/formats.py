@@ -91,7 +91,7 @@ class Alert:
         return rfc3339(start), _ZERO_TIME if end is None else rfc3339(end)
 
 
-def _am_v2(alerts: Sequence[Alert], receiver: str, now: float) -> Any:
+def _am_v2(alerts: Sequence[Alert], now: float, hold: float) -> Any:
     out = []
     for a in alerts:
         start, end = a._times(now)
@@ -99,6 +99,8 @@ def _am_v2(alerts: Sequence[Alert], receiver: str, now: float) -> Any:
                                 "generatorURL": a.generator_url}
         if a.status == "resolved":
             item["endsAt"] = end
+        elif hold:  # valid until then unless sent again: not Alertmanager's resolve_timeout, which may be shorter
+            item["endsAt"] = rfc3339(now + hold)
         out.append(item)
     return out
 
@@ -142,12 +144,15 @@ def _slack(alerts: Sequence[Alert], receiver: str, now: float) -> Any:
     return {"text": "\n".join(lines)}
 
 
-_RENDER = {"alertmanager": _am_v2, "webhook": _webhook_v4, "slack": _slack}
+_RENDER = {"webhook": _webhook_v4, "slack": _slack}
 
 
-def render(kind: str, alerts: Sequence[Alert], receiver: str, now: float) -> bytes:
-    """The JSON body for ``kind`` (``alertmanager``, ``webhook`` or ``slack``); ``now`` is the wall clock."""
-    return json.dumps(_RENDER[kind](alerts, receiver, now), separators=(",", ":"), sort_keys=True).encode()
+def render(kind: str, alerts: Sequence[Alert], receiver: str, now: float, hold: float = 0.0) -> bytes:
+    """The JSON body for ``kind`` (``alertmanager``, ``webhook`` or ``slack``); ``now`` is the wall clock.
+    ``hold`` (Alertmanager): seconds a firing alert stays valid unless sent again, its ``endsAt`` (Prometheus
+    gives four re-send intervals); 0: none, so Alertmanager ends it after its own ``resolve_timeout``."""
+    body = _am_v2(alerts, now, hold) if kind == "alertmanager" else _RENDER[kind](alerts, receiver, now)
+    return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
 
 
 def sign(secret: bytes, timestamp: str, body: bytes) -> str:

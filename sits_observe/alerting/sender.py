@@ -53,11 +53,13 @@ class Sender(threading.Thread):
     """Delivers one receiver's messages; :meth:`wake` after queuing, :meth:`stop` to end."""
 
     def __init__(self, cfg: ReceiverConfig, outbox: Outbox, backoff: BackoffConfig, max_batch: int,
-                 counts: Counter[tuple[str, str]], rng: random.Random | None = None) -> None:
+                 counts: Counter[tuple[str, str]], rng: random.Random | None = None, hold: float = 0.0) -> None:
+        """``hold``: how long a firing alert sent to Alertmanager stays valid unless re-sent (:func:`render`)."""
         super().__init__(name=f"sits-alert-{cfg.label}", daemon=True)
         self.cfg = cfg
         self.outbox = outbox
         self.backoff = backoff
+        self.hold = hold
         self.batch = max_batch if cfg.type == "alertmanager" else 1
         self.counts = counts
         self.rng = rng or random.Random()
@@ -164,7 +166,7 @@ class Sender(threading.Thread):
         return headers
 
     def _post(self, batch: Sequence[Message]) -> None:
-        body = render(self.cfg.type, [m.alert for m in batch], self.cfg.label, time.time())
+        body = render(self.cfg.type, [m.alert for m in batch], self.cfg.label, time.time(), self.hold)
         headers = self._headers(body, batch)
         try:
             resp, text = self._exchange(body, headers)

@@ -1,11 +1,13 @@
 """A real Alertmanager (Debian's prometheus-alertmanager on a loopback port) receives an SLO alert from
 the engine, shows it firing with our fingerprint, then resolved."""
 
+import contextlib
 import json
 import shutil
 import subprocess
 import time
 import urllib.request
+from datetime import datetime
 
 import numpy as np
 import pytest
@@ -46,8 +48,14 @@ def _wait(pred, timeout=30.0):
 
 @pytest.fixture
 def alertmanager(tmp_path):
+    with _alertmanager(tmp_path, AM_CONFIG) as base:
+        yield base
+
+
+@contextlib.contextmanager
+def _alertmanager(tmp_path, config):
     port = free_port()
-    (tmp_path / "am.yml").write_text(AM_CONFIG)
+    (tmp_path / "am.yml").write_text(config)
     proc = subprocess.Popen([AM, f"--config.file={tmp_path / 'am.yml'}", f"--storage.path={tmp_path / 'am-data'}",
                              f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=",
                              "--log.level=warn"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -108,3 +116,29 @@ def test_alert_arrives_then_resolves_in_alertmanager(tmp_path, alertmanager):
         assert engine.alerts_state()["receivers"][0]["delivered"] == 2
     finally:
         engine.close()
+
+
+def test_a_live_alert_outlives_alertmanagers_resolve_timeout_between_resends(tmp_path):
+    """Firing alerts went out without endsAt, so Alertmanager ended them resolve_timeout (default 5 min) after
+    each re-send: with a longer resend_interval a live alert flapped resolved and firing. Scaled down here."""
+    from sits_observe.alerting.config import AlertingConfig
+    from sits_observe.alerting.dispatch import Dispatcher
+    from sits_observe.alerting.formats import Alert
+
+    config = AM_CONFIG.replace("route:", "global:\n  resolve_timeout: 2s\nroute:")
+    with _alertmanager(tmp_path, config) as base:
+        cfg = AlertingConfig.model_validate({"receivers": [{"type": "alertmanager", "url": base}],
+                                             "resend_interval": 6})
+        d = Dispatcher(cfg, tmp_path)
+        d.notify(Alert({"alertname": "SitsSloBurnRate", "slo": "chat"}, {}, "firing", time.time()))
+        d.start()
+        try:
+            (first,) = _wait(lambda: _get(f"{base}/api/v2/alerts"))
+            time.sleep(3.0)  # past resolve_timeout, before the re-send is due
+            (later,) = _get(f"{base}/api/v2/alerts")
+        finally:
+            d.close()
+    assert first["status"]["state"] == later["status"]["state"] == "active"
+    # valid for four re-send intervals, as Prometheus sends them
+    ends = datetime.fromisoformat(first["endsAt"]).timestamp() - datetime.fromisoformat(first["updatedAt"]).timestamp()
+    assert 23 <= ends <= 25
