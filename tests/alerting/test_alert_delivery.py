@@ -109,7 +109,8 @@ def test_alertmanager_batches_and_resends_firing(tmp_path):
         assert _wait(lambda: d.outbox.depth() == {})
         # one POST with a, b, c; the resolution of a waits for the next one (never twice in a batch)
         assert [[x["labels"]["slo"] for x in r.body] for r in rx.deliveries] == [["a", "b", "c"], ["a"]]
-        assert "endsAt" not in rx.deliveries[0].body[0] and rx.deliveries[1].body[0]["endsAt"]
+        # firing: valid for four re-send intervals ahead; resolved: when it ended (before that)
+        assert rx.deliveries[0].body[0]["endsAt"] > rx.deliveries[1].body[0]["endsAt"]
         time.sleep(0.25)
         d.refresh([_alert("b"), _alert("c")])
         assert _wait(lambda: len(rx.deliveries) == 3)
