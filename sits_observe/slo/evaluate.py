@@ -269,12 +269,13 @@ class SloEngine:
             old = self.notes.get(slo_name, {})
             notes = {**old, **{str(k): str(v) for k, v in annotations.items()}}
             loud = any(old.get(k) != v for k, v in notes.items() if k not in QUIET_ANNOTATIONS)
+            alerts = {key: replace(a, annotations={**a.annotations, **notes})
+                      for key, a in self.alerts.items() if key[0] == index[slo_name]}
+            self.state.set_notes(slo_name, notes)  # the writes first: one that fails leaves the change to the next
+            for alert in alerts.values() if loud else ():  # call (still loud then), not half made
+                self._notify(alert)
             self.notes[slo_name] = notes
-            self.state.set_notes(slo_name, notes)
-            for key in [k for k in self.alerts if k[0] == index[slo_name]]:
-                self.alerts[key] = replace(self.alerts[key], annotations={**self.alerts[key].annotations, **notes})
-                if loud:
-                    self._notify(self.alerts[key])
+            self.alerts.update(alerts)
 
     def metrics(self) -> Iterable[Sample]:
         out = list(self._scrape.read(lambda: metrics_of(self)))  # a copy: the dispatcher's samples join it

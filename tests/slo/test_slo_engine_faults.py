@@ -87,6 +87,34 @@ def _killed_after_queuing(engine, status, tick, delivered):
     engine.state.close()
 
 
+@pytest.mark.parametrize("fails", ["outbox", "state"])
+def test_a_loud_annotation_whose_write_failed_goes_out_with_the_next_verdict(tmp_path, receiver, monkeypatch, fails):
+    """The notes were changed in memory before the writes: after a failed queuing (a full or locked disk; the
+    RCA hook logs it and goes on) the next verdict of the same cause was no longer new, and no receiver heard
+    the likely cause for the rest of the incident."""
+    from sits_observe.errors import AlertingError
+
+    feed, engine = burning(config_for(tmp_path, receiver.url))
+    try:
+        assert wait(lambda: len(receiver.deliveries) == 1)  # the page
+        target, name = (engine.dispatcher.outbox, "enqueue") if fails == "outbox" else (engine.state, "set_notes")
+        real = getattr(target, name)
+
+        def full(*args, **kwargs):
+            raise (AlertingError if fails == "outbox" else SloError)("database or disk is full")
+
+        monkeypatch.setattr(target, name, full)
+        notes = {"likely_cause": "thermal_throttling", "confidence": "0.91"}
+        with pytest.raises((AlertingError, SloError)):
+            engine.annotate("chat-latency", notes)
+        monkeypatch.setattr(target, name, real)
+        engine.annotate("chat-latency", {**notes, "confidence": "0.93"})  # the next verdict; the disk has room
+        assert wait(lambda: len(receiver.deliveries) == 2)
+        assert receiver.deliveries[1].body["alerts"][0]["annotations"]["likely_cause"] == "thermal_throttling"
+    finally:
+        engine.close()
+
+
 def test_a_kill_between_queuing_a_firing_alert_and_recording_it_resolves_it_after_the_restart(tmp_path, receiver):
     cfg = config_for(tmp_path, receiver.url)
     feed = Feeder(cfg)
