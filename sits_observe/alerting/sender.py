@@ -207,9 +207,24 @@ class Sender(threading.Thread):
         return out[:200].strip()
 
     def _request(self, body: bytes, headers: dict[str, str]) -> tuple[http.client.HTTPResponse, bytes]:
+        """One POST; TimeoutError when its status line and headers have not all come within the receiver's
+        timeout (the socket's timeout bounds each read, so an answer dribbled a byte at a time had none)."""
         conn = self._connection()
-        conn.request("POST", self._path, body=body, headers=headers)
-        resp = conn.getresponse()
+        late = threading.Event()
+        cut = threading.Timer(self.cfg.timeout, _cut_off, (conn, late))
+        cut.daemon = True
+        cut.start()
+        try:
+            conn.request("POST", self._path, body=body, headers=headers)
+            resp = conn.getresponse()
+        except (OSError, http.client.HTTPException):
+            if late.is_set():
+                raise TimeoutError from None
+            raise
+        finally:
+            cut.cancel()
+        if late.is_set():  # the cut ended the headers early (an end of input, not an error): no answer to trust
+            raise TimeoutError
         text = self._answer(resp, conn)
         if resp.will_close or not resp.isclosed():  # an answer not read to its end cannot be followed by another
             self._close_conn()
@@ -260,6 +275,16 @@ def _echoes(url: str, path: str, secret: str) -> list[str]:
     pieces = {p for x in (parts.path, parts.query) for p in re.split(r"[/&=;]", x) if len(p) >= 8}
     out = {v for x in whole | pieces for v in (x, x.lstrip("/"), x.replace("/", "\\/"), quote(x, safe=""), quote(x))}
     return sorted((v for v in out if len(v) > 1), key=len, reverse=True)
+
+
+def _cut_off(conn: http.client.HTTPConnection, late: threading.Event) -> None:
+    """The request's time is up: end its socket, so the read waiting on it returns (one still connecting has its
+    own timeout, the same)."""
+    late.set()
+    sock = conn.sock
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
 
 
 def _describe(exc: BaseException) -> str:

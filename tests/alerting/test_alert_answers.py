@@ -16,7 +16,8 @@ PATH = "/services/T0/B0/URLTOKEN?sig=QUERYSECRET"
 class RawReceiver:
     """Reads one request per connection, then answers as ``mode`` says: ``endless`` (200, a chunked body
     that never ends), ``dribble`` (200, one byte of a 1 GB body every 0.1 s) or ``echo`` (404 quoting the
-    request line, as a proxy's "Cannot POST ..." page does)."""
+    request line, as a proxy's "Cannot POST ..." page does), ``headers`` (a header line every 0.1 s, never
+    their end)."""
 
     def __init__(self, mode: str) -> None:
         self.requests = 0
@@ -41,6 +42,11 @@ class RawReceiver:
                                 f"|{quote(path, safe='')}|").encode() * 5
                         head = b"HTTP/1.1 404 No URLTOKEN\r\nContent-Length: %d\r\n\r\n" % len(body)
                         self.request.sendall(head + body)
+                    elif mode == "headers":  # a status line, then a header line every 0.1 s, never the end
+                        self.request.sendall(b"HTTP/1.1 200 OK\r\n")
+                        for _ in range(600):
+                            self.request.sendall(b"X-Slow: 1\r\n")
+                            time.sleep(0.1)
                     elif mode == "endless":
                         self.request.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
                         while True:
@@ -108,3 +114,16 @@ def test_an_answer_echoing_the_url_shows_none_of_its_secret_path(tmp_path) -> No
     reason = failure["reason"]
     assert reason.startswith("HTTP 404 No <hidden>: Cannot POST <hidden> HTTP/1.1|route <hidden>|"), reason
     assert "URLTOKEN" not in reason + state and "QUERYSECRET" not in reason + state and len(reason) < 260
+
+
+def test_headers_that_never_end_are_a_failed_attempt_within_the_timeout(tmp_path) -> None:
+    """Each read came within the socket's timeout, so a receiver (or a broken proxy) that dribbles its headers
+    held the sender, and every later alert of that receiver, as long as it liked."""
+    rx = RawReceiver("headers")
+    d, _ = _dispatch(tmp_path, rx.url, 1)
+    try:
+        assert _wait(lambda: d.counts[("r", "retried")] >= 2, 10)  # each attempt given up after its 1 s
+        assert d.counts[("r", "delivered")] == 0 and "no answer within 1 s" in str(d.state())
+    finally:
+        d.close()
+        rx.close()
