@@ -99,10 +99,12 @@ class Dispatcher:
                 "failed": self.outbox.recent_failures()}
 
     def close(self, timeout: float = 5.0) -> None:
-        """Stop every sender, wait for them, close the outbox: each step runs even if an earlier one raised."""
+        """Stop every sender, wait for them (``timeout`` seconds for all: one still connecting to a receiver that
+        drops packets cannot be cut off), close the outbox: each step runs even if an earlier one raised."""
+        deadline = time.monotonic() + timeout
         with contextlib.ExitStack() as steps:  # run last-in first-out
             steps.callback(self.outbox.close)
             for s in self.senders.values():
-                steps.callback(s.join_stopped, timeout)
+                steps.callback(lambda s=s: s.join_stopped(max(0.0, deadline - time.monotonic())))
             for s in self.senders.values():
                 steps.callback(s.stop)

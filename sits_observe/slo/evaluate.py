@@ -84,7 +84,9 @@ class SloEngine:
         try:
             self.ring = WindowRing(len(self.specs), plan.levels)
             self._restore()
-            if dispatcher is None and alerting is not None and alerting.receivers:
+            # also without receivers when messages wait in the outbox (all removed): they are shown, not lost
+            if dispatcher is None and alerting is not None and (alerting.receivers or
+                                                                (Path(state_dir) / "outbox.db").exists()):
                 dispatcher = Dispatcher(alerting, Path(state_dir))
         except BaseException:  # a damaged slo.db or outbox.db: leave no database open behind the error
             self.state.close()

@@ -127,3 +127,35 @@ def test_headers_that_never_end_are_a_failed_attempt_within_the_timeout(tmp_path
     finally:
         d.close()
         rx.close()
+
+
+def test_close_waits_its_timeout_for_all_senders_together(tmp_path) -> None:
+    """Senders still connecting (a receiver behind a firewall that drops packets: there is no socket yet to cut)
+    were waited for one after another, 5 s each: three took 15 s, past the daemon's 10 s to close."""
+    import socket
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(0)
+    port = srv.getsockname()[1]
+    backlog = []
+    for _ in range(3):  # fill the accept queue: later connection attempts go unanswered, as if dropped
+        s = socket.socket()
+        s.setblocking(False)
+        s.connect_ex(("127.0.0.1", port))
+        backlog.append(s)
+    cfg = AlertingConfig.model_validate({"receivers": [
+        {"type": "webhook", "name": f"r{i}", "url": f"http://127.0.0.1:{port}/h", "timeout": 30} for i in range(3)]})
+    d = Dispatcher(cfg, tmp_path)
+    d.notify(Alert({"alertname": "SitsSloBurnRate", "slo": "s"}, {}, "firing", 1_700_000_000.0))
+    d.start()
+    try:
+        assert _wait(lambda: all(s._conn is not None for s in d.senders.values()), 5)  # each one connecting
+        closing = threading.Thread(target=d.close, daemon=True)
+        closing.start()
+        closing.join(9)  # its 5 s for all three (the old code: 15 s)
+        assert not closing.is_alive()
+    finally:
+        for s in backlog:
+            s.close()
+        srv.close()

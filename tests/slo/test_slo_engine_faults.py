@@ -327,3 +327,30 @@ def test_a_first_scrape_does_not_wait_for_a_tick_stuck_in_slo_db(tmp_path, recei
     assert took < 2 and during == []
     assert [s for s in engine.metrics() if s.name.startswith("sits_slo")]
     engine.close()
+
+
+def test_messages_queued_for_receivers_all_since_removed_stay_visible(tmp_path, caplog):
+    """With no receiver configured no dispatcher was made: the queued pages had no start-up line, no entry in the
+    API and no queue-depth series, although docs/alerting.md promises all three for a receiver removed."""
+    import logging
+
+    from sits_observe.alerting.formats import Alert
+    from sits_observe.alerting.outbox import Outbox
+
+    box = Outbox(tmp_path / "outbox.db")
+    box.enqueue(["oncall"], Alert({"alertname": "SitsSloBurnRate", "slo": "chat-latency"}, {}, "firing", 1.7e9))
+    box.close()
+    data = config_for(tmp_path, "http://127.0.0.1:9/").model_dump(mode="python")
+    data["alerting"]["receivers"] = []
+    cfg = parse(data, env={})
+    caplog.set_level(logging.WARNING, "sits_observe.alerting")
+    engine = SloEngine.from_config(cfg)
+    try:
+        engine.start()
+        engine.on_tick(Feeder(cfg).frame(0.0))
+        assert "receivers no longer configured (oncall: 1)" in caplog.text
+        assert engine.alerts_state()["unconfigured_receivers"] == [{"name": "oncall", "queue_depth": 1}]
+        depth = [s for s in engine.metrics() if s.name == "sits_webhook_queue_depth"]
+        assert [(s.labels, s.value) for s in depth] == [((("receiver", "oncall"),), 1.0)]
+    finally:
+        engine.close()
