@@ -41,8 +41,9 @@ def format_errors(exc: ValidationError, source: str, origins: Mapping[str, str] 
         path = _loc(loc)
         msg = err["msg"].removeprefix("Value error, ")
         value = err.get("input")
-        hidden = ("token" in path or "secret" in path or (path.startswith("alerting.") and path.endswith(".url"))
-                  or not _shown(value))
+        # a receiver's URL (Slack's path is its secret) also where the list itself was given as one
+        hidden = ("token" in path or "secret" in path or path == "alerting.receivers"
+                  or (path.startswith("alerting.") and path.endswith(".url")) or not _shown(value))
         if path.endswith(("url", "endpoint")) and isinstance(value, str):
             value = shown_url(value)
         got = "" if err["type"] == "missing" or hidden else f", got {value!r}"

@@ -69,3 +69,11 @@ def test_parse_rejects_bad_token_without_echo():
     with pytest.raises(ConfigError) as err:
         parse({"api_token": ["x"]}, env={})
     assert "got" not in str(err.value)
+
+
+def test_a_receiver_list_given_as_a_url_is_refused_without_echoing_it():
+    """A Slack webhook's URL is its secret; written where the list of receivers belongs, it was echoed."""
+    url = "https://hooks.slack.com/services/T000/B000/XXXXSECRETXXXX"
+    with pytest.raises(ConfigError) as err:
+        parse({"alerting": {"receivers": url}}, env={})
+    assert "alerting.receivers: Input should be a valid list" in str(err.value) and "SECRET" not in str(err.value)
