@@ -201,9 +201,9 @@ class SloEngine:
                 self.dispatcher.refresh(list(self.alerts.values()))
 
     def _alert(self, i: int, tier: Tier, since: float) -> Alert:
-        spec = self.specs[i]
-        return Alert({**self.external, **spec.alert_labels(tier)},
-                     {**spec.alert_annotations(tier), **self.notes.get(spec.name, {})}, "firing", since)
+        spec = self.specs[i]  # an empty label value is no label (as Alertmanager takes it: the same fingerprint)
+        labels = {k: v for k, v in {**self.external, **spec.alert_labels(tier)}.items() if v}
+        return Alert(labels, {**spec.alert_annotations(tier), **self.notes.get(spec.name, {})}, "firing", since)
 
     def _transition(self, i: int, ev: Evaluation, saved: np.ndarray) -> None:
         """Announce the SLO's alerts that started or resolved and record its kept tiers (``saved``: NaN not

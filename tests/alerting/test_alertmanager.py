@@ -80,7 +80,8 @@ def test_alert_arrives_then_resolves_in_alertmanager(tmp_path, alertmanager):
                   "tiers": {"page_fast": {"long": "60s", "short": "10s"}, "page_slow": False,
                             "ticket_fast": False, "ticket_slow": False}}],
         "alerting": {"receivers": [{"type": "alertmanager", "url": alertmanager, "timeout": 5}],
-                     "backoff": {"initial": 0.1, "max": 0.5}, "external_labels": {"host": "gpu-7"}},
+                     "backoff": {"initial": 0.1, "max": 0.5},
+                     "external_labels": {"host": "gpu-7", "rack": ""}},  # empty: no label, as Alertmanager takes it
     }, env={})
     layout = BucketLayout(cfg.store.snapped())
     engine = SloEngine.from_config(cfg)
