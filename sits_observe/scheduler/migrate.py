@@ -166,7 +166,7 @@ class Walker:
 
     def plan(self, p: Placement, step: str) -> dict[str, Any]:
         """The plan JSON an actuator receives for one step."""
-        src = self.store.placement(p.source_id) if p.source_id is not None else None
+        src = self._source(p)  # None also for one pruned from the history
         return {
             "placement_id": p.id, "step": step, "kind": p.kind, "state": p.state.value,
             "shard": self.store.shard(p.shard_id).model_dump(exclude={"placement"}),

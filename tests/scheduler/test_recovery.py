@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -219,3 +220,32 @@ def test_an_actuator_outcome_whose_write_fails_is_applied_at_the_next_tick(tmp_p
     walker.poll(3.0)
     assert store.placement(p.id).state is State.LAUNCHED
     store.close()
+
+
+def test_the_placement_a_live_one_replaces_outlives_the_history_limit(
+        make_scheduler: Callable[..., Scheduler]) -> None:
+    """Pruning the history deleted the placement a live one replaced: that one's drain plan raised NotFound, so
+    the orchestrator's launch ack got a 404, its drain was never sent, and the daemon could not start again."""
+    from sched_helpers import GiB, PendingActuator
+
+    from sits_observe.scheduler.decide import HISTORY_PER_SHARD
+
+    act = PendingActuator()
+    s = make_scheduler(actuator=act, step_timeout=600)
+    s.on_tick(frame(1000.0))
+    s.register_shard({"id": "a", "gpus": 1, "memory_per_gpu": 10 * GiB, "placement": [0]})
+    old = s.manual_reshard("a", "first move")["placement_id"]
+    for step in ("stage", "launch"):
+        s.ack(old, {"step": step, "ok": True})
+    s.ack(s.store.placement(old).source_id, {"step": "drain", "ok": True})  # the adopted one retires
+    for i in range(HISTORY_PER_SHARD):  # moves the orchestrator refuses fill the history
+        new = s.manual_reshard("a", f"try {i}")["placement_id"]
+        s.ack(new, {"step": "stage", "ok": False, "reason": "no capacity"})
+    new = s.manual_reshard("a", "this one works")["placement_id"]
+    for step in ("stage", "launch"):
+        s.ack(new, {"step": step, "ok": True})
+    drain = [p for p in act.plans if p["placement_id"] == old and p["step"] == "drain"]
+    assert len(drain) == 1 and drain[0]["source"] is None  # the one it replaced: pruned history
+    s.close()
+    again = make_scheduler(actuator=PendingActuator(), step_timeout=600)  # a restart resumes the drain
+    assert again.store.placement(old).state is State.DRAINING
