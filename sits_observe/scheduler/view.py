@@ -67,7 +67,8 @@ def locked_gpus(views: dict[str, ShardView]) -> set[int]:
 
 
 def in_flight(views: dict[str, ShardView]) -> int:
-    return sum(v.migrating for v in views.values())
+    """Re-shards in flight (``scheduler.max_migrations``): not the placing of a shard that serves nowhere yet."""
+    return sum(v.migrating and v.serving is not None for v in views.values())
 
 
 def gpu_load(views: dict[str, ShardView], util: np.ndarray, mem_used: np.ndarray, healthy: np.ndarray) -> GpuLoad:

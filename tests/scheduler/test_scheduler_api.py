@@ -435,3 +435,17 @@ def test_a_read_while_a_tick_is_stuck_shows_the_last_change(api: tuple[FlaskClie
     with lock_held(sched._lock):
         during = client.get("/api/v1/shards").get_json()
     assert [s["shard"]["id"] for s in during["shards"]] == ["tp2"] and during["migrations_in_flight"] == 1
+
+
+def test_placing_a_new_shard_is_not_a_migration_in_flight(make_scheduler: Callable[..., Scheduler]) -> None:
+    """docs: max_migrations counts re-shards only; a shard being placed for the first time counted, and with
+    max_migrations 1 it refused every re-shard (manual or triggered) until its orchestrator had acked it."""
+    from sched_helpers import PendingActuator
+
+    s = make_scheduler(actuator=PendingActuator(), max_migrations=1)
+    s.on_tick(frame(1000.0))
+    s.register_shard({"id": "old", "gpus": 1, "memory_per_gpu": 70 * GiB, "placement": [0]})
+    s.register_shard({"id": "new", "gpus": 1, "memory_per_gpu": 20 * GiB})  # elsewhere; waits for its stage ack
+    assert s.shards_state()["migrations_in_flight"] == 0
+    assert s.manual_reshard("old", "maintenance")["action"] == "migrate"
+    assert s.shards_state()["migrations_in_flight"] == 1
