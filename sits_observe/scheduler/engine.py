@@ -33,7 +33,7 @@ from .states import NotFound, State
 from .store import Placement, PlacementStore
 from .tracing import DecisionTracer
 from .triggers import Trigger, Triggers
-from .view import in_flight, locked_gpus, request_for
+from .view import ShardView, in_flight, locked_gpus, request_for
 
 __all__ = ["Scheduler", "AckBody"]
 
@@ -108,11 +108,15 @@ class Scheduler:
         restart, config shards without a placement)."""
         self.walker.place_waiting(self.seen.now)
         unplaced, self._unplaced = self._unplaced, {}
-        for spec in unplaced.values():
+        self._ensure_each(unplaced.values())
+
+    def _ensure_each(self, specs: Iterable[ShardSpec]) -> None:
+        """:meth:`_ensure` each config shard; one refused (fits nowhere) is logged and the others go on."""
+        for spec in specs:
             try:
                 self._ensure(spec, "config")
-            except SchedulerError as exc:  # e.g. fits nowhere: a tick goes on; the shard stays unregistered
-                log.error("scheduler: config shard %s not registered: %s", spec.id, exc)
+            except SchedulerError as exc:  # e.g. fits nowhere: a tick goes on; the shard stays unplaced
+                log.error("scheduler: config shard %s not placed: %s", spec.id, exc)
 
     def _step_pending(self, placement_id: int, step: str) -> bool:
         """Whether ``step`` of the placement still waits for its outcome (asked from actuator threads)."""
@@ -138,14 +142,16 @@ class Scheduler:
     def _ensure(self, spec: ShardSpec, origin: str) -> None:
         """Start-up registration of a config or simulator shard.  A known shard keeps its state, except that a
         simulator shard runs where the simulator says (it restarts from its own layout) and a shard left with
-        no live placement is adopted again where it is said to run.  A config shard to be placed waits for GPU
-        values (:meth:`_place_deferred`) while they are unknown."""
+        no live placement is adopted again where it is said to run, or, given no placement, placed again.  A
+        config shard to be placed waits for GPU values (:meth:`_place_deferred`) while they are unknown."""
         v = self.decider.views().get(spec.id)
-        if v is None and spec.placement is None and origin == "config" and self.seen.gpus_unknown():
+        if (v is None or not v.live) and spec.placement is None and origin == "config" and self.seen.gpus_unknown():
             self._unplaced[spec.id] = spec  # registered (and placed) when GPU values come
             log.info("scheduler: config shard %s waits for GPU values to be placed", spec.id)
         elif v is None:
             self.register_shard(spec.model_dump(), origin)
+        elif not v.live and spec.placement is None and origin == "config":  # its placing failed before a restart
+            self._place_again(v, Trigger("register", "none", True, self.seen.now, "placed again (config)"))
         elif spec.placement is not None and tuple(sorted(spec.placement)) != v.gpus and (
                 origin == "simulator" or not v.live):
             self._on_this_host(spec)
@@ -181,20 +187,25 @@ class Scheduler:
                 if res.best is None:
                     raise SchedulerError(f"shard {spec.id}: fits nowhere: {res.reason}")
             self.store.add_shard(spec, now)
-            d = self.decider.decision(t, "shard.assign", t.kind if spec.placement else "assign", t.reason, spec.id,
-                                      res, ())
-            span = self.tracer.span(d)
-            if spec.placement is not None:
-                p = self.walker.adopt(spec.id, d.target_gpus, d.node, now, t.reason, span)
-            else:
-                p = self.walker.start(spec.id, "assign", d.target_gpus, d.node, now, decision_id=d.id,
-                                      reason=t.reason, span=span)
-            d.placement_id = p.id
-            self.decider.record(d)
-            return self.decider.views()[spec.id].to_dict() | {"decision_id": d.id}
+            d = self._assign(spec, t, res)
+            return self.decider.views()[spec.id].to_dict() | {"decision_id": d["id"]}
+
+    def _assign(self, spec: ShardSpec, t: Trigger, res: Result) -> dict[str, Any]:
+        """Adopt ``spec`` where its ``placement`` says, or start placing it on ``res.best``; the recorded decision."""
+        d = self.decider.decision(t, "shard.assign", t.kind if spec.placement else "assign", t.reason, spec.id,
+                                  res, ())
+        span = self.tracer.span(d)
+        if spec.placement is not None:
+            p = self.walker.adopt(spec.id, d.target_gpus, d.node, t.ts, t.reason, span)
+        else:
+            p = self.walker.start(spec.id, "assign", d.target_gpus, d.node, t.ts, decision_id=d.id,
+                                  reason=t.reason, span=span)
+        d.placement_id = p.id
+        return self.decider.record(d)
 
     def manual_reshard(self, shard_id: str, reason: Any) -> dict[str, Any]:
-        """``POST /api/v1/reshard``: move a launched shard to its best other placement now (no cooldown)."""
+        """``POST /api/v1/reshard``: move a launched shard to its best other placement now (no cooldown), or
+        place again a shard that serves nowhere (its placing failed)."""
         if not isinstance(reason, str) or not reason.strip():
             raise ConfigError(f"reshard: reason: must be a non-empty string saying why, got {reason!r}")
         with self._changing():
@@ -202,6 +213,9 @@ class Scheduler:
             view = views.get(shard_id)
             if view is None:
                 raise NotFound(f"shard {shard_id}: not registered")
+            t = Trigger("manual", "none", True, self.seen.now, f"manual: {reason.strip()[:200]}")
+            if view.state is None:
+                return self._place_again(view, t)
             if view.state is not State.LAUNCHED or view.migrating:
                 actual = view.state.value if view.state else "unplaced"
                 raise SchedulerError(f"shard {shard_id}: cannot re-shard: expected state launched, actual {actual}")
@@ -219,8 +233,18 @@ class Scheduler:
             if not others:
                 raise SchedulerError(f"shard {shard_id}: cannot re-shard: no other placement fits "
                                      f"({res.reason or 'it is on the only one'})")
-            t = Trigger("manual", "none", True, self.seen.now, f"manual: {reason.strip()[:200]}")
             return self.decider.migrate(t, view, Result(others[0], others, res.method, res.evaluated))
+
+    def _place_again(self, view: ShardView, t: Trigger) -> dict[str, Any]:
+        """A registered shard without a live placement (its first placing failed, was refused or timed out) is
+        placed anew, as at its registration."""
+        if why := self.seen.gpus_unknown():
+            raise SchedulerError(f"shard {view.spec.id}: cannot place: {why}; try again when it reports")
+        views = self.decider.views()
+        res = self.decider.planner.place(request_for(view.spec, views, self.seen.util), self.seen.load(views))
+        if res.best is None:
+            raise SchedulerError(f"shard {view.spec.id}: fits nowhere: {res.reason}")
+        return self._assign(view.spec.model_copy(update={"placement": None}), t, res)
 
     def ack(self, placement_id: int, body: Any) -> dict[str, Any]:
         """``POST /api/v1/placements/{id}/ack`` from the orchestrator (webhook actuator)."""
@@ -285,8 +309,7 @@ class Scheduler:
             self.triggers = Triggers(new, self.topo.n)
             self.walker.step_timeout = new.step_timeout
             self._unplaced = {}  # the new config says which still wait
-            for spec in new.shards:
-                self._ensure(spec, "config")
+            self._ensure_each(new.shards)
 
     def close(self) -> None:
         """Stop the actuator, the span sender and the store; each step runs even if an earlier one raised."""

@@ -249,3 +249,36 @@ def test_the_placement_a_live_one_replaces_outlives_the_history_limit(
     s.close()
     again = make_scheduler(actuator=PendingActuator(), step_timeout=600)  # a restart resumes the drain
     assert again.store.placement(old).state is State.DRAINING
+
+
+def test_a_config_shard_whose_placing_failed_is_placed_again_at_a_restart(
+        make_scheduler: Callable[..., Scheduler]) -> None:
+    """It stayed unplaced across restarts: only a config shard with a placement given was adopted again."""
+    from sched_helpers import GiB, PendingActuator, live_gpus
+
+    shard = {"id": "c", "gpus": 1, "memory_per_gpu": 10 * GiB}
+    s = make_scheduler(actuator=PendingActuator(), shards=[shard])
+    s.on_tick(frame(1000.0))  # placed on the first GPU values
+    (pid,) = [p["id"] for p in s.shards_state()["shards"][0]["placements"]]
+    s.ack(pid, {"step": "stage", "ok": False, "reason": "image pull failed"})
+    assert live_gpus(s)["c"] == ("unplaced", [])
+    s.close()
+    again = make_scheduler(actuator=PendingActuator(), shards=[shard])
+    again.on_tick(frame(1001.0))
+    assert live_gpus(again)["c"][0] == "placed"  # placing again, waiting for its stage step
+
+
+def test_a_reloaded_shard_that_fits_nowhere_does_not_keep_the_others_out(
+        make_scheduler: Callable[..., Scheduler], caplog: pytest.LogCaptureFixture) -> None:
+    """SIGHUP registered the config's shards until the first refused: those after it were left out."""
+    from types import SimpleNamespace
+
+    from sched_helpers import GiB, live_gpus
+
+    s = make_scheduler()
+    s.on_tick(frame(1000.0))
+    new = SchedulerConfig(shards=[{"id": "huge", "gpus": 1, "memory_per_gpu": 500 * GiB},
+                                  {"id": "fine", "gpus": 1, "memory_per_gpu": 10 * GiB}])
+    s.reload(SimpleNamespace(scheduler=new))
+    assert "huge" not in live_gpus(s) and live_gpus(s)["fine"][0] == "launched"  # log actuator: at once
+    assert "config shard huge not placed: shard huge: fits nowhere" in caplog.text

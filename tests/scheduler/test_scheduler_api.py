@@ -27,6 +27,7 @@ from sits_observe.export.http import ApiError, require_token
 from sits_observe.export.scheduler_api import scheduler_blueprint
 from sits_observe.scheduler.actuators import WebhookActuator
 from sits_observe.scheduler.engine import Scheduler
+from sits_observe.scheduler.states import State
 
 TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -449,3 +450,19 @@ def test_placing_a_new_shard_is_not_a_migration_in_flight(make_scheduler: Callab
     assert s.shards_state()["migrations_in_flight"] == 0
     assert s.manual_reshard("old", "maintenance")["action"] == "migrate"
     assert s.shards_state()["migrations_in_flight"] == 1
+
+
+def test_a_shard_whose_placing_failed_is_placed_again_by_a_reshard(api: tuple[FlaskClient, Scheduler],
+                                                                  orchestrator: Orchestrator) -> None:
+    """Its first placing refused (or timed out), a shard served nowhere for good: registering it again said
+    'already registered; re-shard it instead', and a re-shard 'expected state launched, actual unplaced'."""
+    client, sched = api
+    r = client.post("/api/v1/shards", json={"id": "new", "gpus": 1, "memory_per_gpu": GiB}, headers=AUTH)
+    pid = r.get_json()["placements"][0]["id"]
+    orchestrator.wait_for(1)
+    assert client.post(f"/api/v1/placements/{pid}/ack", json={"step": "stage", "ok": False, "reason": "image pull"},
+                       headers=AUTH).status_code == 200
+    assert live_gpus(sched)["new"] == ("unplaced", [])
+    r = client.post("/api/v1/reshard", json={"shard": "new", "reason": "image fixed"}, headers=AUTH)
+    assert r.status_code == 202 and (r.get_json()["name"], r.get_json()["action"]) == ("shard.assign", "assign")
+    assert sched.store.placement(r.get_json()["placement_id"]).state is State.PLACED  # walking again
