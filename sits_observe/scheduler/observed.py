@@ -74,4 +74,4 @@ class Observed:
                 "missing), so the targets' free memory is unknown")
 
     def load(self, views: dict[str, ShardView]) -> GpuLoad:
-        return gpu_load(views, self.util, self.mem, self.healthy)
+        return gpu_load(views, self.util, self.mem, self.healthy, self.gpu_ts)

@@ -71,20 +71,36 @@ def in_flight(views: dict[str, ShardView]) -> int:
     return sum(v.migrating and v.serving is not None for v in views.values())
 
 
-def gpu_load(views: dict[str, ShardView], util: np.ndarray, mem_used: np.ndarray, healthy: np.ndarray) -> GpuLoad:
+def gpu_load(views: dict[str, ShardView], util: np.ndarray, mem_used: np.ndarray, healthy: np.ndarray,
+             values_ts: float = float("inf")) -> GpuLoad:
     """What the planner needs: memory held by placements (placed through draining), memory used by anything
-    else (observed minus held), and which GPUs may take a shard (healthy, memory read, no migration in flight)."""
-    reserved = np.zeros(len(util))
+    else (observed minus what of the held memory the reading ``mem_used``, taken at ``values_ts``, can show),
+    and which GPUs may take a shard (healthy, memory read, no migration in flight)."""
+    reserved, shown = np.zeros(len(util)), np.zeros(len(util))
     for v in views.values():
         for p in v.live:
             if p.state in ACTIVE:
                 reserved[list(p.gpus)] += v.spec.memory_per_gpu
-    foreign = np.maximum(np.nan_to_num(mem_used, nan=0.0) - reserved, 0.0)
+                if _running(p, values_ts):
+                    shown[list(p.gpus)] += v.spec.memory_per_gpu
+    foreign = np.maximum(np.nan_to_num(mem_used, nan=0.0) - shown, 0.0)
     # a GPU whose memory was not read is no candidate: unread, it would look empty (utilization may be never
     # read at all: MIG, some vGPUs, a dcgm page without it; it then counts as idle, as before)
     eligible = np.asarray(healthy, dtype=bool) & ~np.isnan(mem_used)
     eligible[list(locked_gpus(views))] = False
     return GpuLoad(util, reserved, foreign, eligible)
+
+
+LOAD_S = 120.0  # a launched shard's memory counts as in the GPU readings this long after its launch (loading)
+
+
+def _running(p: Placement, values_ts: float) -> bool:
+    """Whether ``p``'s memory shows in GPU readings taken at ``values_ts``: one adopted where it runs, one draining
+    (it served), or one launched ``LOAD_S`` before them; not one placed or staged (its process has not loaded, and
+    with the log actuator, a dry run, never will)."""
+    if p.state is State.DRAINING or (p.state is State.LAUNCHED and p.kind == "adopt"):
+        return True
+    return p.state is State.LAUNCHED and values_ts - p.updated_ts >= LOAD_S
 
 
 def request_for(spec: ShardSpec, views: dict[str, ShardView], util: np.ndarray, source: tuple[int, ...] = (),

@@ -291,3 +291,23 @@ def test_a_prune_the_database_refuses_does_not_fail_a_started_migration(make_sch
         db.execute("DROP TRIGGER refuse_delete")
     assert s.manual_reshard("b", "maintenance")["action"] == "migrate"
     assert not [p for p in s.store.placements() if p.state in TERMINAL]  # the next decision pruned both shards
+
+
+def test_a_shard_just_launched_is_not_taken_to_be_in_the_memory_reading_yet(
+        make_scheduler: Callable[..., Scheduler]) -> None:
+    """Memory in use was max(observed, held): a shard launched since the GPUs were read (still loading, or
+    never with the log actuator's dry run) hid another tenant's memory, and two shards landed on a GPU that
+    cannot hold both (50 GiB of another tenant's + 2 x 20 GiB on 80)."""
+    s = make_scheduler()  # the log actuator: launched at once
+    mem = [50.0] + [75.0] * 7
+    s.on_tick(frame(1000.0, mem_gib=mem))
+    s.register_shard({"id": "a", "gpus": 1, "memory_per_gpu": 20 * 2**30})
+    s.on_tick(frame(1001.0, mem_gib=mem))
+    assert live_gpus(s)["a"] == ("launched", [0])
+    with pytest.raises(SchedulerError, match="shard b: fits nowhere"):
+        s.register_shard({"id": "b", "gpus": 1, "memory_per_gpu": 20 * 2**30})
+    s.on_tick(frame(1200.0, mem_gib=[70.0] + [75.0] * 7))  # loaded: the reading shows its 20 GiB now
+    with pytest.raises(SchedulerError, match="shard b: fits nowhere"):  # 70 GiB of 80 in use: still no room
+        s.register_shard({"id": "b", "gpus": 1, "memory_per_gpu": 20 * 2**30})
+    s.register_shard({"id": "c", "gpus": 1, "memory_per_gpu": 10 * 2**30})
+    assert live_gpus(s)["c"] == ("launched", [0])  # but 10 GiB fit: its 20 GiB are not counted twice
