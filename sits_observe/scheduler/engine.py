@@ -21,6 +21,7 @@ from typing import Any
 from ..errors import ConfigError, SchedulerError
 from ..frame import Frame, Sample
 from ..rca.verdict import HEALTHY, Verdict
+from ..snapshot import Snapshot
 from ..topology import Topology
 from .actuators import Actuator, StepOutcome, build_actuator
 from .bodies import AckBody, parse_body
@@ -66,6 +67,8 @@ class Scheduler:
         self._lock = threading.RLock()
         # decision counts, shard views, and the time of the newest frame then (source clock): _changing
         self._published: tuple[dict[Any, int], dict[str, Any], float] = ({}, {}, self.seen.now)
+        # placements by state and spans waiting, read under the store's lock: the last ones while a write holds it
+        self._tallies: Snapshot[tuple[dict[State, int], int]] = Snapshot(self.store.lock, ({}, 0))
         self._verdicts: deque[Verdict] = deque(maxlen=256)
         self._unplaced: dict[str, ShardSpec] = {}  # config shards waiting for GPU values to be placed
         with self._changing():
@@ -275,7 +278,7 @@ class Scheduler:
 
     def metrics(self) -> Iterable[Sample]:
         counts, views, _ = self._published
-        states, pending = self.store.counts(), self.store.span_backlog()  # plain reads, under the store's own lock
+        states, pending = self._tallies.read(lambda: (self.store.counts(), self.store.span_backlog()))
         for (trigger, action), n in sorted(counts.items()):
             yield Sample("sits_scheduler_decisions_total", "counter", "Scheduler decisions by trigger and action.",
                          (("trigger", trigger), ("action", action)), float(n))

@@ -281,6 +281,11 @@ class PlacementStore:
             return db.execute("DELETE FROM spans WHERE seq IN (SELECT seq FROM spans ORDER BY seq DESC "
                               "LIMIT -1 OFFSET ?)", (keep,)).rowcount
 
+    @property
+    def lock(self) -> threading.RLock:
+        """Held through every read and write (a write to a locked file holds it for SQLite's busy timeout)."""
+        return self._lock
+
     def span_backlog(self) -> int:
         """Spans stored, waiting for export."""
         return int(self._read_one("SELECT COUNT(*) FROM spans")[0])
