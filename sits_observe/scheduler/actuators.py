@@ -94,6 +94,7 @@ class _Worker:
         self._jobs: queue.Queue[dict[str, Any] | None] = queue.Queue(maxsize=1024)
         self._done: list[StepOutcome] = []
         self._lock = threading.Lock()
+        self._closing = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"actuator-{name}", daemon=True)
         self._thread.start()
 
@@ -113,7 +114,7 @@ class _Worker:
         return self.pending is None or self.pending(int(plan["placement_id"]), str(plan["step"]))
 
     def _run(self) -> None:
-        while (plan := self._jobs.get()) is not None:
+        while (plan := self._jobs.get()) is not None and not self._closing.is_set():
             try:
                 outcome = self._work(plan) if self._waiting(plan) else None
             except Exception as exc:  # a broken receiver must not kill the worker
@@ -123,7 +124,11 @@ class _Worker:
                     self._done.append(outcome)
 
     def close(self) -> None:
-        self._jobs.put(None)
+        """End the thread after the step it runs (the steps still queued stay pending: resent after a restart);
+        never blocks on a full queue, which would wait out the step in flight first."""
+        self._closing.set()
+        with contextlib.suppress(queue.Full):
+            self._jobs.put_nowait(None)
         self._thread.join(timeout=5)
 
 

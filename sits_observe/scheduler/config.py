@@ -124,7 +124,8 @@ class SchedulerConfig(Section):
     max_migrations: int = Field(2, ge=1, le=64, description="migrations in flight at once (one per GPU always)")
     min_gain: float = Field(0.05, ge=0, le=1, description="score gain a load-driven move must bring")
     step_timeout: float = Field(600.0, gt=0, description="seconds to wait for an actuator to ack a step")
-    exact_limit: int = Field(20000, ge=1, description="candidate sets up to which placement searches exhaustively")
+    exact_limit: int = Field(20000, ge=1, le=1_000_000,  # each set is scored in the tick: a million take seconds
+                             description="candidate sets up to which placement searches exhaustively")
     seeds: int = Field(32, ge=1, le=4096, description="seed GPUs for the greedy search on large topologies")
     decisions_kept: int = Field(256, ge=16, le=100000, description="decisions kept in memory for the API/UI")
     shards: list[ShardSpec] = Field(default_factory=list, description="shards registered at start-up")

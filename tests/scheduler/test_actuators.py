@@ -214,3 +214,37 @@ def test_a_sighup_with_a_shard_off_this_host_changes_nothing(make_scheduler: Cal
     with pytest.raises(ConfigError, match=r"placement: GPUs \[12\] not on this host"):
         s.reload(new)
     assert s.cfg.cooldown == 300 and "far" not in s.decider.views()  # nothing half-applied
+
+
+def test_closing_with_a_full_queue_behind_a_hung_step_does_not_wait_for_the_step() -> None:
+    """close() put its stop mark with a blocking put: with 1024 steps queued behind one that hangs, it waited
+    for that step to end (up to its timeout) before its own 5 s join even began."""
+    import threading
+
+    from sits_observe.scheduler.actuators import _Worker
+
+    release = threading.Event()
+    worker = _Worker("test", lambda plan: release.wait(60) and None)
+    try:
+        worker.submit({"placement_id": 0, "step": "stage"})  # taken, and hangs
+        while worker._jobs.qsize():
+            time.sleep(0.01)
+        for i in range(1, 1025):
+            assert worker.submit({"placement_id": i, "step": "stage"}) is None  # the queue fills
+        assert worker.submit({"placement_id": 2000, "step": "stage"}).reason == "actuator queue full"
+        closing = threading.Thread(target=worker.close, daemon=True)
+        closing.start()
+        closing.join(8)  # the 5 s join (the old code: still waiting for the hung step)
+        assert not closing.is_alive()
+    finally:
+        release.set()
+
+
+def test_an_exhaustive_search_limit_that_would_hang_the_tick_is_a_config_error() -> None:
+    """exact_limit had no upper bound: 10**9 let a placement build every combination in the tick, holding the
+    engine's lock (on a 1024-GPU fabric, gigabytes and minutes) instead of saying no at the start."""
+    from sits_observe.config import parse
+    from sits_observe.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"scheduler.exact_limit: Input should be less than or equal to 1000000"):
+        parse({"scheduler": {"exact_limit": 10**9}}, env={})
