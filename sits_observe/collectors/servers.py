@@ -18,6 +18,7 @@ should be busy from idle ones.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -57,10 +58,11 @@ TRITON_STAGES = (
     ("nv_inference_compute_output_duration_us", "egress"),
 )
 TRITON_SUCCESS, TRITON_FAILURE = "nv_inference_request_success", "nv_inference_request_failure"
+TRITON_PENDING = "nv_inference_pending_request_count"  # a gauge, whatever its suffix says
 TRITON_COUNTERS = (("nv_inference_count", "inferences_total"), ("nv_inference_exec_count", "executions_total"))
 # a replica's requests waiting or running (Triton exports only those waiting)
 BACKLOG = {"vllm": ("vllm:num_requests_running", "vllm:num_requests_waiting"),
-           "triton": ("nv_inference_pending_request_count",)}
+           "triton": (TRITON_PENDING,)}
 _MAX_BACKOFF = 60.0
 
 
@@ -106,6 +108,13 @@ class Cumulative:
                     total += value - float(prev[0])
         self.keep_only(name, parts.keys())
         return total if known else None
+
+    def state(self) -> tuple[dict[str, np.ndarray], dict[str, set[str]], int]:
+        """What :meth:`restore` puts back (values are replaced, never changed in place: a shallow copy is one)."""
+        return dict(self._prev), dict(self._parts), self.resets
+
+    def restore(self, state: tuple[dict[str, np.ndarray], dict[str, set[str]], int]) -> None:
+        self._prev, self._parts, self.resets = dict(state[0]), dict(state[1]), state[2]
 
     def keep_only(self, name: str, labels: Iterable[str]) -> None:
         """Forget the series of ``name`` whose label sets are not in ``labels`` (bounded memory)."""
@@ -175,22 +184,36 @@ class ServerSource:
         self.read(text, frame)
 
     def read(self, text: str, frame: Frame) -> None:
-        """Add one page's part to ``frame`` (deltas against the previous page)."""
+        """Add one page's part to ``frame`` (deltas against the previous page).  A page with a value that cannot
+        be is skipped whole before any counter moves (its counts go to the next good page)."""
         series = self.parser.parse(text, lambda n: n.startswith(self._prefix), source=self._shown)
         for name, samples in series.items():  # NaN fails both comparisons too
-            if name.endswith(_CUMULATIVE) and not all(0 <= v < _COUNT_MAX for _, v in samples):
+            if self._cumulative(name) and not all(0 <= v < _COUNT_MAX for _, v in samples):
                 raise CollectorError(f"{self._shown}: {name}: a value that is no count (negative, "
                                      "not finite or past 2**53); page skipped, the counters keep the last good one")
-        if self.config.kind == "vllm":
-            self._vllm(series, frame)
-        else:
-            self._triton(series, frame)
+            if not all(math.isfinite(v) for _, v in samples):  # the store would refuse the part after the counters
+                raise CollectorError(f"{self._shown}: {name}: a value that is not finite; page skipped, the "
+                                     "counters keep the last good one")
+        kept = self.counters.state()
+        try:
+            if self.config.kind == "vllm":
+                self._vllm(series, frame)
+            else:
+                self._triton(series, frame)
+        except Exception:
+            self.counters.restore(kept)  # this page's counts are not lost: they go to the next good page
+            raise
         if self.replicas is not None:
             parts = [self._total(series, n) for n in BACKLOG[self.config.kind]]
             known = [v for v in parts if v is not None]
             self.replicas.publish(self._key, sum(known) if known else None)
 
     # ---- helpers -------------------------------------------------------------------------------
+
+    def _cumulative(self, name: str) -> bool:
+        """Whether a series only counts up: by its suffix, and every Triton ``nv_inference_`` one but its queue
+        (``nv_inference_request_success``, ``..._duration_us``: counters without a counter's suffix)."""
+        return name.endswith(_CUMULATIVE) or (self.config.kind == "triton" and name != TRITON_PENDING)
 
     def _entries(self, series: Series, name: str) -> list[tuple[dict[str, str], float]]:
         model = self.config.model
@@ -270,7 +293,7 @@ class ServerSource:
             frame.add_counter("request_errors_total", wl, failed)
         for name, counter in TRITON_COUNTERS:
             self._counter(series, name, frame, counter)
-        pending = self._total(series, "nv_inference_pending_request_count")
+        pending = self._total(series, TRITON_PENDING)
         if pending is not None:
             frame.add_gauge(("queue_depth", wl), pending)
         for name, stage in TRITON_STAGES:

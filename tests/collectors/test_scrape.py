@@ -228,6 +228,47 @@ def test_a_counter_value_that_is_no_count_skips_the_page_and_loses_nothing(pages
     assert after.counters[("preemptions_total", "chat")] == 2 and src.counters.resets == 0
 
 
+@pytest.mark.parametrize("series,bad", [
+    # Triton's counters have no counter suffix: they were never checked, so +Inf made the next good page count
+    # the server's whole lifetime, and -5 a "restart" that sent the exported counter backwards
+    ('nv_inference_request_success{model="llama",version="1"} 1000', "+Inf"),
+    ('nv_inference_request_success{model="llama",version="1"} 1000', "-5"),
+    ('nv_inference_request_duration_us{model="llama",version="1"} 151000000', "NaN"),
+])
+def test_a_triton_counter_that_is_no_count_skips_the_page_and_loses_nothing(pages: PageServer, series: str,
+                                                                            bad: str) -> None:
+    src = _server(pages, "triton", model="llama")
+    first = _page("triton_page1.txt")
+    broken = first.replace(series, series.rsplit(" ", 1)[0] + f" {bad}")
+    assert broken != first
+    pages.pages["/triton"] = first
+    src.collect(Frame(0.0, 1.0))
+    pages.pages["/triton"] = broken
+    with pytest.raises(CollectorError, match=f"{series.partition('{')[0]}: a value that is no count"):
+        src.collect(Frame(1.0, 1.0))
+    pages.pages["/triton"] = _page("triton_page2.txt")
+    after = Frame(2.0, 1.0)
+    src.collect(after)  # against the last good page, as in the test above
+    assert after.counters[("requests_total", "chat")] == 11 and after.hists[("e2e", "chat")].count == 10
+    assert src.counters.resets == 0
+
+
+def test_a_gauge_that_is_not_finite_skips_the_page_before_any_counter_moves(pages: PageServer) -> None:
+    """The store refused such a part (a NaN gauge) after the counters had moved to its page: that page's
+    requests were lost, and _count and _sum were no longer exact."""
+    src = _server(pages, "vllm")
+    gauge = 'vllm:kv_cache_usage_perc{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"}'
+    pages.pages["/vllm"] = _page("vllm_page1.txt")
+    src.collect(Frame(0.0, 1.0))
+    pages.pages["/vllm"] = _page("vllm_page2.txt").replace(f"{gauge} 0.37", f"{gauge} NaN")
+    with pytest.raises(CollectorError, match="vllm:kv_cache_usage_perc: a value that is not finite"):
+        src.collect(Frame(1.0, 1.0))
+    pages.pages["/vllm"] = _page("vllm_page2.txt")
+    after = Frame(2.0, 1.0)
+    src.collect(after)
+    assert after.counters[("requests_total", "chat")] == 5 and after.hists[("e2e", "chat")].count == 5
+
+
 def test_model_filter_that_matches_nothing_adds_nothing(pages: PageServer) -> None:
     pages.pages["/vllm"] = _page("vllm_page1.txt")
     other = _server(pages, "vllm", model="some/other-model")
