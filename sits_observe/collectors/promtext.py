@@ -34,10 +34,15 @@ _CACHED_BLOCK = 1024  # longer label sets are parsed each time, not kept: the ca
 MAX_LABEL_BLOCK = 4096  # a real label set is a few hundred bytes; a longer one is refused (its parse is slow)
 MAX_PAGE_BYTES = 32 << 20  # a 64-GPU dcgm-exporter page is about 0.6 MiB
 _CHUNK = 1 << 16
-# Every line: blank, a comment, or a sample (name, label block up to the line's last "}", value, and an
-# optional timestamp).
-_LINE = re.compile(r"^(?:[ \t]*(?:#.*)?|[ \t]*([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?[ \t]+(\S+)(?:[ \t]+-?\d+)?)[ \t\r]*$",
-                   re.M)
+# Every line: blank, a comment, or a sample: name, label block, value, an optional timestamp (integer
+# milliseconds, or OpenMetrics' float seconds) and an optional exemplar (" # {labels} value [timestamp]",
+# ignored).  The label block runs to the line's last "}" (fast); where it holds a "}" itself (an exemplar's
+# labels, or a "}" in a quoted value), the line is read again with _SAMPLE, whose block ends at the first
+# "}" outside a quoted value.
+_TAIL = r'[ \t]+(\S+)(?:[ \t]+-?[0-9.]+(?:[eE][+-]?[0-9]+)?)?(?:[ \t]+#[ \t].*)?[ \t\r]*$'
+_LINE = re.compile(r"^(?:[ \t]*(?:#.*)?[ \t\r]*$|[ \t]*([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?" + _TAIL + ")", re.M)
+_SAMPLE = re.compile(r'[ \t]*([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{([^"}]*(?:"[^"\\]*(?:\\.[^"\\]*)*"[^"}]*)*)\})?' + _TAIL,
+                     re.M)
 
 
 def fetch_page(url: str, timeout: float) -> str:
@@ -248,6 +253,11 @@ class PageParser:
             name, block, value = m.groups()
             if name is None or not wanted(name):
                 continue
+            if block and "}" in block:  # the block ran on into an exemplar (or a value holds a "}")
+                exact = _SAMPLE.match(text, m.start(), m.end())
+                if exact is None:
+                    raise _malformed(text, m.start(), source)
+                name, block, value = exact.groups()
             try:
                 labels = cache.get(block) if block else {}
                 if labels is None:

@@ -177,6 +177,23 @@ def test_a_label_set_too_long_is_refused_and_long_ones_are_not_kept() -> None:
         parser.parse('m{a="1"} 1\nm{a="' + "x" * MAX_LABEL_BLOCK + '"} 2\n', wanted, source="p")
 
 
+@pytest.mark.parametrize("line,labels,value", [
+    # an exemplar: the label block ran to the exemplar's "}", so its value replaced the sample's
+    ('m_bucket{le="1"} 3 # {trace_id="abc"} 0.5', {"le": "1"}, 3.0),
+    ('m_bucket{le="1"} 3 # {trace_id="abc"} 0.5 1700000000.123', {"le": "1"}, 3.0),
+    ("m_total 7 # {trace_id=\"a\"} 1", {}, 7.0),
+    ("m 3 1700000000.123", {}, 3.0),  # OpenMetrics' float timestamp: the whole page failed
+    ("m 3 1700000000123", {}, 3.0),
+    ('m{a="x}y",b="\\"}"} 2', {"a": "x}y", "b": '"}'}, 2.0),  # quoted "}" and escaped quotes
+])
+def test_samples_with_exemplars_float_timestamps_or_braces_in_values_read_right(line: str, labels: dict[str, str],
+                                                                                value: float) -> None:
+    from sits_observe.collectors.promtext import PageParser
+
+    (name,) = {line.partition("{")[0].partition(" ")[0]}
+    assert PageParser().parse(line + "\n", lambda n: True)[name] == [(labels, value)]
+
+
 class HungResolver:
     """socket.getaddrinfo whose lookups of names under ``.hung.test`` get no answer until :meth:`release`, then
     127.0.0.1; literal addresses (AI_NUMERICHOST) and other names are answered as usual."""
