@@ -44,8 +44,8 @@ def format_errors(exc: ValidationError, source: str, origins: Mapping[str, str] 
         # a receiver's URL (Slack's path is its secret) also where the list itself was given as one
         hidden = ("token" in path or "secret" in path or path == "alerting.receivers"
                   or (path.startswith("alerting.") and path.endswith(".url")) or not _shown(value))
-        if path.endswith(("url", "endpoint")) and isinstance(value, str):
-            value = shown_url(value)
+        if isinstance(value, str) and (path.endswith(("url", "endpoint")) or "://" in value):  # also a URL
+            value = shown_url(value)  # given where a list or section belongs: without user:password@ or query
         got = "" if err["type"] == "missing" or hidden else f", got {value!r}"
         if err["type"] == "model_type":  # a scalar or a list where a section belongs
             msg, got = "must be a mapping of settings (key: value)", f", got {type(value).__name__}"

@@ -77,3 +77,11 @@ def test_a_receiver_list_given_as_a_url_is_refused_without_echoing_it():
     with pytest.raises(ConfigError) as err:
         parse({"alerting": {"receivers": url}}, env={})
     assert "alerting.receivers: Input should be a valid list" in str(err.value) and "SECRET" not in str(err.value)
+
+
+def test_a_url_given_where_a_list_belongs_is_echoed_without_its_credentials():
+    """`servers: "http://user:pw@host/metrics?token=..."` (one URL for the list) was echoed whole."""
+    with pytest.raises(ConfigError) as err:
+        parse({"servers": "http://user:s3cret@host:8000/metrics?token=abc"}, env={})
+    assert "servers: Input should be a valid list" in str(err.value)
+    assert "s3cret" not in str(err.value) and "abc" not in str(err.value)
