@@ -26,13 +26,17 @@ from ..errors import CollectorError
 from .config import basic_auth, redact, shown_url
 from .resolve import LookupTimedOut, resolve
 
-__all__ = ["Series", "PageParser", "fetch_page", "too_slow", "MAX_PAGE_BYTES"]
+__all__ = ["Series", "PageParser", "fetch_page", "too_slow", "MAX_PAGE_BYTES", "MAX_SAMPLES"]
 
 Series = dict[str, list[tuple[dict[str, str], float]]]  # sample name -> [(labels, value)]
 _CACHE_MAX = 8192
 _CACHED_BLOCK = 1024  # longer label sets are parsed each time, not kept: the cache stays under ~10 MiB
 MAX_LABEL_BLOCK = 4096  # a real label set is a few hundred bytes; a longer one is refused (its parse is slow)
 MAX_PAGE_BYTES = 32 << 20  # a 64-GPU dcgm-exporter page is about 0.6 MiB
+# samples of the wanted metrics one page may give (a 64-GPU dcgm-exporter page gives about 2000, a vLLM server a
+# few hundred): past it a label of unbounded values is feeding the page, and reading it would cost the tick
+# seconds and each source's counters hundreds of MiB
+MAX_SAMPLES = 20_000
 _CHUNK = 1 << 16
 # Every line: blank, a comment, or a sample: name, label block, value, an optional timestamp (integer
 # milliseconds, or OpenMetrics' float seconds) and an optional exemplar (" # {labels} value [timestamp]",
@@ -245,6 +249,7 @@ class PageParser:
         """Samples whose name passes ``wanted``; CollectorError naming the line when one is malformed."""
         out: Series = {}
         cache = self._labels
+        kept = 0
         expect = 0  # where the next line starts; a match elsewhere means a line matched nothing
         for m in _LINE.finditer(text):
             if m.start() != expect:
@@ -265,6 +270,10 @@ class PageParser:
                 out.setdefault(name, []).append((labels, float(value)))
             except (ValueError, StopIteration) as exc:
                 raise _malformed(text, m.start(), source, exc) from exc
+            kept += 1
+            if kept > MAX_SAMPLES:
+                raise CollectorError(f"{source}: more than {MAX_SAMPLES} samples of the metrics read; page refused "
+                                     f"(a label with unbounded values? the last was {name})")
         if expect < len(text):
             raise _malformed(text, expect, source)
         return out

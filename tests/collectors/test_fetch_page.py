@@ -366,3 +366,13 @@ def test_servers_fetched_together_share_the_lookup_slots_instead_of_failing(
         assert asked == ["replicas.slow.test"]
     finally:
         daemon.close()
+
+
+def test_a_page_of_unbounded_series_is_refused() -> None:
+    """A 30 MiB page of 519,000 label sets held the tick 6.6 s and left 254 MiB of counters per source."""
+    from sits_observe.collectors.promtext import MAX_SAMPLES, PageParser
+
+    page = "".join(f'vllm:e2e_request_latency_seconds_count{{request_id="{i}"}} 1\n' for i in range(MAX_SAMPLES + 1))
+    with pytest.raises(CollectorError, match=f"p: more than {MAX_SAMPLES} samples of the metrics read; page refused"):
+        PageParser().parse(page, lambda n: n.startswith("vllm:"), source="p")
+    assert len(PageParser().parse(page, lambda n: n.startswith("nv_"), source="p")) == 0  # not read: not counted
