@@ -27,7 +27,9 @@ def _escape(value: str) -> str:
 
 
 def _le(edge: float) -> str:
-    return "+Inf" if np.isinf(edge) else f"{edge:.9g}"
+    """Exact (the shortest text that reads back as ``edge``): ``.9g`` wrote 2.550136832 s as 2.55013683, below an
+    observation of 2.550136831 s that the bucket holds."""
+    return "+Inf" if np.isinf(edge) else repr(float(edge))
 
 
 def _num(v: float) -> str:

@@ -48,8 +48,8 @@ class _Dumper(yaml.SafeDumper):
 
 
 def le_label(edge: float) -> str:
-    """The ``le`` label value the exporter writes for a snapped edge."""
-    return f"{edge:.9g}"
+    """The ``le`` label value the exporter writes for a snapped edge (exact, as :mod:`sits_observe.export` writes it)."""
+    return repr(float(edge))
 
 
 def counter_metric(name: str) -> str:

@@ -84,3 +84,16 @@ def test_gpu_labels_reasons_links_and_gaps(tmp_path):
     exported = {f.name for f in fams.values()}
     assert all(f"sits_gpu_{f.name.removesuffix('_total')}" in exported for f in GPU_FIELDS
                if f.name != "throttle_reasons")
+
+
+def test_every_le_label_reads_back_as_its_edge_so_no_observation_sits_above_its_bucket(tmp_path):
+    """le was written with 9 significant digits: 2.550136832 s became le="2.55013683", below a 2.550136831 s
+    observation the bucket counts (4 default edges, 79 of the kernel's 592); the SLO rules read the same text."""
+    from sits_observe.slo.rules import le_label
+
+    daemon, text = _scrape(tmp_path)
+    les = [s.labels["le"] for fam in text_string_to_metric_families(text) if fam.name == "sits_stage_latency_seconds"
+           for s in fam.samples if s.name.endswith("_bucket") and s.labels["stage"] == "e2e"]
+    uppers = list(daemon.layout.uppers())
+    assert [float(le) for le in les] == uppers and les[:-1] == [le_label(e) for e in uppers[:-1]]
+    assert "2.550136832" in les
