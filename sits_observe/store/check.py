@@ -29,6 +29,7 @@ __all__ = ["malformed"]
 _REAL = (float, int, np.floating, np.integer)
 _REAL_TYPES = {float, int, np.float64, np.float32, np.int64, np.int32, np.uint64, np.uint32}
 _U64 = np.dtype(np.uint64)
+TICK_COUNT_MAX = 2**32 - 1  # observations in one bucket in one tick: the history rings keep uint32
 _value = attrgetter("value")
 _sum = attrgetter("sum")
 
@@ -78,7 +79,7 @@ def _hists(frame: Frame, buckets: int, table: KeyTable | None) -> str | None:
         if table is not None and table.has_all(hists.keys()):
             for d in hists.values():
                 c = d.counts
-                if c.dtype is not _U64 or c.ndim != 1 or len(c) != buckets:
+                if c.dtype is not _U64 or c.ndim != 1 or len(c) != buckets or c.max(initial=0) > TICK_COUNT_MAX:
                     break
             else:
                 if math.isfinite(sum(map(_sum, hists.values()))):
@@ -96,6 +97,9 @@ def _hists(frame: Frame, buckets: int, table: KeyTable | None) -> str | None:
             return f"hists[{key!r}].counts is {_what(c)}, not {buckets} uint64 bucket counts"
         if not _finite(total):
             return f"hists[{key!r}].sum is {_what(total)}, not a finite number of seconds"
+        if c.max(initial=0) > TICK_COUNT_MAX:
+            return (f"hists[{key!r}].counts has {int(c.max())} observations in one bucket in one tick, past "
+                    f"{TICK_COUNT_MAX} (the history keeps 32-bit counts per tick)")
     return None
 
 

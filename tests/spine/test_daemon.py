@@ -165,6 +165,9 @@ MALFORMED = {  # what a source writes -> what the error names
     "histogram counts of another length": (_hist(np.ones(99, np.uint64)), "uint64 array of shape (99,)"),
     "a histogram of signed counts": (_hist(np.ones(BUCKETS, np.int64)), f"not {BUCKETS} uint64 bucket counts"),
     "a histogram with a NaN sum": (_hist(np.ones(BUCKETS, np.uint64), float("nan")), "hists[('e2e', 'chat')].sum"),
+    # the history keeps 32-bit counts per tick: 2**32 + 5 read back as 5 in quantiles, the UI and the classifier
+    "a bucket count past 32 bits in one tick": (_hist(np.full(BUCKETS, 2**32 + 5, np.uint64)),
+                                                "4294967301 observations in one bucket in one tick"),
     "a histogram keyed by a stage index": (_put("hists", (99, "chat"), HistDelta(np.ones(BUCKETS, np.uint64), 0.1)),
                                            "hists key (99, 'chat')"),
     "a sample that is not a Sample": (lambda f: f.samples.append(("sits_x", 1.0)), "sample"),
