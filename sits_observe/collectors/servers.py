@@ -194,15 +194,16 @@ class ServerSource:
             if not all(math.isfinite(v) for _, v in samples):  # the store would refuse the part after the counters
                 raise CollectorError(f"{self._shown}: {name}: a value that is not finite; page skipped, the "
                                      "counters keep the last good one")
-        kept = self.counters.state()
+        kept, part = self.counters.state(), Frame(frame.ts, frame.interval)
         try:
             if self.config.kind == "vllm":
-                self._vllm(series, frame)
+                self._vllm(series, part)
             else:
-                self._triton(series, frame)
-        except Exception:
-            self.counters.restore(kept)  # this page's counts are not lost: they go to the next good page
+                self._triton(series, part)
+        except Exception:  # nothing of this page is kept, and its counts go to the next good page
+            self.counters.restore(kept)
             raise
+        frame.merge(part)
         if self.replicas is not None:
             parts = [self._total(series, n) for n in BACKLOG[self.config.kind]]
             known = [v for v in parts if v is not None]
@@ -269,8 +270,9 @@ class ServerSource:
             sums[key] = sums.get(key, 0.0) + value
         counts, seconds, keys = np.zeros(self.layout.n, dtype=np.uint64), 0.0, set()
         for key, buckets in groups.items():
-            if key not in sums or np.inf not in buckets:
-                continue
+            if key not in sums or np.inf not in buckets:  # not a histogram: read as none, its stage had no data
+                raise CollectorError(f"{self._shown}: {name}: a histogram without a +Inf bucket or a _sum; page "
+                                     "skipped, the counters keep the last good one")
             keys.add(key)
             edges = np.array(sorted(buckets))
             d = self.counters.delta(f"{name}{{{key}}}", np.append([buckets[e] for e in edges], sums[key]))

@@ -454,3 +454,20 @@ def test_a_password_that_ends_the_host_part_early_is_refused_and_never_shown(url
                                  "http://host:8000/hook?to=oncall@example.com", "http://u:p%2Fq@host:9/metrics"])
 def test_an_at_sign_past_the_host_or_an_encoded_password_is_fine(url: str) -> None:
     parse({"servers": [{"kind": "vllm", "url": url, "workload": "w"}]}, "sits.yaml", env={})
+
+
+def test_a_histogram_without_its_inf_bucket_fails_the_page_and_keeps_nothing_of_it(pages: PageServer) -> None:
+    """It was dropped without a word: the source read as up while its stage got no data at all."""
+    src = _server(pages, "vllm")
+    pages.pages["/vllm"] = _page("vllm_page1.txt")
+    src.collect(Frame(0.0, 1.0))
+    pages.pages["/vllm"] = "".join(line + "\n" for line in _page("vllm_page2.txt").splitlines()
+                                   if not ("request_decode_time_seconds_bucket" in line and 'le="+Inf"' in line))
+    broken = Frame(1.0, 1.0)  # decode is read last: the stages before it were added to the tick's part
+    with pytest.raises(CollectorError, match="request_decode_time_seconds: a histogram without a \\+Inf bucket"):
+        src.collect(broken)
+    assert broken.hists == {} and broken.counters == {}  # no stage read before the bad one is kept either
+    pages.pages["/vllm"] = _page("vllm_page2.txt")
+    after = Frame(2.0, 1.0)
+    src.collect(after)
+    assert after.counters[("requests_total", "chat")] == 5 and after.hists[("e2e", "chat")].count == 5
