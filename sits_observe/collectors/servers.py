@@ -63,6 +63,13 @@ TRITON_COUNTERS = (("nv_inference_count", "inferences_total"), ("nv_inference_ex
 # a replica's requests waiting or running (Triton exports only those waiting)
 BACKLOG = {"vllm": ("vllm:num_requests_running", "vllm:num_requests_waiting"),
            "triton": (TRITON_PENDING,)}
+# every series a source reads (the rest of a page is not parsed, counted or checked: an idle Triton model's
+# NaN latency summary, vLLM's per-LoRA info series)
+_VLLM_HISTS = [name for name, _ in VLLM_STAGES] + [VLLM_TTFT]
+READ = {"vllm": frozenset([f"{h}{s}" for h in _VLLM_HISTS for s in ("_bucket", "_sum", "_count")]
+                          + [g[0] for g in VLLM_GAUGES] + [c[0] for c in VLLM_COUNTERS]),
+        "triton": frozenset([TRITON_SUCCESS, TRITON_FAILURE, TRITON_PENDING] + [c[0] for c in TRITON_COUNTERS]
+                            + [st[0] for st in TRITON_STAGES])}
 _MAX_BACKOFF = 60.0
 
 
@@ -154,7 +161,7 @@ class ServerSource:
         self.counters = Cumulative()
         self._retry_at = -np.inf
         self._backoff = 0.0
-        self._prefix = "vllm:" if config.kind == "vllm" else "nv_inference_"
+        self._read = READ[config.kind]
         self._model_label = "model_name" if config.kind == "vllm" else "model"
         self._shown = shown_url(config.url)  # for messages, once: the URL does not change
         self._key = f"{self._shown} model={config.model}" if config.model else self._shown
@@ -186,7 +193,7 @@ class ServerSource:
     def read(self, text: str, frame: Frame) -> None:
         """Add one page's part to ``frame`` (deltas against the previous page).  A page with a value that cannot
         be is skipped whole before any counter moves (its counts go to the next good page)."""
-        series = self.parser.parse(text, lambda n: n.startswith(self._prefix), source=self._shown)
+        series = self.parser.parse(text, self._read.__contains__, source=self._shown)
         for name, samples in series.items():  # NaN fails both comparisons too
             if self._cumulative(name) and not all(0 <= v < _COUNT_MAX for _, v in samples):
                 raise CollectorError(f"{self._shown}: {name}: a value that is no count (negative, "
@@ -212,7 +219,7 @@ class ServerSource:
     # ---- helpers -------------------------------------------------------------------------------
 
     def _cumulative(self, name: str) -> bool:
-        """Whether a series only counts up: by its suffix, and every Triton ``nv_inference_`` one but its queue
+        """Whether a series read only counts up: by its suffix, and every Triton one but its queue
         (``nv_inference_request_success``, ``..._duration_us``: counters without a counter's suffix)."""
         return name.endswith(_CUMULATIVE) or (self.config.kind == "triton" and name != TRITON_PENDING)
 

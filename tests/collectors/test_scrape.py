@@ -471,3 +471,20 @@ def test_a_histogram_without_its_inf_bucket_fails_the_page_and_keeps_nothing_of_
     after = Frame(2.0, 1.0)
     src.collect(after)
     assert after.counters[("requests_total", "chat")] == 5 and after.hists[("e2e", "chat")].count == 5
+
+
+def test_series_the_source_does_not_read_neither_fail_nor_fill_a_page(pages: PageServer) -> None:
+    """Every series with the server's prefix was checked and counted: an idle Triton model's latency summary
+    (NaN while it has no observations) took the whole source down, and vLLM's per-LoRA info series, whose label
+    values change with load, could pass the page's sample cap."""
+    from sits_observe.collectors.promtext import MAX_SAMPLES
+
+    triton = _server(pages, "triton", model="llama")
+    summary = '\n'.join(f'nv_inference_request_summary_us{{model="idle",version="1",quantile="{q}"}} NaN'
+                         for q in (0.5, 0.9, 0.99)) + "\n"
+    first, second = _two_pages(pages, triton, _page("triton_page1.txt") + summary, _page("triton_page2.txt") + summary)
+    assert second.counters[("requests_total", "chat")] == 11
+    vllm = _server(pages, "vllm")
+    info = "".join(f'vllm:lora_requests_info{{running_lora_adapters="a{i}"}} 1.7e9\n' for i in range(MAX_SAMPLES + 1))
+    _, second = _two_pages(pages, vllm, _page("vllm_page1.txt") + info, _page("vllm_page2.txt") + info)
+    assert second.counters[("requests_total", "chat")] == 5
