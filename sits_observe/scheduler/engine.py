@@ -61,7 +61,7 @@ class Scheduler:
         self.walker = Walker(self.store, self.actuator, self._choose, cfg.step_timeout)
         self.triggers = Triggers(cfg, topology.n)
         self.tracer = DecisionTracer(otlp, socket.gethostname(), self.store, cfg.decisions_kept, exporter=exporter)
-        self.seen = Observed(topology, clock())
+        self.seen = Observed(topology, clock(), dry_run=self.actuator.name == "log")
         self.decider = Decider(cfg, topology, self.seen, self.store, self.walker, self.tracer, annotate=annotate,
                                alerts=alerts)
         self._lock = threading.RLock()

@@ -22,9 +22,11 @@ GPU_STALE_S = 15.0  # GPU values older than this (the GPU source stopped reporti
 class Observed:
     """The values of the last frames; ``now`` is the newest frame's time (the clock's until the first)."""
 
-    def __init__(self, topology: Topology, now: float) -> None:
+    def __init__(self, topology: Topology, now: float, dry_run: bool = False) -> None:
+        """``dry_run``: the log actuator's; the memory of shards it places never shows in GPU readings."""
         n = self.n = topology.n
         self.now = now
+        self.dry_run = dry_run
         self.util, self.mem, self.healthy = np.zeros(n), np.full(n, np.nan), np.ones(n, dtype=bool)
         self.total = np.array([g.memory_total_bytes for g in topology.gpus], dtype=np.float64)
         self.values: np.ndarray | None = None
@@ -74,4 +76,4 @@ class Observed:
                 "missing), so the targets' free memory is unknown")
 
     def load(self, views: dict[str, ShardView]) -> GpuLoad:
-        return gpu_load(views, self.util, self.mem, self.healthy, self.gpu_ts)
+        return gpu_load(views, self.util, self.mem, self.healthy, self.gpu_ts, self.dry_run)

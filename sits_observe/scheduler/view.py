@@ -72,7 +72,7 @@ def in_flight(views: dict[str, ShardView]) -> int:
 
 
 def gpu_load(views: dict[str, ShardView], util: np.ndarray, mem_used: np.ndarray, healthy: np.ndarray,
-             values_ts: float = float("inf")) -> GpuLoad:
+             values_ts: float = float("inf"), dry_run: bool = False) -> GpuLoad:
     """What the planner needs: memory held by placements (placed through draining), memory used by anything
     else (observed minus what of the held memory the reading ``mem_used``, taken at ``values_ts``, can show),
     and which GPUs may take a shard (healthy, memory read, no migration in flight)."""
@@ -81,7 +81,7 @@ def gpu_load(views: dict[str, ShardView], util: np.ndarray, mem_used: np.ndarray
         for p in v.live:
             if p.state in ACTIVE:
                 reserved[list(p.gpus)] += v.spec.memory_per_gpu
-                if _running(p, values_ts):
+                if _loaded(p, values_ts, dry_run):
                     shown[list(p.gpus)] += v.spec.memory_per_gpu
     foreign = np.maximum(np.nan_to_num(mem_used, nan=0.0) - shown, 0.0)
     # a GPU whose memory was not read is no candidate: unread, it would look empty (utilization may be never
@@ -91,16 +91,13 @@ def gpu_load(views: dict[str, ShardView], util: np.ndarray, mem_used: np.ndarray
     return GpuLoad(util, reserved, foreign, eligible)
 
 
-LOAD_S = 120.0  # a launched shard's memory counts as in the GPU readings this long after its launch (loading)
-
-
-def _running(p: Placement, values_ts: float) -> bool:
-    """Whether ``p``'s memory shows in GPU readings taken at ``values_ts``: one adopted where it runs, one draining
-    (it served), or one launched ``LOAD_S`` before them; not one placed or staged (its process has not loaded, and
-    with the log actuator, a dry run, never will)."""
-    if p.state is State.DRAINING or (p.state is State.LAUNCHED and p.kind == "adopt"):
+def _loaded(p: Placement, values_ts: float, dry_run: bool) -> bool:
+    """Whether ``p``'s memory shows in GPU readings taken at ``values_ts``: one adopted where it runs, or one staged
+    (weights loaded), launched or draining before that reading was taken; not one only placed, nor any the log
+    actuator's dry run placed (nothing loads)."""
+    if p.kind == "adopt":
         return True
-    return p.state is State.LAUNCHED and values_ts - p.updated_ts >= LOAD_S
+    return not dry_run and p.state in (State.STAGED, State.LAUNCHED, State.DRAINING) and values_ts > p.updated_ts
 
 
 def request_for(spec: ShardSpec, views: dict[str, ShardView], util: np.ndarray, source: tuple[int, ...] = (),

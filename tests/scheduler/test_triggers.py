@@ -293,21 +293,35 @@ def test_a_prune_the_database_refuses_does_not_fail_a_started_migration(make_sch
     assert not [p for p in s.store.placements() if p.state in TERMINAL]  # the next decision pruned both shards
 
 
-def test_a_shard_just_launched_is_not_taken_to_be_in_the_memory_reading_yet(
+def test_memory_of_a_shard_counts_on_top_of_the_reading_until_the_reading_can_show_it(
         make_scheduler: Callable[..., Scheduler]) -> None:
-    """Memory in use was max(observed, held): a shard launched since the GPUs were read (still loading, or
-    never with the log actuator's dry run) hid another tenant's memory, and two shards landed on a GPU that
-    cannot hold both (50 GiB of another tenant's + 2 x 20 GiB on 80)."""
-    s = make_scheduler()  # the log actuator: launched at once
+    """Memory in use was max(observed, held): a shard placed but not loaded yet hid another tenant's memory, and a
+    second shard landed where both cannot fit. Once a reading shows a staged shard (weights loaded), its memory is
+    not counted twice either."""
+    from sched_helpers import PendingActuator
+
+    s = make_scheduler(actuator=PendingActuator())
+    s.on_tick(frame(1000.0, mem_gib=[10.0] + [75.0] * 7))  # GPU 0: 10 GiB of another tenant's
+    a = s.register_shard({"id": "a", "gpus": 1, "memory_per_gpu": 30 * 2**30})["placements"][0]["id"]
+    assert live_gpus(s)["a"] == ("placed", [])
+    with pytest.raises(SchedulerError, match="shard b: fits nowhere"):  # 10 + 30 (loading) + 45 > 80
+        s.register_shard({"id": "b", "gpus": 1, "memory_per_gpu": 45 * 2**30})
+    for step in ("stage", "launch"):  # (a GPU in a placing in flight takes no other shard)
+        s.ack(a, {"step": step, "ok": True})
+    s.on_tick(frame(1001.0, mem_gib=[40.0] + [75.0] * 7))  # loaded: the reading shows its 30 GiB
+    s.register_shard({"id": "b", "gpus": 1, "memory_per_gpu": 40 * 2**30})  # 40 + 40 = 80: fits, not 110
+    assert s.store.placements("b")[0].gpus == (0,)
+
+
+def test_a_dry_run_places_as_if_its_shards_had_loaded(make_scheduler: Callable[..., Scheduler]) -> None:
+    """With the log actuator nothing loads, so a reading never shows a shard it placed: two 20 GiB shards went
+    onto a GPU with 50 GiB of another tenant's of 80."""
+    s = make_scheduler()
     mem = [50.0] + [75.0] * 7
     s.on_tick(frame(1000.0, mem_gib=mem))
     s.register_shard({"id": "a", "gpus": 1, "memory_per_gpu": 20 * 2**30})
-    s.on_tick(frame(1001.0, mem_gib=mem))
+    for t in (1001.0, 1200.0):  # launched at once, and long ago: still not in the reading
+        s.on_tick(frame(t, mem_gib=mem))
+        with pytest.raises(SchedulerError, match="shard b: fits nowhere"):
+            s.register_shard({"id": "b", "gpus": 1, "memory_per_gpu": 20 * 2**30})
     assert live_gpus(s)["a"] == ("launched", [0])
-    with pytest.raises(SchedulerError, match="shard b: fits nowhere"):
-        s.register_shard({"id": "b", "gpus": 1, "memory_per_gpu": 20 * 2**30})
-    s.on_tick(frame(1200.0, mem_gib=[70.0] + [75.0] * 7))  # loaded: the reading shows its 20 GiB now
-    with pytest.raises(SchedulerError, match="shard b: fits nowhere"):  # 70 GiB of 80 in use: still no room
-        s.register_shard({"id": "b", "gpus": 1, "memory_per_gpu": 20 * 2**30})
-    s.register_shard({"id": "c", "gpus": 1, "memory_per_gpu": 10 * 2**30})
-    assert live_gpus(s)["c"] == ("launched", [0])  # but 10 GiB fit: its 20 GiB are not counted twice
