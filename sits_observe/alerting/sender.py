@@ -21,7 +21,7 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from urllib.parse import quote, urlsplit
 
 from ..backoff import backoff_delay
@@ -207,13 +207,20 @@ class Sender(threading.Thread):
         return out[:200].strip()
 
     def _request(self, body: bytes, headers: dict[str, str]) -> tuple[http.client.HTTPResponse, bytes]:
-        """One POST; TimeoutError when its status line and headers have not all come within the receiver's
-        timeout (the socket's timeout bounds each read, so an answer dribbled a byte at a time had none)."""
+        """One POST; TimeoutError when, once connected, its status line and headers have not all come within the
+        receiver's timeout (the socket's timeout bounds each read, so an answer dribbled a byte at a time had none).
+        Connecting (the TLS handshake too) has the socket's timeout of its own."""
         conn = self._connection()
         late = threading.Event()
         cut = threading.Timer(self.cfg.timeout, _cut_off, (conn, late))
         cut.daemon = True
-        cut.start()
+        if conn.sock is None:  # the request connects first (after checking the URL): the watchdog starts then
+            def connect(real: Callable[[], None] = conn.connect) -> None:
+                real()
+                cut.start()
+            conn.connect = connect  # type: ignore[method-assign]
+        else:
+            cut.start()
         try:
             conn.request("POST", self._path, body=body, headers=headers)
             resp = conn.getresponse()
@@ -223,6 +230,7 @@ class Sender(threading.Thread):
             raise
         finally:
             cut.cancel()
+            vars(conn).pop("connect", None)
         if late.is_set():  # the cut ended the headers early (an end of input, not an error): no answer to trust
             raise TimeoutError
         text = self._answer(resp, conn)

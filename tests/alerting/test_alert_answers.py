@@ -17,7 +17,7 @@ class RawReceiver:
     """Reads one request per connection, then answers as ``mode`` says: ``endless`` (200, a chunked body
     that never ends), ``dribble`` (200, one byte of a 1 GB body every 0.1 s) or ``echo`` (404 quoting the
     request line, as a proxy's "Cannot POST ..." page does), ``headers`` (a header line every 0.1 s, never
-    their end)."""
+    their end) or ``slow-ok`` (200 after 0.6 s)."""
 
     def __init__(self, mode: str) -> None:
         self.requests = 0
@@ -42,6 +42,9 @@ class RawReceiver:
                                 f"|{quote(path, safe='')}|").encode() * 5
                         head = b"HTTP/1.1 404 No URLTOKEN\r\nContent-Length: %d\r\n\r\n" % len(body)
                         self.request.sendall(head + body)
+                    elif mode == "slow-ok":  # 200 after 0.6 s
+                        time.sleep(0.6)
+                        self.request.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
                     elif mode == "headers":  # a status line, then a header line every 0.1 s, never the end
                         self.request.sendall(b"HTTP/1.1 200 OK\r\n")
                         for _ in range(600):
@@ -159,3 +162,25 @@ def test_close_waits_its_timeout_for_all_senders_together(tmp_path) -> None:
         for s in backlog:
             s.close()
         srv.close()
+
+
+def test_connecting_has_its_own_time_beside_the_answers(tmp_path, monkeypatch) -> None:
+    """The watchdog started before connecting, so a slow connect (or TLS handshake) and a slow answer, each within
+    the timeout, made a failed attempt, and a delivered alert was sent again."""
+    import http.client
+
+    real = http.client.HTTPConnection.connect
+
+    def slow_connect(self) -> None:
+        time.sleep(0.6)
+        real(self)
+
+    monkeypatch.setattr(http.client.HTTPConnection, "connect", slow_connect)
+    rx = RawReceiver("slow-ok")
+    d, _ = _dispatch(tmp_path, rx.url, 1)
+    try:
+        assert _wait(lambda: d.counts[("r", "delivered")] or d.counts[("r", "retried")], 5)
+        assert d.counts[("r", "delivered")] == 1 and d.counts[("r", "retried")] == 0
+    finally:
+        d.close()
+        rx.close()
