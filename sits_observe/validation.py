@@ -45,7 +45,10 @@ def format_errors(exc: ValidationError, source: str, origins: Mapping[str, str] 
         hidden = ("token" in path or "secret" in path or path == "alerting.receivers"
                   or (path.startswith("alerting.") and path.endswith(".url")) or not _shown(value))
         if isinstance(value, str) and (path.endswith(("url", "endpoint")) or "://" in value):  # also a URL
-            value = shown_url(value)  # given where a list or section belongs: without user:password@ or query
+            try:  # given where a list or section belongs: without user:password@ or query
+                value = shown_url(value)
+            except ValueError:  # not even a URL's shape ("http://[bad"): shown not at all
+                hidden = True
         got = "" if err["type"] == "missing" or hidden else f", got {value!r}"
         if err["type"] == "model_type":  # a scalar or a list where a section belongs
             msg, got = "must be a mapping of settings (key: value)", f", got {type(value).__name__}"

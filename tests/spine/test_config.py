@@ -85,3 +85,12 @@ def test_a_url_given_where_a_list_belongs_is_echoed_without_its_credentials():
         parse({"servers": "http://user:s3cret@host:8000/metrics?token=abc"}, env={})
     assert "servers: Input should be a valid list" in str(err.value)
     assert "s3cret" not in str(err.value) and "abc" not in str(err.value)
+
+
+@pytest.mark.parametrize("data", [{"servers": "http://[bad"}, {"alerting": {"receivers": "http://[x"}},
+                                  {"servers": [{"kind": "vllm", "url": "http://h:1/m", "workload": "w",
+                                                "timeout": "http://[x"}]}])
+def test_a_value_shaped_like_a_broken_url_is_a_config_error_not_a_traceback(data):
+    with pytest.raises(ConfigError) as err:
+        parse(data, env={})
+    assert "[" not in str(err.value).partition(": ")[2].partition(": ")[2]  # the value is not echoed
