@@ -282,7 +282,7 @@ class Scheduler:
         for (trigger, action), n in sorted(counts.items()):
             yield Sample("sits_scheduler_decisions_total", "counter", "Scheduler decisions by trigger and action.",
                          (("trigger", trigger), ("action", action)), float(n))
-        yield Sample("sits_scheduler_migrations_in_flight", "gauge", "Shards with a placement on its way.", (),
+        yield Sample("sits_scheduler_migrations_in_flight", "gauge", "Re-shards in flight (not first placements).", (),
                      float(in_flight(views)))
         for state, n in states.items():
             yield Sample("sits_scheduler_placement_state", "gauge", "Placements kept, by state.",
