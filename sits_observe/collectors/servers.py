@@ -21,18 +21,19 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import numpy as np
 
 from ..errors import CollectorError, StillDown
 from ..frame import BucketLayout, Frame
 from .config import ServerConfig, shown_url
+from .cumulative import COUNT_MAX, CUMULATIVE_SUFFIXES, Cumulative, rebucket
 from .pagefetch import PageFetch
 from .promtext import PageParser, Series, fetch_page
 from .replicas import ReplicaBoard
 
-__all__ = ["ServerSource", "rebucket", "Cumulative", "VLLM_STAGES", "TRITON_STAGES"]
+__all__ = ["ServerSource", "VLLM_STAGES", "TRITON_STAGES"]
 
 # vLLM histogram -> stage; time_to_first_token stands in for prefill on versions without prefill time.
 VLLM_STAGES = (
@@ -71,76 +72,6 @@ READ = {"vllm": frozenset([f"{h}{s}" for h in _VLLM_HISTS for s in ("_bucket", "
         "triton": frozenset([TRITON_SUCCESS, TRITON_FAILURE, TRITON_PENDING] + [c[0] for c in TRITON_COUNTERS]
                             + [st[0] for st in TRITON_STAGES])}
 _MAX_BACKOFF = 60.0
-
-
-def rebucket(src_edges: np.ndarray, src_counts: np.ndarray, layout: BucketLayout) -> np.ndarray:
-    """Per-bucket counts on ``src_edges`` (finite uppers, then +Inf) moved to ``layout``, never lower."""
-    edges = np.asarray(layout.edges)
-    # first exported edge >= the source upper edge; a relative 1e-9 absorbs decimal noise (0.1 vs 0.1000000001)
-    target = np.searchsorted(edges, np.asarray(src_edges) * (1 - 1e-9), side="left")
-    out = np.zeros(layout.n, dtype=np.uint64)
-    np.add.at(out, np.append(target, layout.n - 1), np.asarray(src_counts, dtype=np.uint64))
-    return out
-
-
-_CUMULATIVE = ("_total", "_count", "_sum", "_bucket")  # series that only count up
-_COUNT_MAX = float(2**53)  # past this a float no longer counts by ones
-
-
-class Cumulative:
-    """Turns cumulative values (scalars or vectors) into deltas; a series' decrease is its restart;
-    ``resets`` counts them."""
-
-    def __init__(self) -> None:
-        self._prev: dict[str, np.ndarray] = {}
-        self._parts: dict[str, set[str]] = {}
-        self.resets = 0
-
-    def summed(self, name: str, parts: dict[str, float]) -> float | None:
-        """The summed increase of one counter exported as several series (``parts``: label set -> value),
-        each series on its own, as Prometheus' ``rate`` takes them: a series that appears counts from its
-        next value, one that vanishes (a model unloaded) adds nothing, and one that went down (its model
-        reloaded, or the server restarted) counts its new value.  None when no series had a previous value."""
-        total, known = 0.0, False
-        for labels, value in parts.items():
-            key = f"{name}{{{labels}}}"
-            prev = self._prev.get(key)
-            self._prev[key] = np.atleast_1d(np.float64(value))
-            if prev is not None and prev.shape == (1,):
-                known = True
-                if value < prev[0]:
-                    self.resets += 1
-                    total += value
-                else:
-                    total += value - float(prev[0])
-        self.keep_only(name, parts.keys())
-        return total if known else None
-
-    def state(self) -> tuple[dict[str, np.ndarray], dict[str, set[str]], int]:
-        """What :meth:`restore` puts back (values are replaced, never changed in place: a shallow copy is one)."""
-        return dict(self._prev), dict(self._parts), self.resets
-
-    def restore(self, state: tuple[dict[str, np.ndarray], dict[str, set[str]], int]) -> None:
-        self._prev, self._parts, self.resets = dict(state[0]), dict(state[1]), state[2]
-
-    def keep_only(self, name: str, labels: Iterable[str]) -> None:
-        """Forget the series of ``name`` whose label sets are not in ``labels`` (bounded memory)."""
-        now = set(labels)
-        for gone in self._parts.get(name, set()) - now:
-            self._prev.pop(f"{name}{{{gone}}}", None)
-        self._parts[name] = now
-
-    def delta(self, key: str, value: float | np.ndarray) -> np.ndarray | None:
-        """None on the first value (or after the vector changed shape); the increase otherwise."""
-        cur = np.atleast_1d(np.asarray(value, dtype=np.float64))
-        prev = self._prev.get(key)
-        self._prev[key] = cur
-        if prev is None or prev.shape != cur.shape:
-            return None
-        if (cur < prev).any():
-            self.resets += 1
-            return cur
-        return cur - prev
 
 
 def _label_key(labels: dict[str, str]) -> str:
@@ -195,7 +126,7 @@ class ServerSource:
         be is skipped whole before any counter moves (its counts go to the next good page)."""
         series = self.parser.parse(text, self._read.__contains__, source=self._shown)
         for name, samples in series.items():  # NaN fails both comparisons too
-            if self._cumulative(name) and not all(0 <= v < _COUNT_MAX for _, v in samples):
+            if self._cumulative(name) and not all(0 <= v < COUNT_MAX for _, v in samples):
                 raise CollectorError(f"{self._shown}: {name}: a value that is no count (negative, "
                                      "not finite or past 2**53); page skipped, the counters keep the last good one")
             if not all(math.isfinite(v) for _, v in samples):  # the store would refuse the part after the counters
@@ -221,7 +152,7 @@ class ServerSource:
     def _cumulative(self, name: str) -> bool:
         """Whether a series read only counts up: by its suffix, and every Triton one but its queue
         (``nv_inference_request_success``, ``..._duration_us``: counters without a counter's suffix)."""
-        return name.endswith(_CUMULATIVE) or (self.config.kind == "triton" and name != TRITON_PENDING)
+        return name.endswith(CUMULATIVE_SUFFIXES) or (self.config.kind == "triton" and name != TRITON_PENDING)
 
     def _entries(self, series: Series, name: str) -> list[tuple[dict[str, str], float]]:
         model = self.config.model

@@ -14,7 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from sits_observe.collectors.config import ServerConfig
 from sits_observe.collectors.dcgm import DcgmSource
 from sits_observe.collectors.promtext import PageParser, redact
-from sits_observe.collectors.servers import Cumulative, ServerSource, rebucket
+from sits_observe.collectors.cumulative import Cumulative, rebucket
+from sits_observe.collectors.servers import ServerSource
 from sits_observe.config import parse
 from sits_observe.errors import CollectorError, ConfigError, StillDown
 from sits_observe.frame import GPU_FIELD_INDEX, BucketLayout, Frame
