@@ -16,17 +16,17 @@ import contextlib
 import http.client
 import logging
 import random
-import re
 import socket
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from urllib.parse import quote, urlsplit
+from urllib.parse import urlsplit
 
 from ..backoff import backoff_delay
 from ..collectors.config import basic_auth
 from ..errors import AlertingError
+from .answers import describe, echoes, retry_after
 from .config import BackoffConfig, ReceiverConfig
 from .formats import render, sign
 from .outbox import Message, Outbox
@@ -74,7 +74,7 @@ class Sender(threading.Thread):
         self._path = path + (f"?{parts.query}" if parts.query else "")
         # what a receiver's answer may echo of the request (a proxy's "Cannot POST /hooks/<token>"): the
         # path and query are the secret of many webhooks (Slack's among them), so never kept in a reason
-        self._secrets = _echoes(cfg.url, self._path, cfg.secret.get_secret_value() if cfg.secret else "")
+        self._secrets = echoes(cfg.url, self._path, cfg.secret.get_secret_value() if cfg.secret else "")
         self._conn: http.client.HTTPConnection | None = None
         self._wake = threading.Event()
         self._halt = threading.Event()
@@ -178,13 +178,13 @@ class Sender(threading.Thread):
             raise _Final("InvalidURL: http.client refuses this receiver's url; fix it in the config") from None
         except (OSError, http.client.HTTPException) as exc:
             self._close_conn()
-            raise _Retry(_describe(exc)) from None
+            raise _Retry(describe(exc)) from None
         status = resp.status
         if 200 <= status < 300:
             return
         reason = f"HTTP {status} {self._excerpt(resp.reason.encode())}: {self._excerpt(text)}".rstrip(": ")
         if status >= 500 or status in _RETRY_STATUS:
-            raise _Retry(reason, _retry_after(resp.getheader("Retry-After")))
+            raise _Retry(reason, retry_after(resp.getheader("Retry-After")))
         raise _Final(reason)
 
     def _exchange(self, body: bytes, headers: dict[str, str]) -> tuple[http.client.HTTPResponse, bytes]:
@@ -273,18 +273,6 @@ class _Final(Exception):
     """The receiver refused the message for good (a non-2xx answer other than 5xx, 408, 429)."""
 
 
-def _echoes(url: str, path: str, secret: str) -> list[str]:
-    """What of a receiver's URL and secret its answer may echo, longest first: the URL, its parts and the
-    password, each also without a leading slash, with JSON's escaped slashes (``hooks\\/<token>``) and
-    percent-encoded, and every piece of 8 or more characters of its path and query (a token alone: "The route
-    hooks/<token> could not be found")."""
-    parts = urlsplit(url)
-    whole = {url, parts.netloc, parts.path, parts.query, path, secret, parts.password or ""}
-    pieces = {p for x in (parts.path, parts.query) for p in re.split(r"[/&=;]", x) if len(p) >= 8}
-    out = {v for x in whole | pieces for v in (x, x.lstrip("/"), x.replace("/", "\\/"), quote(x, safe=""), quote(x))}
-    return sorted((v for v in out if len(v) > 1), key=len, reverse=True)
-
-
 def _cut_off(conn: http.client.HTTPConnection, late: threading.Event) -> None:
     """The request's time is up: end its socket, so the read waiting on it returns (one still connecting has its
     own timeout, the same)."""
@@ -293,18 +281,3 @@ def _cut_off(conn: http.client.HTTPConnection, late: threading.Event) -> None:
     if sock is not None:
         with contextlib.suppress(OSError):
             sock.shutdown(socket.SHUT_RDWR)
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, ConnectionRefusedError):
-        return "connection refused"
-    if isinstance(exc, OSError) and exc.strerror:
-        return f"{type(exc).__name__}: {exc.strerror}"
-    return type(exc).__name__
-
-
-def _retry_after(value: str | None) -> float | None:
-    try:
-        return float(value) if value else None
-    except ValueError:
-        return None
