@@ -28,6 +28,7 @@ from .bodies import AckBody, parse_body
 from .config import OtlpConfig, SchedulerConfig, ShardSpec
 from .decide import Decider
 from .migrate import Walker
+from .metrics import samples
 from .observed import Observed
 from .placement import Candidate, Result
 from .states import NotFound, State
@@ -279,19 +280,7 @@ class Scheduler:
     def metrics(self) -> Iterable[Sample]:
         counts, views, _ = self._published
         states, pending = self._tallies.read(lambda: (self.store.counts(), self.store.span_backlog()))
-        for (trigger, action), n in sorted(counts.items()):
-            yield Sample("sits_scheduler_decisions_total", "counter", "Scheduler decisions by trigger and action.",
-                         (("trigger", trigger), ("action", action)), float(n))
-        yield Sample("sits_scheduler_migrations_in_flight", "gauge", "Re-shards in flight (not first placements).", (),
-                     float(in_flight(views)))
-        for state, n in states.items():
-            yield Sample("sits_scheduler_placement_state", "gauge", "Placements kept, by state.",
-                         (("state", state.value),), float(n))
-        yield Sample("sits_scheduler_spans_dropped_total", "counter",
-                     "ShardDecisionSpans never exported: not stored (database error), more than otlp.max_queue "
-                     "waiting, unreadable, or refused by the collector for good.", (), float(self.tracer.dropped))
-        yield Sample("sits_scheduler_spans_pending", "gauge",
-                     "ShardDecisionSpans stored in scheduler.sqlite and not exported yet.", (), float(pending))
+        return samples(counts, in_flight(views), states, pending, self.tracer.dropped)
 
     def reload(self, config: Any) -> None:
         """SIGHUP: new thresholds, strategy, timeouts and shards apply now (trigger windows start afresh);
