@@ -157,7 +157,8 @@ class Server:
             why = ("is in use" if getattr(exc, "errno", None) == errno.EADDRINUSE
                    else f"cannot be bound ({getattr(exc, 'strerror', None) or exc})")
             raise ConfigError(f"listen: {host}:{port} {why}; set listen: or SITS_LISTEN to a free host:port") from None
-        self.port = int(self._server.effective_port)  # type: ignore[union-attr]
+        srv = self._server  # a host name of several addresses (localhost: 127.0.0.1 and ::1) gives one per address
+        self.port = int(srv.effective_listen[0][1] if hasattr(srv, "effective_listen") else srv.effective_port)
         self.host = host
         self._thread = threading.Thread(target=self._server.run, name="http", daemon=True)
 
@@ -170,11 +171,14 @@ class Server:
         Closing sockets from another thread while the loop polls them makes waitress log EBADF tracebacks.
         """
         from waitress import wasyncore
+        from waitress.trigger import trigger
 
         srv = self._server
+        sockets = getattr(srv, "_map", None) or srv.map  # one server's, or those of one per address
         if self._thread.is_alive():
-            srv.trigger.pull_trigger(lambda: wasyncore.close_all(srv._map))  # type: ignore[union-attr]
+            wake = next(d for d in sockets.values() if isinstance(d, trigger))
+            wake.pull_trigger(lambda: wasyncore.close_all(sockets))
             self._thread.join(timeout=3)
         else:  # never started (the daemon failed to build): no loop polls the sockets
-            wasyncore.close_all(srv._map)  # type: ignore[union-attr]
+            wasyncore.close_all(sockets)
         srv.task_dispatcher.shutdown()  # type: ignore[union-attr]

@@ -189,3 +189,36 @@ def test_an_ipv6_listen_address_is_shown_in_brackets(tmp_path, free_port):
                env={**os.environ, "SITS_STATE_DIR": str(tmp_path)})
     assert res.returncode == 0, res.stderr
     assert f"serving http://[::1]:{port}/metrics" in res.stderr
+
+
+def test_a_listen_host_of_several_addresses_serves_on_each(monkeypatch, free_port):
+    """localhost is 127.0.0.1 and ::1 on a stock Debian: waitress then gives a server of one socket per address,
+    which has no effective_port, and the daemon's start ended in an AttributeError traceback (exit 1)."""
+    import socket
+    import urllib.request
+
+    from flask import Flask
+
+    from sits_observe.export.http import Server
+
+    real = socket.getaddrinfo
+    port = free_port()
+
+    def two(host, *args, **kwargs):
+        if host == "twice.test":
+            return [entry for a in ("127.0.0.1", "127.0.0.2") for entry in real(a, *args, **kwargs)]
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", two)
+    app = Flask(__name__)
+    app.add_url_rule("/", "root", lambda: "up")
+    server = Server(app, "twice.test", port)
+    server.start()
+    try:
+        assert server.port == port
+        for address in ("127.0.0.1", "127.0.0.2"):
+            with urllib.request.urlopen(f"http://{address}:{port}/", timeout=5) as resp:
+                assert resp.read() == b"up"
+    finally:
+        server.close()
+    assert not server._thread.is_alive()
