@@ -41,9 +41,12 @@ def format_errors(exc: ValidationError, source: str, origins: Mapping[str, str] 
         path = _loc(loc)
         msg = err["msg"].removeprefix("Value error, ")
         value = err.get("input")
-        # a receiver's URL (Slack's path is its secret) also where the list itself was given as one
-        hidden = ("token" in path or "secret" in path or path == "alerting.receivers"
+        # a receiver's URL (Slack's path is its secret) also where the list itself was given as one; a command's
+        # arguments, which may hold credentials (only argv[0] is ever named), also where given as one string
+        hidden = ("token" in path or "secret" in path or path in ("alerting.receivers", "scheduler.command.argv")
                   or (path.startswith("alerting.") and path.endswith(".url")) or not _shown(value))
+        if path == "scheduler.command.argv" and isinstance(value, str):
+            msg += " (write it as a list: [program, argument, ...])"
         if isinstance(value, str) and (path.endswith(("url", "endpoint")) or "://" in value):  # also a URL
             try:  # given where a list or section belongs: without user:password@ or query
                 value = shown_url(value)

@@ -94,3 +94,12 @@ def test_a_value_shaped_like_a_broken_url_is_a_config_error_not_a_traceback(data
     with pytest.raises(ConfigError) as err:
         parse(data, env={})
     assert "[" not in str(err.value).partition(": ")[2].partition(": ")[2]  # the value is not echoed
+
+
+def test_a_command_given_as_one_string_is_refused_without_echoing_its_arguments():
+    """Its arguments may hold credentials (messages name argv[0] only); as one string they were echoed whole."""
+    with pytest.raises(ConfigError) as err:
+        parse({"scheduler": {"actuator": "command",
+                             "command": {"argv": "/usr/local/bin/move-shard --token SECRETTOKEN"}}}, env={})
+    assert "scheduler.command.argv: Input should be a valid list (write it as a list: [program, argument, ...])" \
+        in str(err.value) and "SECRETTOKEN" not in str(err.value)
