@@ -63,38 +63,44 @@ class RcaEngine:
         self._counts: dict[str, int] = {}
         self._load()
 
-    def _load(self) -> None:
+    def _load(self, before: RcaConfig | None = None) -> None:
+        """Load the model ``self.cfg`` names.  ``before`` (SIGHUP: the config it replaces): a model that cannot
+        be loaded leaves the one loaded before in place, as a bad new config leaves the old one."""
         path = self.cfg.model_path()
-        self._base, self._base_tick = None, -1  # a baseline belongs to the model's features
-        self._proba = {}  # the previous model's probabilities (its classes) are not this one's
-        self._loaded = _file_stamp(path)
+        stamp = _file_stamp(path)
         try:
             import torch
 
             torch.set_num_threads(self.cfg.threads)
-            self.model = RcaModel.load(path)
+            model = RcaModel.load(path)
+            why = self._other_step(model, path)
         except ModelError as exc:
-            self._disable(str(exc))
+            why = str(exc)
+        if why is not None and before is not None and self.model is not None:
+            log.warning("rca: SIGHUP: %s; the model loaded before (%s) stays", why, before.model_path())
+            self.cfg = self.cfg.model_copy(update={"model": before.model})
             return
-        if (why := self._other_step(path)) is not None:
+        self._base, self._base_tick = None, -1  # a baseline belongs to the model's features
+        self._proba = {}  # the previous model's probabilities (its classes) are not this one's
+        self._loaded = stamp
+        if why is not None:
             self._disable(why)
             return
-        self.error = None
+        self.model, self.error = model, None
         rates = np.array([f.endswith(".rate") for f in self.model.features])
         self._observed = ~rates if (~rates).any() else np.ones_like(rates)
         self._unseen_checked = False
         log.info("rca: model %s loaded (%d features, window %d, classes %s)", path, len(self.model.features),
                  self.model.window, ", ".join(self.model.classes))
 
-    def _other_step(self, path: Path) -> str | None:
+    def _other_step(self, model: RcaModel, path: Path) -> str | None:
         """Why the model cannot read this daemon's windows: trained at another tick step, its window, baseline
         hour and occlusion minutes (all counts of ticks) would span other times.  Files from before the step
         was recorded say nothing and are taken as they are."""
-        assert self.model is not None
-        trained, tick = self.model.training.get("tick_seconds"), self.tick_seconds
+        trained, tick = model.training.get("tick_seconds"), self.tick_seconds
         if not isinstance(trained, float) or tick is None or math.isclose(trained, tick, rel_tol=0.01):
             return None
-        window = self.model.window
+        window = model.window
         return (f"{path}: trained on ticks of {trained:g} s, but this daemon ticks every {tick:g} s, so its "
                 f"window of {window} ticks would span {window * tick:g} s instead of {window * trained:g} s; "
                 f"set tick_interval: {trained:g}, or train a model on a dataset recorded every {tick:g} s")
@@ -112,11 +118,11 @@ class RcaEngine:
         turns it off, a new ``threads`` applies at once."""
         new: RcaConfig = cfg.rca
         changed = new.model_path() != self.cfg.model_path() or _file_stamp(new.model_path()) != self._loaded
-        self.cfg = new
+        before, self.cfg = self.cfg, new
         if not new.enabled:
             self._disable("rca.enabled is false (SIGHUP); set it true and send SIGHUP again to turn it back on")
         elif changed or self.model is None:
-            self._load()
+            self._load(before)
         else:
             import torch
 

@@ -194,6 +194,37 @@ def test_sighup_brings_rca_back_once_the_model_file_is_fixed_or_retrained(tmp_pa
     assert engine.model is not None and engine._base is None
 
 
+@pytest.mark.parametrize("bad", ["missing", "garbage"])
+def test_a_sighup_naming_a_model_that_cannot_be_loaded_keeps_the_loaded_one(tmp_path: Path, tiny_model: RcaModel,
+                                                                            bad: str,
+                                                                            caplog: pytest.LogCaptureFixture) -> None:
+    """A bad new config is logged and the old one kept; a mistyped rca.model (or a file broken in place) turned
+    the working classifier off instead."""
+    path = tmp_path / "m.pt"
+    tiny_model.save(path)
+    daemon, engine = _daemon(tmp_path, path, every=1)
+    daemon.sources.append(HostSource(daemon.layout, hot=(2,)))
+    for _ in range(20):
+        daemon.tick()
+    loaded = engine.model
+    if bad == "missing":
+        cfg = _config(tmp_path, tmp_path / "typo.pt", every=1)
+    else:
+        cfg = _config(tmp_path, path, every=1)
+        path.write_bytes(b"\x00garbage")
+    with caplog.at_level(logging.WARNING, logger="sits_observe.rca"):
+        engine.reload(cfg)
+    assert engine.model is loaded and engine.error is None and engine.cfg.model_path() == path
+    assert f"the model loaded before ({path}) stays" in caplog.text
+    before = len(engine.verdicts_state()["verdicts"])
+    daemon.tick()
+    assert len(engine.verdicts_state()["verdicts"]) == before + 1  # it goes on classifying
+    if bad == "garbage":
+        tiny_model.save(path)  # fixed in place: the next SIGHUP takes it
+        engine.reload(cfg)
+        assert engine.model is not loaded and engine.model is not None
+
+
 def test_the_verdict_log_holds_keep_verdicts_across_restarts_and_sighup(tmp_path: Path) -> None:
     path = tmp_path / "rca.sqlite"
     for restart in range(6):  # a daemon restarted more often than every 100 verdicts
@@ -322,8 +353,7 @@ def test_confidence_series_go_when_rca_turns_off(tmp_path: Path, tiny_model: Rca
         daemon.tick()
     client = create_app(daemon, ui=False).test_client()
     assert "sits_rca_verdict_confidence{" in client.get("/metrics").data.decode()
-    path.write_bytes(b"\x00garbage")  # replaced by a broken file, then SIGHUP
-    engine.reload(cfg)
+    engine.reload(cfg.model_copy(update={"rca": cfg.rca.model_copy(update={"enabled": False})}))  # SIGHUP
     body = client.get("/metrics").data.decode()
     assert engine.model is None and "sits_rca_model_loaded 0.0" in body
     assert "sits_rca_verdict_confidence{" not in body  # no stale probabilities of a model that is gone
