@@ -103,7 +103,8 @@ def register(sub: Any) -> None:
 
     t = cmds.add_parser("train", help="train the LSTM on a dataset directory")
     t.add_argument("--dataset", required=True, help="dataset directory (metrics.csv, labels.csv)")
-    t.add_argument("--out", default=str(SHIPPED_MODEL), help="model file to write")
+    t.add_argument("--out", required=True,  # no default: an experiment must not replace the model daemons load
+                   help=f"model file to write (the shipped one, which daemons without rca.model load: {SHIPPED_MODEL})")
     t.add_argument("--window", type=int_at_least(2), help="steps per window (default 64)")
     t.add_argument("--epochs", type=POSITIVE_INT,
                    help="epochs (default 12); without averaging, early stopping may end sooner")

@@ -126,3 +126,12 @@ def test_train_refuses_relative_only_names_that_are_not_features(data: Path, tmp
                   "gpu.clock", *TRAIN], capsys, "--relative-only: 'gpu.clock' is not a feature of",
                  "metrics.csv; name its columns")
     assert not (tmp_path / "m.pt").exists()
+
+
+def test_training_needs_out_so_an_experiment_cannot_replace_the_shipped_model(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--out defaulted to models/rca-lstm.pt: a quick `rca train --dataset DIR` replaced the model every daemon
+    without rca.model loads."""
+    with pytest.raises(SystemExit) as stop:
+        main(["rca", "train", "--dataset", str(tmp_path)])
+    assert stop.value.code == 2 and "the following arguments are required: --out" in capsys.readouterr().err
