@@ -1,15 +1,18 @@
 """YAML text -> data for config and scenario files: a key given twice in one mapping is an error (PyYAML keeps the
-last one silently, so a second ``slos:`` would drop the first), and so is nesting past :data:`MAX_DEPTH`."""
+last one silently, so a second ``slos:`` would drop the first), and so is nesting past :data:`MAX_DEPTH`.  Files a
+config names (a scenario, a trace) are read with :func:`read_text`."""
 
 from __future__ import annotations
 
+import stat
+from pathlib import Path
 from typing import Any
 
 import yaml
 
 from .errors import ConfigError
 
-__all__ = ["MAX_DEPTH", "parse_yaml"]
+__all__ = ["MAX_DEPTH", "parse_yaml", "read_text"]
 
 MAX_DEPTH = 64  # far deeper than any config; a deeper file would exhaust the parser's recursion
 
@@ -57,3 +60,22 @@ def parse_yaml(text: str, source: str) -> Any:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ConfigError(f"{source}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+
+
+def read_text(path: str | Path, limit: int, field: str, what: str, fix: str) -> str:
+    """The UTF-8 text of the regular file ``path`` (a ``what``, at most ``limit`` bytes) that config field ``field``
+    names; one ConfigError line ending in ``fix`` otherwise: a FIFO would never answer and /dev/zero never end, at
+    a start or, worse, at a SIGHUP in the tick loop."""
+    p = Path(path)
+    try:
+        if not stat.S_ISREG(p.stat().st_mode):
+            raise ConfigError(f"{field}: {what} {p} is not a regular file; {fix}")
+        with p.open("rb") as f:
+            raw = f.read(limit + 1)
+        if len(raw) > limit:
+            raise ConfigError(f"{field}: {what} {p} is larger than {limit >> 20} MiB; {fix}")
+        return raw.decode("utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{field}: cannot read {what} {p}: {exc.strerror}; {fix}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{field}: {what} {p} is not UTF-8 text (byte {exc.start}); {fix}") from None

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from importlib import resources
-from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -19,6 +18,7 @@ from pydantic import Field, model_validator
 
 from ..config import Section, parse_yaml, validate
 from ..errors import ConfigError
+from ..yamlfile import read_text
 from ..topology import Topology, preset
 from .shards import default_placement
 
@@ -112,12 +112,8 @@ class Scenario(Section):
         if not name.endswith((".yaml", ".yml")) and "/" not in name:
             raise ConfigError(f"sim.scenario: unknown scenario {name!r}; choose one of {', '.join(BUILTIN)} "
                               "or give the path of a scenario .yaml file")
-        try:
-            text = Path(name).read_text()
-        except (OSError, UnicodeDecodeError) as exc:
-            reason = getattr(exc, "strerror", None) or str(exc)
-            raise ConfigError(f"sim.scenario: cannot read scenario file {name}: {reason}; choose one of "
-                              f"{', '.join(BUILTIN)} or a readable scenario .yaml file") from None
+        text = read_text(name, 1 << 20, "sim.scenario", "scenario file", f"choose one of {', '.join(BUILTIN)} or a readable "
+                         "scenario .yaml file")
         return cls.parse(text, name)
 
     @classmethod

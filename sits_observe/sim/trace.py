@@ -15,9 +15,11 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ConfigError
+from ..yamlfile import read_text
 
 __all__ = ["TRACES", "Trace"]
 
+MAX_TRACE_BYTES = 256 << 20  # the packaged traces are under 1 MiB; Azure's largest published ones about 100 MiB
 TRACES = {
     "conv": "data/azure_llm_2023/AzureLLMInferenceTrace_conv.csv",
     "code": "data/azure_llm_2023/AzureLLMInferenceTrace_code.csv",
@@ -43,12 +45,8 @@ class Trace:
                 raise ConfigError(f"sim.trace: unknown trace {name!r}; choose one of {', '.join(TRACES)}")
             text = resources.files("sits_observe.sim").joinpath(TRACES[name]).read_text()
             return cls._parse(name, text, f"packaged trace {name}")
-        try:
-            text = Path(path).read_text()
-        except (OSError, UnicodeDecodeError) as exc:
-            reason = getattr(exc, "strerror", None) or str(exc)
-            raise ConfigError(f"sim.trace_path: cannot read trace file {path}: {reason}; give an Azure LLM "
-                              f"trace CSV or unset it to use the packaged {', '.join(TRACES)} traces") from None
+        text = read_text(path, MAX_TRACE_BYTES, "sim.trace_path", "trace file", "give an Azure LLM trace CSV or unset it to use "
+                         f"the packaged {', '.join(TRACES)} traces")
         return cls._parse(Path(path).name, text, f"sim.trace_path: {path}")
 
     @classmethod
@@ -63,6 +61,8 @@ class Trace:
                 stamps.append(np.datetime64(row[0].strip().replace(" ", "T"), "ns"))
                 prompt.append(int(row[1]))
                 output.append(int(row[2]))
+                if np.isnat(stamps[-1]):
+                    raise ValueError("not a time")
             except (ValueError, IndexError):
                 raise ConfigError(f"{where}: line {line}: expected timestamp,int,int, got {','.join(row)!r}") from None
         if len(stamps) < 2:
@@ -70,6 +70,8 @@ class Trace:
         ts = (np.array(stamps) - stamps[0]).astype(np.int64) / 1e9
         order = np.argsort(ts, kind="stable")
         ts = ts[order]
+        if ts[-1] < 1.0:  # replayed in a loop of its own length: a shorter one would loop without end in a tick
+            raise ConfigError(f"{where}: its requests span {ts[-1]:g} s; a trace must span at least 1 s")
         gap = float(ts[-1] / (len(ts) - 1))
         return cls(name, ts, np.maximum(np.array(prompt)[order], 1), np.maximum(np.array(output)[order], 1),
                    float(ts[-1]) + gap)

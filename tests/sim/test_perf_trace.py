@@ -85,3 +85,11 @@ def test_trace_path_override_and_its_errors(tmp_path):
         Trace.load("conv", str(bad))
     with pytest.raises(ConfigError, match="unknown trace 'chat'; choose one of conv, code"):
         Trace.load("chat")
+    # requests that span no time (or NaT, or 1 ns apart): every tick then failed, or the first never ended
+    for stamps in (["2023-11-16 18:00:00", "2023-11-16 18:00:00"], ["NaT", "2023-11-16 18:00:00"],
+                   ["2023-11-16 18:00:00.000000000", "2023-11-16 18:00:00.000000001"]):
+        bad.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(f"{t},1,1\n" for t in stamps))
+        with pytest.raises(ConfigError, match="line 2: expected timestamp|a trace must span at least 1 s"):
+            Trace.load("conv", str(bad))
+    with pytest.raises(ConfigError, match="sim.trace_path: trace file /dev/zero is not a regular file"):
+        Trace.load("conv", "/dev/zero")  # it would never end (a FIFO never answer)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from sits_observe.config import SimConfig
@@ -33,6 +35,10 @@ def test_unreadable_scenario_file(tmp_path):
     missing = tmp_path / "nope.yaml"
     with pytest.raises(ConfigError, match=rf"cannot read scenario file {missing}: .*quiet, mixed, stress"):
         Scenario.load(str(missing))
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)  # read, it would never answer: check-config hung, and a SIGHUP would stall the tick loop
+    with pytest.raises(ConfigError, match=rf"sim.scenario: scenario file {fifo} is not a regular file"):
+        Scenario.load(str(fifo))
 
 
 @pytest.mark.parametrize(
