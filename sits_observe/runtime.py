@@ -96,7 +96,9 @@ def _demo_config(args: argparse.Namespace) -> Config:
         data["state_dir"] = tempfile.mkdtemp(prefix="sits-observe-demo-")
     if base.api_token is not None:
         data["api_token"] = base.api_token.get_secret_value()
-    return parse(data, args.config or "<demo>")
+    given = {"SITS_LISTEN": args.listen, "SITS_STATE_DIR": getattr(args, "state_dir", None)}
+    env = {k: v for k, v in os.environ.items() if not given.get(k)}  # the command line wins over the environment
+    return parse(data, args.config or "<demo>", env)
 
 
 class _Later:

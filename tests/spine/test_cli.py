@@ -155,6 +155,19 @@ def test_a_demo_reload_merges_demo_defaults_file_and_command_line_again(tmp_path
     assert again.gpu.backend == "sim" and again.state_dir == first.state_dir and again.log_level == "warning"
 
 
+def test_the_demo_command_line_wins_over_the_environment(tmp_path, monkeypatch):
+    """docs: command line > environment > file; SITS_LISTEN won over demo --listen."""
+    import argparse
+
+    from sits_observe.runtime import _demo_config
+
+    monkeypatch.setenv("SITS_LISTEN", "127.0.0.1:57262")
+    args = argparse.Namespace(config=None, scenario="quiet", speed=None, seed=None, topology=None,
+                              listen="127.0.0.1:57263", state_dir=str(tmp_path))
+    assert _demo_config(args).listen == "127.0.0.1:57263"
+    assert _demo_config(argparse.Namespace(**{**vars(args), "listen": None})).listen == "127.0.0.1:57262"
+
+
 def test_check_config_applies_the_environment_as_run_does(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("tick_interval: 2\n")
