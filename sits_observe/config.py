@@ -177,6 +177,10 @@ class Config(Section):
             # the HTTP server strips a header value's ends, so such a token could never match
             raise ValueError("must not begin or end with whitespace (a YAML block scalar adds a newline); "
                              "remove it")
+        if v is not None and not all(" " <= c < "\x7f" for c in v.get_secret_value()):
+            # an HTTP header carries it as latin-1 bytes: any other character could never match
+            raise ValueError("must be printable ASCII (an HTTP header cannot carry other characters as sent); "
+                             "use letters, digits and punctuation")
         return v
 
     @field_validator("listen")
@@ -242,6 +246,9 @@ MAX_CONFIG_BYTES = 1 << 20  # a config file with every section filled in is a fe
 def load(path: str | Path | None = None, env: dict[str, str] | None = None) -> Config:
     """Load ``path`` (or ``$SITS_CONFIG``; none means all defaults) and validate it."""
     env = os.environ if env is None else env
+    if path is not None and not str(path).strip():  # an unset variable in a unit file's --config "$CFG"
+        raise ConfigError("config file path is empty; give the path of the YAML config file (or none at all, for "
+                          "the defaults)")
     path = path or env.get("SITS_CONFIG")
     if not path:
         return parse({}, "<defaults>", env)

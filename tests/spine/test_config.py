@@ -103,3 +103,18 @@ def test_a_command_given_as_one_string_is_refused_without_echoing_its_arguments(
                              "command": {"argv": "/usr/local/bin/move-shard --token SECRETTOKEN"}}}, env={})
     assert "scheduler.command.argv: Input should be a valid list (write it as a list: [program, argument, ...])" \
         in str(err.value) and "SECRETTOKEN" not in str(err.value)
+
+
+def test_a_token_no_bearer_header_can_carry_is_refused():
+    """api_token "pässwörd" was accepted and could never authenticate: every POST got a 401."""
+    with pytest.raises(ConfigError, match="api_token: Value error, must be printable ASCII|api_token: must be printable"):
+        parse({"api_token": "pässwörd"}, env={})
+    assert parse({"api_token": "s3cr3t-T0ken_!~"}, env={}).api_token is not None
+
+
+def test_an_empty_config_path_is_refused_not_taken_for_the_defaults():
+    """`run --config "$CFG"` with CFG unset started with every default (and check-config "" said ok)."""
+    from sits_observe.config import load
+
+    with pytest.raises(ConfigError, match="config file path is empty"):
+        load("", env={})

@@ -83,9 +83,9 @@ def test_a_negative_sim_seed_is_refused(tmp_path):
         ("topology: fabric-2x8", "sim.topology: the simulator models one host"),
         ("scenario: nope", "sim.scenario: unknown scenario 'nope'"),
         ("scenario: {tmp}/missing.yaml", "sim.scenario: cannot read scenario file"),
-        ("scenario: {tmp}/", "sim.scenario: cannot read scenario file"),
+        ("scenario: {tmp}/", "sim.scenario: scenario file"),  # a directory: "... is not a regular file"
         ("trace_path: {tmp}/missing.csv", "sim.trace_path: cannot read trace file"),
-        ("trace_path: {tmp}", "sim.trace_path: cannot read trace file"),
+        ("trace_path: {tmp}", "sim.trace_path: trace file"),
     ],
 )
 def test_simulator_inputs_are_checked_at_load(tmp_path, sim, needle):
