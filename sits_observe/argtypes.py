@@ -11,19 +11,20 @@ import math
 from collections.abc import Callable
 
 __all__ = ["FRACTION", "NON_NEGATIVE_FLOAT", "NON_NEGATIVE_INT", "POSITIVE_FLOAT", "POSITIVE_INT", "PROBABILITY",
-           "float_in", "int_at_least"]
+           "THREADS", "float_in", "int_at_least"]
 
 
-def int_at_least(low: int) -> Callable[[str], int]:
-    """An integer ``>= low``."""
+def int_at_least(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An integer ``>= low`` (and ``<= high``, given one)."""
+    want = f"an integer >= {low}" if high is None else f"an integer from {low} to {high}"
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text!r}")
+            raise argparse.ArgumentTypeError(f"must be {want}, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be {want}, got {text!r}")
         return value
 
     return parse
@@ -51,7 +52,8 @@ def float_in(low: float, high: float = math.inf, *, low_open: bool = False, high
     return parse
 
 
-POSITIVE_INT = int_at_least(1)  # counts: ticks, samples, rounds, threads, ...
+POSITIVE_INT = int_at_least(1)  # counts: ticks, samples, rounds, ...
+THREADS = int_at_least(1, 64)  # CPU threads (as rca.threads): torch fails to start far more with a traceback
 NON_NEGATIVE_INT = int_at_least(0)  # seeds, margins
 POSITIVE_FLOAT = float_in(0.0, low_open=True)  # durations, speeds, rates
 NON_NEGATIVE_FLOAT = float_in(0.0)  # cooldowns

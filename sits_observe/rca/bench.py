@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..argtypes import POSITIVE_INT
+from ..argtypes import POSITIVE_INT, THREADS
 from . import dataset
 from .baselines import ThresholdBaseline, TreeBaseline, summaries
 from .evaluate import fit_windows
@@ -39,7 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="2 x 0.5 h generated data, 2 epochs (smoke run)")
     p.add_argument("--epochs", type=POSITIVE_INT, help="override the training epochs")
     p.add_argument("--samples", type=POSITIVE_INT, default=300, help="windows timed one by one")
-    p.add_argument("--threads", type=POSITIVE_INT, default=2, help="CPU threads for training and inference")
+    p.add_argument("--threads", type=THREADS, default=2, help="CPU threads for training and inference, 1-64")
 
 
 def _ms(samples: list[float]) -> dict[str, float]:

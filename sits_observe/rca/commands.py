@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..argtypes import FRACTION, NON_NEGATIVE_INT, POSITIVE_INT, PROBABILITY, float_in, int_at_least
+from ..argtypes import FRACTION, NON_NEGATIVE_INT, POSITIVE_INT, PROBABILITY, THREADS, float_in, int_at_least
 from ..errors import ConfigError, ModelError
 from .config import HEALTHY_MIN_CONFIDENCE, MIN_CONFIDENCE, SHIPPED_MODEL
 
@@ -133,7 +133,7 @@ def register(sub: Any) -> None:
     t.add_argument("--margin", type=NON_NEGATIVE_INT,
                    help="steps after a label edge left out as transition (default 10)")
     t.add_argument("--seed", type=NON_NEGATIVE_INT, help="random seed (default 0)")
-    t.add_argument("--threads", type=POSITIVE_INT, help="CPU threads for torch (default 2)")
+    t.add_argument("--threads", type=THREADS, help="CPU threads for torch, 1-64 (default 2)")
     t.set_defaults(func=_train)
 
     e = cmds.add_parser("eval", help="score the model and two baselines on a dataset")
@@ -145,7 +145,7 @@ def register(sub: Any) -> None:
     e.add_argument("--healthy-min-confidence", type=PROBABILITY, default=HEALTHY_MIN_CONFIDENCE,
                    help=f"a healthy verdict below this is `unknown` (default {HEALTHY_MIN_CONFIDENCE}, "
                         "as rca.healthy_min_confidence)")
-    e.add_argument("--threads", type=POSITIVE_INT, default=2)
+    e.add_argument("--threads", type=THREADS, default=2, help="CPU threads, 1-64")
     e.add_argument("--json", action="store_true", help="print one JSON object")
     e.set_defaults(func=_eval)
 
