@@ -99,6 +99,21 @@ class WorkloadConfig(Section):
     cgroup: str | None = Field(None, description="cgroup v2 path prefix")
     pids: list[int] = Field(default_factory=list, description="explicit pids (tests)")
 
+    @model_validator(mode="after")
+    def _matches_something(self) -> WorkloadConfig:
+        """A group that can match no process was skipped without a word (and its stages never came)."""
+        if not (self.comm or self.exe or self.cgroup or self.pids):
+            raise ValueError("give at least one of comm, exe, cgroup or pids: without one it matches no process")
+        if self.exe is not None and not self.exe.startswith("/"):
+            raise ValueError(f"exe: {self.exe!r} is not an absolute path; it is compared with /proc/PID/exe, which "
+                             "always is one (give /usr/bin/python3, or match the name with comm)")
+        if self.cgroup is not None and not self.cgroup.startswith("/"):
+            raise ValueError(f"cgroup: {self.cgroup!r} is not a cgroup v2 path; give one from /proc/PID/cgroup, "
+                             "e.g. /system.slice/vllm.service")
+        if any(p <= 0 for p in self.pids):
+            raise ValueError(f"pids: {self.pids} holds a pid below 1; pids are positive")
+        return self
+
     @field_validator("comm")
     @classmethod
     def _regex(cls, v: str | None) -> str | None:

@@ -85,9 +85,7 @@ class WorkloadTracker:
 
     def _match(self, pid: int) -> int:
         p = _Proc(self._proc, pid)
-        for wid, w, comm in self._rules:
-            if not (w.pids or comm or w.exe or w.cgroup):
-                continue
+        for wid, w, comm in self._rules:  # every group has a criterion (refused at load without one)
             if w.pids and pid not in w.pids:
                 continue
             if comm and not comm.fullmatch(p.comm()):

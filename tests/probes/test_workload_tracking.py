@@ -60,7 +60,6 @@ def proc(tmp_path: Path) -> Path:
     ([{"name": "a", "comm": "vllm.*", "exe": "/nope"}], {}),  # every given criterion must match
     ([{"name": "a", "comm": ".*"}, {"name": "b", "pids": [300]}], {100: 1, 101: 1, 200: 1, 300: 1}),  # first wins
     ([{"name": "a", "pids": [300]}, {"name": "b", "comm": "(bash|vllm)"}], {300: 1, 100: 2}),
-    ([{"name": "a"}], {}),  # no criterion: matches nothing
 ])
 def test_scan_matches_workloads(proc: Path, workloads: list, want: dict) -> None:
     tracker = WorkloadTracker(parse({"workloads": workloads}).workloads, proc=proc)

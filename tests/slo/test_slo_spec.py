@@ -87,7 +87,7 @@ def test_duplicate_names_and_receivers_never_echo_secrets(tmp_path):
 
 
 def test_config_errors_never_echo_the_token_or_url_credentials(tmp_path):
-    data = {"api_token": "S3CRET-TOKEN", "workloads": [{"name": "a"}, {"name": "a"}],
+    data = {"api_token": "S3CRET-TOKEN", "workloads": [{"name": "a", "comm": "x"}, {"name": "a", "comm": "y"}],
             "servers": [{"kind": "vllm", "url": "http://scraper:pw-SECRET@127.0.0.1:99999/metrics?key=Q-SECRET",
                          "workload": "a"}],
             "alerting": {"receivers": {"type": "slack", "url": "https://hooks.example/services/HOOK-SECRET"}}}

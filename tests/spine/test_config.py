@@ -48,7 +48,12 @@ def test_sits_config_names_the_file(tmp_path):
     [
         ("a: [1,\n", "not valid YAML at line"),
         ("- 1\n- 2\n", "top level must be a mapping"),
-        ("workloads:\n  - name: a\n  - name: a\n", "workloads[1].name: duplicate workload name (also [0])"),
+        ("workloads:\n  - {name: a, comm: x}\n  - {name: a, comm: y}\n",
+         "workloads[1].name: duplicate workload name (also [0])"),
+        # one that can match no process was skipped without a word
+        ("workloads:\n  - name: a\n", "workloads[0]: give at least one of comm, exe, cgroup or pids"),
+        ("workloads:\n  - {name: a, exe: python3}\n", "workloads[0]: exe: 'python3' is not an absolute path"),
+        ("workloads:\n  - {name: a, pids: [-5]}\n", "workloads[0]: pids: [-5] holds a pid below 1"),
         ("store:\n  buckets: [0.001, 0.00101]\n", "c.yaml: store.buckets[1]: snaps to"),
     ],
 )
