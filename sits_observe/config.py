@@ -17,7 +17,7 @@ import stat
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from .alerting.config import AlertingConfig, check_unique
@@ -30,7 +30,7 @@ from .scheduler.config import OtlpConfig, SchedulerConfig
 from .section import Section
 from .slo.spec import SloList
 from .ui.config import UiConfig
-from .validation import format_errors, validate
+from .validation import elsewhere, format_errors, validate
 from .yamlfile import parse_yaml
 
 __all__ = [
@@ -200,10 +200,12 @@ class Config(Section):
 
     @field_validator("listen")
     @classmethod
-    def _listen(cls, v: str) -> str:
+    def _listen(cls, v: str, info: ValidationInfo) -> str:
         host, _, port = v.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError("must be host:port, e.g. 127.0.0.1:9477")
+        if elsewhere(info):
+            return v
         host = host.removeprefix("[").removesuffix("]")
         try:  # what the HTTP server resolves when it binds
             socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
@@ -230,8 +232,9 @@ ENV_OVERRIDES = {"SITS_LISTEN": "listen", "SITS_STATE_DIR": "state_dir", "SITS_L
                  "SITS_API_TOKEN": "api_token"}
 
 
-def parse(data: Any, source: str = "<config>", env: dict[str, str] | None = None) -> Config:
-    """Validate a mapping (YAML already parsed) with environment overrides applied."""
+def parse(data: Any, source: str = "<config>", env: dict[str, str] | None = None, this_host: bool = True) -> Config:
+    """Validate a mapping (YAML already parsed) with environment overrides applied; ``this_host`` False: for use
+    on another machine (no check of the listen host, the actuator's program or the simulator's files)."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -243,8 +246,8 @@ def parse(data: Any, source: str = "<config>", env: dict[str, str] | None = None
         if env.get(var):
             data[key] = env[var].lower() if key == "log_level" else env[var]
             origins[key] = var
-    cfg = validate(Config, data, source, origins=origins)
-    if cfg.gpu.backend == "sim":  # what the simulator would refuse at start, refused here with the file's name
+    cfg = validate(Config, data, source, origins=origins, this_host=this_host)
+    if cfg.gpu.backend == "sim" and this_host:  # what the simulator would refuse at start, refused here, file named
         from .sim.host import check_inputs
 
         try:
@@ -258,15 +261,15 @@ def parse(data: Any, source: str = "<config>", env: dict[str, str] | None = None
 MAX_CONFIG_BYTES = 1 << 20  # a config file with every section filled in is a few KiB
 
 
-def load(path: str | Path | None = None, env: dict[str, str] | None = None) -> Config:
-    """Load ``path`` (or ``$SITS_CONFIG``; none means all defaults) and validate it."""
+def load(path: str | Path | None = None, env: dict[str, str] | None = None, this_host: bool = True) -> Config:
+    """Load ``path`` (or ``$SITS_CONFIG``; none means all defaults) and validate it (``this_host``: :func:`parse`)."""
     env = os.environ if env is None else env
     if path is not None and not str(path).strip():  # an unset variable in a unit file's --config "$CFG"
         raise ConfigError("config file path is empty; give the path of the YAML config file (or none at all, for "
                           "the defaults)")
     path = path or env.get("SITS_CONFIG")
     if not path:
-        return parse({}, "<defaults>", env)
+        return parse({}, "<defaults>", env, this_host)
     p = Path(path)
     try:
         if not stat.S_ISREG(p.stat().st_mode):  # /dev/zero would never end, a FIFO never answer
@@ -281,7 +284,7 @@ def load(path: str | Path | None = None, env: dict[str, str] | None = None) -> C
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{p}: not UTF-8 text (byte {exc.start}: {exc.object[exc.start:exc.start + 1]!r}); "
                           "save the file as UTF-8") from None
-    return parse(parse_yaml(text, str(p)), str(p), env)
+    return parse(parse_yaml(text, str(p)), str(p), env, this_host)
 
 
 RESTART_ONLY = ("listen", "state_dir", "store", "tick_interval", "gpu", "sim", "slos", "alerting", "servers",

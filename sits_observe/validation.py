@@ -13,7 +13,16 @@ from .errors import ConfigError
 
 M = TypeVar("M", bound=BaseModel)
 
-__all__ = ["format_errors", "validate"]
+__all__ = ["ELSEWHERE", "elsewhere", "format_errors", "validate"]
+
+# validation context of a config read on another machine (`slo rules` on a CI box): its listen host need not
+# resolve here, nor its command exist
+ELSEWHERE = {"this_host": False}
+
+
+def elsewhere(info: Any) -> bool:
+    """Whether a validator's ``info`` says the config is read on another machine than the one it runs on."""
+    return bool(info.context) and info.context.get("this_host") is False
 
 
 def _loc(loc: tuple[Any, ...]) -> str:
@@ -62,9 +71,11 @@ def format_errors(exc: ValidationError, source: str, origins: Mapping[str, str] 
     return lines
 
 
-def validate(model: type[M], data: Any, source: str, sep: str = "\n", origins: Mapping[str, str] | None = None) -> M:
-    """``model.model_validate(data)`` with every problem as ``source: path: message, got value``."""
+def validate(model: type[M], data: Any, source: str, sep: str = "\n", origins: Mapping[str, str] | None = None,
+             this_host: bool = True) -> M:
+    """``model.model_validate(data)`` with every problem as ``source: path: message, got value``; ``this_host``
+    False skips the checks of what only the host that runs the config has (see :data:`ELSEWHERE`)."""
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, context=None if this_host else ELSEWHERE)
     except ValidationError as exc:
         raise ConfigError(sep.join(format_errors(exc, source, origins))) from None

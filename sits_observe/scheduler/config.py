@@ -11,6 +11,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from ..collectors.config import check_url
 from ..section import Section, SigningKey
+from ..validation import elsewhere
 
 __all__ = ["STRATEGIES", "ScoreWeights", "ShardSpec", "WebhookActuatorConfig", "CommandActuatorConfig",
            "SchedulerConfig", "OtlpConfig"]
@@ -88,9 +89,9 @@ class CommandActuatorConfig(Section):
 
     @field_validator("argv")
     @classmethod
-    def _program(cls, v: list[str]) -> list[str]:
+    def _program(cls, v: list[str], info: ValidationInfo) -> list[str]:
         """The program must exist and be executable now (a missing one would fail only at the first re-shard)."""
-        if not v:
+        if not v or elsewhere(info):
             return v
         found = shutil.which(v[0]) if "/" not in v[0] else v[0]
         if found is None:

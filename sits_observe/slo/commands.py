@@ -26,7 +26,7 @@ def register(sub: Any) -> None:
 
 def _rules(args: argparse.Namespace) -> int:
     source = args.config or os.environ.get("SITS_CONFIG")
-    cfg = load(source)
+    cfg = load(source, this_host=False)  # rules are made where Prometheus runs: not this host's checks
     if not cfg.slos:
         raise ConfigError(f"{source or '<defaults>'}: slos: no SLOs configured; add a `slos:` list (docs/slo.md)")
     text = dump_rules(cfg.slos, cfg.store.buckets, source or "<defaults>")

@@ -193,3 +193,20 @@ def test_rule_selectors_match_the_daemons_own_metrics(tmp_path):
     for name, matchers in selectors:
         want = dict(re.findall(r'(\w+)="([^"]*)"', matchers))
         assert any(n == name and want.items() <= labels.items() for n, labels in exposed), (name, want)
+
+
+def test_rules_are_made_from_a_config_written_for_another_host(tmp_path):
+    """`slo rules --config prod.yaml` on a CI box or the Prometheus host refused a valid production config: its
+    listen host does not resolve there, nor does its actuator's program exist (check-config still says so)."""
+    cfg = tmp_path / "prod.yaml"
+    cfg.write_text("listen: gpu-node-07.prod.invalid:9477\n"
+                   "scheduler: {actuator: command, command: {argv: [/opt/orchestrator/move-shard]}}\n"
+                   "slos:\n  - {name: e2e, objective: 0.99, latency: {stage: e2e, workload: chat, threshold: 0.25}}\n")
+    out = tmp_path / "rules.yml"
+    res = subprocess.run([sys.executable, "-m", "sits_observe", "slo", "rules", "--config", str(cfg), "-o", str(out)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert _promtool("check", "rules", str(out), cwd=tmp_path).returncode == 0
+    res = subprocess.run([sys.executable, "-m", "sits_observe", "check-config", str(cfg)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "does not resolve" in res.stderr and "program does not exist" in res.stderr
