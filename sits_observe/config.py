@@ -11,7 +11,6 @@ Each subsystem owns its section model; this module only assembles and validates 
 from __future__ import annotations
 
 import os
-import re
 import socket
 import stat
 from pathlib import Path
@@ -24,7 +23,7 @@ from .alerting.config import AlertingConfig, check_unique
 from .collectors.config import ServerConfig, check_url
 from .errors import BucketEdgeError, ConfigError
 from .histogram import snap_edges
-from .probes.config import ProbesConfig
+from .probes.config import ProbesConfig, WorkloadConfig
 from .rca.config import RcaConfig
 from .scheduler.config import OtlpConfig, SchedulerConfig
 from .section import Section
@@ -88,42 +87,6 @@ class StoreConfig(Section):
                              f"{need / 2**30:.1f} GiB of rings at full cardinality, over {MAX_STORE_BYTES >> 30} GiB "
                              "(the shipped unit caps the daemon at 2 GiB); lower one of them")
         return self
-
-
-class WorkloadConfig(Section):
-    """A process group; the label `workload` is its name, never a raw pid."""
-
-    name: str = Field(pattern=r"^[a-zA-Z_][a-zA-Z0-9_.-]{0,62}$")
-    comm: str | None = Field(None, description="regex on /proc/PID/comm")
-    exe: str | None = Field(None, description="executable path")
-    cgroup: str | None = Field(None, description="cgroup v2 path prefix")
-    pids: list[int] = Field(default_factory=list, description="explicit pids (tests)")
-
-    @model_validator(mode="after")
-    def _matches_something(self) -> WorkloadConfig:
-        """A group that can match no process was skipped without a word (and its stages never came)."""
-        if not (self.comm or self.exe or self.cgroup or self.pids):
-            raise ValueError("give at least one of comm, exe, cgroup or pids: without one it matches no process")
-        if self.exe is not None and not self.exe.startswith("/"):
-            raise ValueError(f"exe: {self.exe!r} is not an absolute path; it is compared with /proc/PID/exe, which "
-                             "always is one (give /usr/bin/python3, or match the name with comm)")
-        if self.cgroup is not None and not self.cgroup.startswith("/"):
-            raise ValueError(f"cgroup: {self.cgroup!r} is not a cgroup v2 path; give one from /proc/PID/cgroup, "
-                             "e.g. /system.slice/vllm.service")
-        if any(p <= 0 for p in self.pids):
-            raise ValueError(f"pids: {self.pids} holds a pid below 1; pids are positive")
-        return self
-
-    @field_validator("comm")
-    @classmethod
-    def _regex(cls, v: str | None) -> str | None:
-        if v is not None:
-            try:
-                re.compile(v)
-            except re.error as exc:
-                raise ValueError(f"not a valid regular expression ({exc}); escape special characters such as "
-                                 "( [ * with a backslash") from None
-        return v
 
 
 class SimConfig(Section):
@@ -197,6 +160,18 @@ class Config(Section):
             raise ValueError("must be printable ASCII (an HTTP header cannot carry other characters as sent); "
                              "use letters, digits and punctuation")
         return v
+
+    @field_validator("state_dir")
+    @classmethod
+    def _home(cls, v: str) -> str:
+        """``~/...`` is the home directory (it made a directory named ``~`` in the working one)."""
+        return str(Path(v).expanduser())
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _level_any_case(cls, v: Any) -> Any:
+        """``INFO`` as ``info`` (SITS_LOG_LEVEL took either; the file only the lower case)."""
+        return v.lower() if isinstance(v, str) else v
 
     @field_validator("listen")
     @classmethod

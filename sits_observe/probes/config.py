@@ -1,10 +1,12 @@
-"""The ``probes:`` config section: which eBPF probes load, the libraries and symbols the uprobes time."""
+"""The ``probes:`` config section: which eBPF probes load, the libraries and symbols the uprobes time; and a
+``workloads:`` entry (:class:`WorkloadConfig`), the process group whose name the probes' series carry."""
 
 from __future__ import annotations
 
+import re
 from typing import ClassVar
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from ..section import Section
 
@@ -18,6 +20,7 @@ __all__ = [
     "CudaProbe",
     "NcclProbe",
     "ProbesConfig",
+    "WorkloadConfig",
 ]
 
 # stage -> (timed by default, symbols). Driver API names as exported by libcuda.so.1: cuda.h maps the
@@ -110,3 +113,39 @@ class ProbesConfig(Section):
     block_io: BlockIoProbe = Field(default_factory=BlockIoProbe)
     cuda: CudaProbe = Field(default_factory=CudaProbe)
     nccl: NcclProbe = Field(default_factory=NcclProbe)
+
+
+class WorkloadConfig(Section):
+    """A process group; the label `workload` is its name, never a raw pid."""
+
+    name: str = Field(pattern=r"^[a-zA-Z_][a-zA-Z0-9_.-]{0,62}$")
+    comm: str | None = Field(None, description="regex on /proc/PID/comm")
+    exe: str | None = Field(None, description="executable path")
+    cgroup: str | None = Field(None, description="cgroup v2 path prefix")
+    pids: list[int] = Field(default_factory=list, description="explicit pids (tests)")
+
+    @model_validator(mode="after")
+    def _matches_something(self) -> WorkloadConfig:
+        """A group that can match no process was skipped without a word (and its stages never came)."""
+        if not (self.comm or self.exe or self.cgroup or self.pids):
+            raise ValueError("give at least one of comm, exe, cgroup or pids: without one it matches no process")
+        if self.exe is not None and not self.exe.startswith("/"):
+            raise ValueError(f"exe: {self.exe!r} is not an absolute path; it is compared with /proc/PID/exe, which "
+                             "always is one (give /usr/bin/python3, or match the name with comm)")
+        if self.cgroup is not None and not self.cgroup.startswith("/"):
+            raise ValueError(f"cgroup: {self.cgroup!r} is not a cgroup v2 path; give one from /proc/PID/cgroup, "
+                             "e.g. /system.slice/vllm.service")
+        if any(p <= 0 for p in self.pids):
+            raise ValueError(f"pids: {self.pids} holds a pid below 1; pids are positive")
+        return self
+
+    @field_validator("comm")
+    @classmethod
+    def _regex(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as exc:
+                raise ValueError(f"not a valid regular expression ({exc}); escape special characters such as "
+                                 "( [ * with a backslash") from None
+        return v

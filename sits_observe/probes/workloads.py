@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from ..config import WorkloadConfig
+from .config import WorkloadConfig
 
 __all__ = ["FileId", "Mapping", "WorkloadTracker", "Libraries", "library_matcher"]
 

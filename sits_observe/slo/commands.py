@@ -31,7 +31,10 @@ def _rules(args: argparse.Namespace) -> int:
         raise ConfigError(f"{source or '<defaults>'}: slos: no SLOs configured; add a `slos:` list (docs/slo.md)")
     text = dump_rules(cfg.slos, cfg.store.buckets, source or "<defaults>")
     if args.output:
-        Path(args.output).write_text(text)
+        try:
+            Path(args.output).write_text(text)
+        except OSError as exc:  # a full disk, a directory, no permission: name the file
+            raise ConfigError(f"{args.output}: cannot write the rules: {exc.strerror}; give another -o path") from None
         print(f"{args.output}: {len(cfg.slos)} SLO rule group(s) written", file=sys.stderr)
     else:
         sys.stdout.write(text)

@@ -123,3 +123,11 @@ def test_an_empty_config_path_is_refused_not_taken_for_the_defaults():
 
     with pytest.raises(ConfigError, match="config file path is empty"):
         load("", env={})
+
+
+def test_a_home_state_dir_and_an_upper_case_log_level_are_taken_as_meant(monkeypatch):
+    """`state_dir: ~/x` made a directory named "~" in the working one; `log_level: INFO` was refused in the file
+    although SITS_LOG_LEVEL=INFO was taken."""
+    monkeypatch.setenv("HOME", "/home/ops")
+    cfg = parse({"state_dir": "~/sits", "log_level": "INFO"}, env={})
+    assert (cfg.state_dir, cfg.log_level) == ("/home/ops/sits", "info")
