@@ -91,13 +91,19 @@ def gpu_load(views: dict[str, ShardView], util: np.ndarray, mem_used: np.ndarray
     return GpuLoad(util, reserved, foreign, eligible)
 
 
+SHOWN_AFTER_S = 60.0  # GPU readings lag their frame: NVML is sampled every gpu.sample_interval (5 s), dcgm-exporter
+# collects every 30 s by default, and each frame in between carries the last reading
+
+
 def _loaded(p: Placement, values_ts: float, dry_run: bool) -> bool:
-    """Whether ``p``'s memory shows in GPU readings taken at ``values_ts``: one adopted where it runs, or one staged
-    (weights loaded), launched or draining before that reading was taken; not one only placed, nor any the log
-    actuator's dry run placed (nothing loads)."""
+    """Whether ``p``'s memory shows in the GPU readings of a frame at ``values_ts``: one adopted where it runs, or
+    one staged (weights loaded), launched or draining ``SHOWN_AFTER_S`` before; not one only placed, nor any the
+    log actuator's dry run placed (nothing loads).  Until then it counts on top of the readings: for that minute
+    a GPU may look fuller than it is, never emptier."""
     if p.kind == "adopt":
         return True
-    return not dry_run and p.state in (State.STAGED, State.LAUNCHED, State.DRAINING) and values_ts > p.updated_ts
+    return (not dry_run and p.state in (State.STAGED, State.LAUNCHED, State.DRAINING)
+            and values_ts - p.updated_ts >= SHOWN_AFTER_S)
 
 
 def request_for(spec: ShardSpec, views: dict[str, ShardView], util: np.ndarray, source: tuple[int, ...] = (),

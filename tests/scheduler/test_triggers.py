@@ -308,7 +308,11 @@ def test_memory_of_a_shard_counts_on_top_of_the_reading_until_the_reading_can_sh
         s.register_shard({"id": "b", "gpus": 1, "memory_per_gpu": 45 * 2**30})
     for step in ("stage", "launch"):  # (a GPU in a placing in flight takes no other shard)
         s.ack(a, {"step": step, "ok": True})
-    s.on_tick(frame(1001.0, mem_gib=[40.0] + [75.0] * 7))  # loaded: the reading shows its 30 GiB
+    # the frames just after it may carry a reading taken before it loaded (NVML every 5 s, dcgm every 30 s)
+    s.on_tick(frame(1001.0, mem_gib=[10.0] + [75.0] * 7))
+    with pytest.raises(SchedulerError, match="shard b: fits nowhere"):
+        s.register_shard({"id": "b", "gpus": 1, "memory_per_gpu": 45 * 2**30})
+    s.on_tick(frame(1060.0, mem_gib=[40.0] + [75.0] * 7))  # a minute on: the reading shows its 30 GiB
     s.register_shard({"id": "b", "gpus": 1, "memory_per_gpu": 40 * 2**30})  # 40 + 40 = 80: fits, not 110
     assert s.store.placements("b")[0].gpus == (0,)
 
