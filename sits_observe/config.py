@@ -165,7 +165,10 @@ class Config(Section):
     @classmethod
     def _home(cls, v: str) -> str:
         """``~/...`` is the home directory (it made a directory named ``~`` in the working one)."""
-        return str(Path(v).expanduser())
+        try:
+            return str(Path(v).expanduser())
+        except RuntimeError:  # ~nosuchuser, or ~ with no HOME and no passwd entry
+            raise ValueError(f"{v!r}: cannot tell which home directory ~ means here; give an absolute path") from None
 
     @field_validator("log_level", mode="before")
     @classmethod

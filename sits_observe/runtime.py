@@ -74,13 +74,15 @@ def _demo(args: argparse.Namespace) -> int:
         log.info("not root: eBPF probes are off in this demo (the simulated host provides every stage)")
     # SIGHUP: the same merge again (demo defaults, the file, the command line), in the same state_dir
     again = argparse.Namespace(**{**vars(args), "state_dir": str(cfg.state_dir)})
-    return serve(cfg, duration=args.duration, reload=(lambda: _demo_config(again)) if args.config else None,
+    return serve(cfg, duration=args.duration, reload=(lambda: _demo_config(again)) if args.config is not None else None,
                  demo=True)
 
 
 def _demo_config(args: argparse.Namespace) -> Config:
     """demo.yaml, then the user's file, then the command line; the simulator as GPU backend."""
-    base = load(args.config) if args.config else parse({})
+    given = {"SITS_LISTEN": args.listen, "SITS_STATE_DIR": getattr(args, "state_dir", None)}
+    env = {k: v for k, v in os.environ.items() if not given.get(k)}  # the command line wins over the environment
+    base = load(args.config, env) if args.config is not None else parse({}, env=env)  # "" is refused by load
     data = {**yaml.safe_load(DEMO_DEFAULTS.read_text()), **base.model_dump(mode="python", exclude_unset=True)}
     data["gpu"] = {**data.get("gpu", {}), "backend": "sim"}
     sim = data.setdefault("sim", {})
@@ -92,12 +94,10 @@ def _demo_config(args: argparse.Namespace) -> Config:
         data["listen"] = args.listen
     if getattr(args, "state_dir", None):
         data["state_dir"] = args.state_dir
-    elif "state_dir" not in data and not os.environ.get("SITS_STATE_DIR"):
+    elif "state_dir" not in data and not env.get("SITS_STATE_DIR"):
         data["state_dir"] = tempfile.mkdtemp(prefix="sits-observe-demo-")
     if base.api_token is not None:
         data["api_token"] = base.api_token.get_secret_value()
-    given = {"SITS_LISTEN": args.listen, "SITS_STATE_DIR": getattr(args, "state_dir", None)}
-    env = {k: v for k, v in os.environ.items() if not given.get(k)}  # the command line wins over the environment
     return parse(data, args.config or "<demo>", env)
 
 

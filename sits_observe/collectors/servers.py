@@ -64,8 +64,8 @@ TRITON_COUNTERS = (("nv_inference_count", "inferences_total"), ("nv_inference_ex
 # a replica's requests waiting or running (Triton exports only those waiting)
 BACKLOG = {"vllm": ("vllm:num_requests_running", "vllm:num_requests_waiting"),
            "triton": (TRITON_PENDING,)}
-# every series a source reads (the rest of a page is not parsed, counted or checked: an idle Triton model's
-# NaN latency summary, vLLM's per-LoRA info series)
+# every series a source reads (the rest of a page is only split into lines, not counted or checked: an idle Triton
+# model's NaN latency summary, vLLM's per-LoRA info series)
 _VLLM_HISTS = [name for name, _ in VLLM_STAGES] + [VLLM_TTFT]
 READ = {"vllm": frozenset([f"{h}{s}" for h in _VLLM_HISTS for s in ("_bucket", "_sum", "_count")]
                           + [g[0] for g in VLLM_GAUGES] + [c[0] for c in VLLM_COUNTERS]),

@@ -45,8 +45,8 @@ class Trace:
                 raise ConfigError(f"sim.trace: unknown trace {name!r}; choose one of {', '.join(TRACES)}")
             text = resources.files("sits_observe.sim").joinpath(TRACES[name]).read_text()
             return cls._parse(name, text, f"packaged trace {name}")
-        text = read_text(path, MAX_TRACE_BYTES, "sim.trace_path", "trace file", "give an Azure LLM trace CSV or unset it to use "
-                         f"the packaged {', '.join(TRACES)} traces")
+        text = read_text(path, MAX_TRACE_BYTES, "sim.trace_path", "trace file",
+                         f"give an Azure LLM trace CSV or unset it to use the packaged {', '.join(TRACES)} traces")
         return cls._parse(Path(path).name, text, f"sim.trace_path: {path}")
 
     @classmethod
@@ -69,7 +69,7 @@ class Trace:
             raise ConfigError(f"{where}: needs at least two requests, got {len(stamps)}")
         ts = (np.array(stamps) - stamps[0]).astype(np.int64) / 1e9
         order = np.argsort(ts, kind="stable")
-        ts = ts[order]
+        ts = ts[order] - ts[order][0]  # from the earliest request, whichever row it is on
         if ts[-1] < 1.0:  # replayed in a loop of its own length: a shorter one would loop without end in a tick
             raise ConfigError(f"{where}: its requests span {ts[-1]:g} s; a trace must span at least 1 s")
         gap = float(ts[-1] / (len(ts) - 1))

@@ -25,7 +25,7 @@ def register(sub: Any) -> None:
 
 
 def _rules(args: argparse.Namespace) -> int:
-    source = args.config or os.environ.get("SITS_CONFIG")
+    source = args.config if args.config is not None else os.environ.get("SITS_CONFIG")  # "" is refused by load
     cfg = load(source, this_host=False)  # rules are made where Prometheus runs: not this host's checks
     if not cfg.slos:
         raise ConfigError(f"{source or '<defaults>'}: slos: no SLOs configured; add a `slos:` list (docs/slo.md)")

@@ -91,5 +91,8 @@ def test_trace_path_override_and_its_errors(tmp_path):
         bad.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(f"{t},1,1\n" for t in stamps))
         with pytest.raises(ConfigError, match="line 2: expected timestamp|a trace must span at least 1 s"):
             Trace.load("conv", str(bad))
+    bad.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:00:10,1,1\n2023-11-16 18:00:00,1,1\n"
+                   "2023-11-16 18:00:05,1,1\n")  # the earliest request is not on the first row: it spans 10 s
+    assert list(Trace.load("conv", str(bad)).offsets) == [0.0, 5.0, 10.0]
     with pytest.raises(ConfigError, match="sim.trace_path: trace file /dev/zero is not a regular file"):
         Trace.load("conv", "/dev/zero")  # it would never end (a FIFO never answer)

@@ -165,7 +165,15 @@ def test_the_demo_command_line_wins_over_the_environment(tmp_path, monkeypatch):
     args = argparse.Namespace(config=None, scenario="quiet", speed=None, seed=None, topology=None,
                               listen="127.0.0.1:57263", state_dir=str(tmp_path))
     assert _demo_config(args).listen == "127.0.0.1:57263"
+    monkeypatch.setenv("SITS_LISTEN", "nosuchhost.invalid:1")  # not even read when the command line gives one
+    assert _demo_config(args).listen == "127.0.0.1:57263"
+    monkeypatch.setenv("SITS_LISTEN", "127.0.0.1:57262")
     assert _demo_config(argparse.Namespace(**{**vars(args), "listen": None})).listen == "127.0.0.1:57262"
+
+
+def test_an_empty_config_path_is_refused_by_demo_and_slo_rules_too(tmp_path):
+    _one_line_error(_run(["demo", "--config", "", "--duration", "1"]), "config file path is empty")
+    _one_line_error(_run(["slo", "rules", "--config", ""]), "config file path is empty")
 
 
 def test_check_config_applies_the_environment_as_run_does(tmp_path):

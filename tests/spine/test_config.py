@@ -131,3 +131,15 @@ def test_a_home_state_dir_and_an_upper_case_log_level_are_taken_as_meant(monkeyp
     monkeypatch.setenv("HOME", "/home/ops")
     cfg = parse({"state_dir": "~/sits", "log_level": "INFO"}, env={})
     assert (cfg.state_dir, cfg.log_level) == ("/home/ops/sits", "info")
+
+
+def test_a_home_of_an_unknown_user_is_a_config_error_not_a_traceback():
+    with pytest.raises(ConfigError, match="state_dir: .*cannot tell which home directory ~ means here"):
+        parse({"state_dir": "~nosuchuser_review/state"}, env={})
+
+
+def test_no_command_argument_is_echoed_whatever_its_type():
+    with pytest.raises(ConfigError) as err:
+        parse({"scheduler": {"actuator": "command", "command": {"argv": ["/bin/true", "--pin", 987654321]}}}, env={})
+    assert "scheduler.command.argv[2]: Input should be a valid string" in str(err.value)
+    assert "987654321" not in str(err.value)
