@@ -52,8 +52,8 @@ def format_errors(exc: ValidationError, source: str, origins: Mapping[str, str] 
         value = err.get("input")
         # a receiver's URL (Slack's path is its secret) also where the list itself was given as one; a command's
         # arguments, which may hold credentials (only argv[0] is ever named), also where given as one string
-        hidden = ("token" in path or "secret" in path or path.startswith("scheduler.command.argv")
-                  or path == "alerting.receivers"
+        hidden = ("token" in path or "secret" in path or path == "alerting.receivers"
+                  or (path.startswith("scheduler.command.argv") and path != "scheduler.command.argv[0]")
                   or (path.startswith("alerting.") and path.endswith(".url")) or not _shown(value))
         if path == "scheduler.command.argv" and isinstance(value, str):
             msg += " (write it as a list: [program, argument, ...])"
