@@ -229,9 +229,9 @@ def parse(data: Any, source: str = "<config>", env: dict[str, str] | None = None
         from .sim.host import check_inputs
 
         try:
-            check_inputs(cfg.sim)
+            check_inputs(cfg.sim, [s.placement for s in cfg.scheduler.shards])
         except ConfigError as exc:  # a scenario file's own errors already name that file
-            raise ConfigError("\n".join(f"{source}: {line}" if line.startswith("sim.") else line
+            raise ConfigError("\n".join(f"{source}: {line}" if line.startswith(("sim.", "scheduler.")) else line
                                          for line in str(exc).splitlines())) from None
     return cfg
 

@@ -11,6 +11,7 @@ actuator; ``active_faults()`` and ``fault_log()`` are ground truth for labels an
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,12 +40,18 @@ log = logging.getLogger("sits_observe.sim")
 REFERENCE_SHARDS = 3  # the trace at rate 1 is spread over this many replicas; more replicas get more load
 
 
-def check_inputs(cfg: SimConfig) -> None:
+def check_inputs(cfg: SimConfig, placements: Sequence[Sequence[int] | None] = ()) -> None:
     """Raise ConfigError for what ``SimulatedHost(cfg)`` would refuse (topology, scenario file and targets, trace
-    file); config load calls it, so ``check-config`` refuses the same."""
-    _check_scenario(Scenario.load(cfg.scenario), _host_topology(cfg.topology), cfg.scenario)
+    file), and for config shards' ``placements`` (``scheduler.shards[i].placement``) of GPUs it does not have;
+    config load calls it, so ``check-config`` refuses the same."""
+    topology = _host_topology(cfg.topology)
+    _check_scenario(Scenario.load(cfg.scenario), topology, cfg.scenario)
     if cfg.trace_path is not None:
         Trace.load(cfg.trace, cfg.trace_path)
+    for i, gpus in enumerate(placements):
+        if bad := [g for g in gpus or () if not 0 <= g < topology.n]:
+            raise ConfigError(f"scheduler.shards[{i}].placement: GPUs {bad} not on the simulated {cfg.topology} "
+                              f"host (GPUs 0-{topology.n - 1}); give GPUs it has")
 
 
 def _host_topology(name: str) -> Topology:

@@ -209,7 +209,7 @@ def test_a_sighup_with_a_shard_off_this_host_changes_nothing(make_scheduler: Cal
     from sits_observe.errors import ConfigError
 
     s = make_scheduler(cooldown=300)
-    new = parse({"scheduler": {"cooldown": 60, "shards": [
+    new = parse({"gpu": {"backend": "none"}, "scheduler": {"cooldown": 60, "shards": [  # (sim: refused at load)
         {"id": "far", "gpus": 1, "memory_per_gpu": 1 << 30, "placement": [12]}]}}, env={})  # an 8-GPU host
     with pytest.raises(ConfigError, match=r"placement: GPUs \[12\] not on this host"):
         s.reload(new)

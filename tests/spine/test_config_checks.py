@@ -200,3 +200,13 @@ def test_a_store_that_could_outgrow_the_memory_cap_is_refused_at_load(tmp_path):
     load_ok = tmp_path / "ok.yaml"
     load_ok.write_text("store:\n  history: 86400\n  max_series: 64\n")  # a day at 1 s for 64 series: 0.6 GiB
     assert load(load_ok, env={}).store.history == 86400
+
+
+def test_a_config_shard_placed_off_the_simulated_host_is_refused_at_load(tmp_path):
+    """It passed check-config, then `run` stopped (exit 2) with a message naming neither the file nor the field."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("gpu: {backend: sim}\nscheduler:\n  shards:\n    - {id: s1, gpus: 2, memory_per_gpu: 1000, "
+                   "placement: [0, 99]}\n")
+    with pytest.raises(ConfigError, match=rf"^{cfg}: scheduler.shards\[0\].placement: GPUs \[99\] not on the "
+                                          r"simulated nvswitch-8 host \(GPUs 0-7\)"):
+        load(str(cfg), env={})
