@@ -267,6 +267,8 @@ class PageParser:
                 labels = cache.get(block) if block else {}
                 if labels is None:
                     labels = self._parse_labels(block)
+                if "_" in value:  # Python's float() takes 1_000; the text format, and Prometheus, do not
+                    raise ValueError(f"{value!r} is not a number")
                 out.setdefault(name, []).append((labels, float(value)))
             except (ValueError, StopIteration) as exc:
                 raise _malformed(text, m.start(), source, exc) from exc

@@ -376,3 +376,11 @@ def test_a_page_of_unbounded_series_is_refused() -> None:
     with pytest.raises(CollectorError, match=f"p: more than {MAX_SAMPLES} samples of the metrics read; page refused"):
         PageParser().parse(page, lambda n: n.startswith("vllm:"), source="p")
     assert len(PageParser().parse(page, lambda n: n.startswith("nv_"), source="p")) == 0  # not read: not counted
+
+
+def test_a_value_with_underscores_is_not_a_number() -> None:
+    """float() takes "1_000"; Prometheus refuses such a page, and so does the parser now."""
+    from sits_observe.collectors.promtext import PageParser
+
+    with pytest.raises(CollectorError, match="p: line 2: not Prometheus text format: 'm 1_000'"):
+        PageParser().parse("m 1\nm 1_000\n", lambda n: True, source="p")
