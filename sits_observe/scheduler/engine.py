@@ -159,11 +159,13 @@ class Scheduler:
         elif spec.placement is not None and tuple(sorted(spec.placement)) != v.gpus and (
                 origin == "simulator" or not v.live):
             self._on_this_host(spec)
-            now = self.seen.now
+            now, views = self.seen.now, self.decider.views()
             for p in v.live:
                 self.store.update(p, now, State.FAILED, step=None, reason=f"{origin} runs it on {spec.placement}")
-            gpus = tuple(sorted(spec.placement))
-            self.walker.adopt(spec.id, gpus, self.decider.node(gpus), now, f"running on start-up ({origin})")
+            c = self.decider.planner.score(request_for(spec, views, self.seen.util), self.seen.load(views),
+                                           tuple(sorted(spec.placement)))
+            self._assign(spec, Trigger("adopt", "none", True, now, f"running on start-up ({origin})"),
+                         Result(c, [c], "given", 1))  # recorded and traced as any adoption
 
     def _on_this_host(self, spec: ShardSpec) -> None:
         bad = [g for g in spec.placement or () if not 0 <= g < self.topo.n]  # -1 would index the last GPU

@@ -248,3 +248,20 @@ def test_an_exhaustive_search_limit_that_would_hang_the_tick_is_a_config_error()
 
     with pytest.raises(ConfigError, match=r"scheduler.exact_limit: Input should be less than or equal to 1000000"):
         parse({"scheduler": {"exact_limit": 10**9}}, env={})
+
+
+def test_a_shard_adopted_again_at_start_up_is_a_recorded_decision(make_scheduler: Callable[..., Scheduler]) -> None:
+    """Re-adopting a config or simulator shard where it runs wrote a placement with no decision, count or span."""
+    from sits_observe.scheduler.config import ShardSpec
+    from sits_observe.scheduler.states import State
+
+    s = make_scheduler()
+    s.register_shard({"id": "a", "gpus": 1, "memory_per_gpu": 1 << 30, "placement": [0]})
+    for p in s.store.placements("a"):  # it stopped serving: known, with no live placement
+        s.store.update(p, 1000.0, State.FAILED, reason="test")
+    s._ensure(ShardSpec(id="a", gpus=1, memory_per_gpu=1 << 30, placement=[3]), "config")
+    d = s.decisions_state()["decisions"][0]
+    assert (d["name"], d["action"], d["target_gpus"], d["reason"]) == ("shard.assign", "adopt", (3,),
+                                                                        "running on start-up (config)")
+    assert [p.gpus for p in s.store.placements("a") if p.state is State.LAUNCHED] == [(3,)]
+    assert s.store.placement(d["placement_id"]).gpus == (3,)
