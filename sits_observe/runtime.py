@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from .argtypes import NON_NEGATIVE_INT, POSITIVE_FLOAT
+from .argtypes import NON_NEGATIVE_INT, POSITIVE_FLOAT, float_in
 from .config import ENV_OVERRIDES, Config, load, parse
 
 if TYPE_CHECKING:
@@ -35,7 +35,8 @@ def register(sub: Any) -> None:
     d = sub.add_parser("demo", help="run the daemon on the simulated GPU host")
     d.add_argument("--config", help="YAML config to start from (gpu.backend is forced to sim)")
     d.add_argument("--scenario", help="fault scenario: quiet, mixed, stress or a YAML file (default mixed)")
-    d.add_argument("--speed", type=POSITIVE_FLOAT, help="simulated seconds per wall second (default 20)")
+    d.add_argument("--speed", type=float_in(0.0, 10000.0, low_open=True),  # sim.speed's bounds, named as the flag
+                   help="simulated seconds per wall second, up to 10000 (default 20)")
     d.add_argument("--duration", type=POSITIVE_FLOAT, help="stop after this many wall seconds")
     d.add_argument("--seed", type=NON_NEGATIVE_INT, help="random seed (default 1)")
     d.add_argument("--topology", help="nvswitch-8 or pcie-8")

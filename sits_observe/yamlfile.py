@@ -59,7 +59,9 @@ def parse_yaml(text: str, source: str) -> Any:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"{source}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+        problem = str(getattr(exc, "problem", exc))
+        fix = "; indent with spaces, not tabs" if "'\\t'" in problem else ""  # YAML refuses tabs there
+        raise ConfigError(f"{source}: not valid YAML{where}: {problem}{fix}") from None
 
 
 def read_text(path: str | Path, limit: int, field: str, what: str, fix: str) -> str:

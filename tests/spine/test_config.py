@@ -47,6 +47,7 @@ def test_sits_config_names_the_file(tmp_path):
     ("text", "needle"),
     [
         ("a: [1,\n", "not valid YAML at line"),
+        ("slos:\n\t- name: x\n", "found character '\\t' that cannot start any token; indent with spaces, not tabs"),
         ("- 1\n- 2\n", "top level must be a mapping"),
         ("workloads:\n  - {name: a, comm: x}\n  - {name: a, comm: y}\n",
          "workloads[1].name: duplicate workload name (also [0])"),
