@@ -87,11 +87,7 @@ class Sender(threading.Thread):
         """Ask the thread to end; a request in flight is cut off (its message stays queued)."""
         self._halt.set()
         self._wake.set()
-        conn = self._conn
-        sock = None if conn is None else conn.sock  # read once: the thread may close it meanwhile
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
+        _shut(self._conn)
 
     def join_stopped(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for the thread to end after :meth:`stop` (if it was started)."""
@@ -277,7 +273,13 @@ def _cut_off(conn: http.client.HTTPConnection, late: threading.Event) -> None:
     """The request's time is up: end its socket, so the read waiting on it returns (one still connecting has its
     own timeout, the same)."""
     late.set()
-    sock = conn.sock
+    _shut(conn)
+
+
+def _shut(conn: http.client.HTTPConnection | None) -> None:
+    """End ``conn``'s socket, if it has one, so that a read waiting on it returns (the socket is read once: the
+    sender thread may close the connection meanwhile)."""
+    sock = None if conn is None else conn.sock
     if sock is not None:
         with contextlib.suppress(OSError):
             sock.shutdown(socket.SHUT_RDWR)
