@@ -163,12 +163,16 @@ class Config(Section):
 
     @field_validator("state_dir")
     @classmethod
-    def _home(cls, v: str) -> str:
-        """``~/...`` is the home directory (it made a directory named ``~`` in the working one)."""
+    def _home(cls, v: str, info: ValidationInfo) -> str:
+        """``~/...`` is the home directory (it made a directory named ``~`` in the working one); on this host,
+        not a file (mkdir said only "File exists")."""
         try:
-            return str(Path(v).expanduser())
+            path = Path(v).expanduser()
         except RuntimeError:  # ~nosuchuser, or ~ with no HOME and no passwd entry
             raise ValueError(f"{v!r}: cannot tell which home directory ~ means here; give an absolute path") from None
+        if not elsewhere(info) and path.exists() and not path.is_dir():
+            raise ValueError(f"{str(path)!r} is a file, not a directory; name a directory (it is created when missing)")
+        return str(path)
 
     @field_validator("log_level", mode="before")
     @classmethod

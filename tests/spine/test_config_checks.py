@@ -179,6 +179,21 @@ def test_a_nul_byte_in_state_dir_is_refused_at_load(tmp_path):
     _one(tmp_path, 'state_dir: "a\\0b"\n', "{f}: state_dir: must be a directory path (not empty, no NUL byte)")
 
 
+def test_a_state_dir_that_is_a_file_is_refused_saying_so_and_left_as_it_was(tmp_path):
+    afile = tmp_path / "state"
+    afile.write_text("kept\n")
+    _one(tmp_path, f"state_dir: {afile}\n", f"{{f}}: state_dir: '{afile}' is a file, not a directory; name a directory")
+    assert afile.read_text() == "kept\n"
+
+
+def test_a_state_dir_that_is_a_file_here_passes_for_another_host(tmp_path):
+    from sits_observe.config import parse
+
+    afile = tmp_path / "state"
+    afile.write_text("")
+    assert parse({"state_dir": str(afile)}, env={}, this_host=False).state_dir == str(afile)
+
+
 @pytest.mark.parametrize("path", ["/dev/zero", "fifo", "big"])
 def test_a_config_path_that_is_no_small_regular_file_is_refused_at_once(tmp_path, path):
     import os
