@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from ..argtypes import POSITIVE_FLOAT, POSITIVE_INT
+from ..argtypes import POSITIVE_FLOAT, POSITIVE_INT, int_at_least
 from ..config import parse
 from ..export.http import Server, create_app
 from .app import create_dash
@@ -37,7 +37,8 @@ BAD_URLS = ("/stages?range=99999h", "/topology?gpu=99", "/load?field=fan", "/no-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topology", default="nvswitch-8", help="simulated topology (default nvswitch-8: 8 GPUs)")
-    p.add_argument("--history", type=POSITIVE_INT, default=3600, help="ticks of history filled before measuring (1 h)")
+    p.add_argument("--history", type=int_at_least(60, 86400), default=3600,
+                   help="ticks of history filled before measuring (1 h; 60-86400, as store.history)")
     p.add_argument("--updates", type=POSITIVE_INT, default=5, help="live updates measured per page and variant")
     p.add_argument("--interval", type=POSITIVE_FLOAT, default=1.0, help="ui.update_interval for the run, seconds")
     p.add_argument("--out", type=Path, help="directory for screenshots (default: a temporary directory)")

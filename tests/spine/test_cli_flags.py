@@ -23,7 +23,8 @@ BENCH_COUNTS = [
     ["slo", "--slos", "0"], ["slo", "--ticks", "-1"], ["slo", "--baseline-ticks", "0"], ["slo", "--deliveries", "0"],
     ["slo", "--baseline-history", "nan"], ["probes", "--rounds", "0"], ["probes", "--writes", "0"],
     ["probes", "--calls", "0"], ["probes", "--octaves", "0"], ["rca", "--samples", "0"], ["rca", "--epochs", "0"],
-    ["rca", "--threads", "0"], ["rca", "--threads", "100000"], ["ui", "--history", "0"], ["ui", "--updates", "0"], ["ui", "--interval", "0"],
+    ["rca", "--threads", "0"], ["rca", "--threads", "100000"], ["ui", "--history", "0"], ["ui", "--history", "59"],
+    ["ui", "--history", "86401"], ["ui", "--updates", "0"], ["ui", "--interval", "0"],
     ["loop", "--objective", "2"], ["loop", "--objective", "1"], ["loop", "--cooldown", "-5"],
     ["loop", "--cooldown", "inf"], ["loop", "--threshold", "nan"],
 ]
