@@ -17,6 +17,7 @@ import yaml
 
 from .argtypes import NON_NEGATIVE_INT, POSITIVE_FLOAT, float_in
 from .config import ENV_OVERRIDES, Config, load, parse
+from .errors import ConfigError, ModelError
 
 if TYPE_CHECKING:
     from .daemon import Daemon
@@ -50,10 +51,26 @@ def register(sub: Any) -> None:
 
 def _check(args: argparse.Namespace) -> int:
     cfg = load(args.file)  # with the environment overrides `run` applies
+    if cfg.rca.enabled and (why := _model_unusable(cfg)) is not None:
+        # `run` starts without root-cause classification then (one warning line); here it is an error
+        raise ConfigError(f"{args.file}: rca.model: {why}; as it is, the daemon would run without root-cause "
+                          "classification (or set rca.enabled: false)")
     env = [var for var in ENV_OVERRIDES if os.environ.get(var)]
     print(f"{args.file}: ok ({len(cfg.workloads)} workloads, gpu.backend={cfg.gpu.backend}"
           f"{', with ' + ', '.join(env) + ' from the environment' if env else ''})")
     return 0
+
+
+def _model_unusable(cfg: Config) -> str | None:
+    """Why the daemon could not load the classifier ``cfg`` names (the checks its start makes), else None."""
+    from .rca.engine import other_step
+    from .rca.model import RcaModel
+
+    path = cfg.rca.model_path()
+    try:
+        return other_step(RcaModel.load(path), path, cfg.tick_interval)
+    except ModelError as exc:
+        return str(exc)
 
 
 def _setup_logging(cfg: Config) -> None:

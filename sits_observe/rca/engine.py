@@ -29,9 +29,22 @@ from .log import VerdictLog
 from .model import RcaModel
 from .verdict import HEALTHY, UNKNOWN, Verdict
 
-__all__ = ["RcaEngine"]
+__all__ = ["RcaEngine", "other_step"]
 
 log = logging.getLogger("sits_observe.rca")
+
+
+def other_step(model: RcaModel, path: Path, tick: float | None) -> str | None:
+    """Why ``model`` cannot read the windows of a daemon ticking every ``tick`` seconds: trained at another tick
+    step, its window, baseline hour and occlusion minutes (all counts of ticks) would span other times.  Files
+    from before the step was recorded say nothing and are taken as they are."""
+    trained = model.training.get("tick_seconds")
+    if not isinstance(trained, float) or tick is None or math.isclose(trained, tick, rel_tol=0.01):
+        return None
+    window = model.window
+    return (f"{path}: trained on ticks of {trained:g} s, but this daemon ticks every {tick:g} s, so its "
+            f"window of {window} ticks would span {window * tick:g} s instead of {window * trained:g} s; "
+            f"set tick_interval: {trained:g}, or train a model on a dataset recorded every {tick:g} s")
 
 
 class RcaEngine:
@@ -73,7 +86,7 @@ class RcaEngine:
 
             torch.set_num_threads(self.cfg.threads)
             model = RcaModel.load(path)
-            why = self._other_step(model, path)
+            why = other_step(model, path, self.tick_seconds)
         except ModelError as exc:
             why = str(exc)
         if why is not None and before is not None and self.model is not None:
@@ -92,18 +105,6 @@ class RcaEngine:
         self._unseen_checked = False
         log.info("rca: model %s loaded (%d features, window %d, classes %s)", path, len(self.model.features),
                  self.model.window, ", ".join(self.model.classes))
-
-    def _other_step(self, model: RcaModel, path: Path) -> str | None:
-        """Why the model cannot read this daemon's windows: trained at another tick step, its window, baseline
-        hour and occlusion minutes (all counts of ticks) would span other times.  Files from before the step
-        was recorded say nothing and are taken as they are."""
-        trained, tick = model.training.get("tick_seconds"), self.tick_seconds
-        if not isinstance(trained, float) or tick is None or math.isclose(trained, tick, rel_tol=0.01):
-            return None
-        window = model.window
-        return (f"{path}: trained on ticks of {trained:g} s, but this daemon ticks every {tick:g} s, so its "
-                f"window of {window} ticks would span {window * tick:g} s instead of {window * trained:g} s; "
-                f"set tick_interval: {trained:g}, or train a model on a dataset recorded every {tick:g} s")
 
     def _disable(self, why: str) -> None:
         self.model = None

@@ -38,6 +38,24 @@ def test_check_config_lists_errors_and_exits_2(tmp_path):
     assert _run(["check-config", str(good)]).returncode == 0
 
 
+def test_check_config_refuses_a_classifier_the_daemon_could_not_load(tmp_path):
+    """`run` would start without root-cause classification (one warning line); check-config says so and exits 2."""
+    cfg = tmp_path / "c.yaml"
+    missing = tmp_path / "no-such-model.pt"
+    cfg.write_text(f"rca:\n  model: {missing}\n")
+    _one_line_error(_run(["check-config", str(cfg)]), f"{cfg}: rca.model: {missing}: no such model file",
+                    "the daemon would run without root-cause classification (or set rca.enabled: false)")
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes((Path(__file__).parents[2] / "models" / "rca-lstm.pt").read_bytes()[:5000])
+    cfg.write_text(f"rca:\n  model: {truncated}\n")
+    _one_line_error(_run(["check-config", str(cfg)]), f"{cfg}: rca.model: {truncated}: not a readable model file")
+    cfg.write_text("tick_interval: 2\n")  # the shipped model, trained on 1 s ticks
+    _one_line_error(_run(["check-config", str(cfg)]), f"{cfg}: rca.model: ", "trained on ticks of 1 s",
+                    "set tick_interval: 1")
+    cfg.write_text(f"rca:\n  enabled: false\n  model: {missing}\n")
+    assert _run(["check-config", str(cfg)]).returncode == 0
+
+
 def test_example_config_is_valid():
     res = _run(["check-config", str(Path(__file__).parents[2] / "docs" / "example-config.yaml")])
     assert res.returncode == 0, res.stderr
@@ -178,7 +196,7 @@ def test_an_empty_config_path_is_refused_by_demo_and_slo_rules_too(tmp_path):
 
 def test_check_config_applies_the_environment_as_run_does(tmp_path):
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("tick_interval: 2\n")
+    cfg.write_text("tick_interval: 1\n")
     _one_line_error(_run(["check-config", str(cfg)], env={**os.environ, "SITS_LISTEN": "foo"}),
                     "SITS_LISTEN: listen: must be host:port")
     res = _run(["check-config", str(cfg)], env={**os.environ, "SITS_LOG_LEVEL": "debug"})
