@@ -28,18 +28,24 @@ class SeriesRings:
         self._n = 0
         self._ts = np.full(self.history, np.nan)
         self._interval = np.full(self.history, np.nan)
+        # Every ring is as wide as the cap from the start, so it never grows: growing by copying held old and new
+        # at once (up to twice the rings at full cardinality, past the unit's MemoryMax), and went past the cap.
+        # np.zeros maps them lazily and a tick writes only the series in use, so their memory stays that of the
+        # series seen: each ring is by series first, a series' whole history side by side (transparent huge
+        # pages map 2 MiB at a touch: a layout by tick first touched every page of a ring in one history).
         self.hists = KeyTable(max_series)
-        b = layout.n
-        self._hcounts = np.zeros((self.history, 16, b), dtype=np.uint32)
-        self._hsum = np.zeros((self.history, 16))
-        self._hcum = np.zeros((16, b), dtype=np.uint64)
-        self._hcum_sum = np.zeros(16)
-        self._hlast = np.full(16, -np.inf)
+        b, width = layout.n, int(max_series)
+        self._hcounts = np.zeros((width, self.history, b), dtype=np.uint32)
+        self._hsum = np.zeros((width, self.history))
+        self._hcum = np.zeros((width, b), dtype=np.uint64)
+        self._hcum_sum = np.zeros(width)
+        self._hlast = np.full(width, -np.inf)
         self.gauges = KeyTable(max_series)
-        self._gauges = np.full((self.history, 16), np.nan)
+        self._gauges = np.zeros((width, self.history))  # NaN (never reported) from the first use of a column
+        self._gauges_ready = 0  # columns filled with NaN so far
         self.counters = KeyTable(max_series)
-        self._counters = np.zeros((self.history, 16))
-        self._ctotal = np.zeros(16)
+        self._counters = np.zeros((width, self.history))
+        self._ctotal = np.zeros(width)
         self._host = np.full((self.history, len(HOST_FIELDS)), np.nan)
         self._gpu_info: tuple[GpuInfo, ...] = ()  # every GPU seen, by index (a row each)
         self._gpu = np.full((self.history, 0, len(GPU_FIELDS)), np.nan)
@@ -73,6 +79,7 @@ class SeriesRings:
     def _write(self, t: int, frame: Frame) -> None:
         self._ts[t] = frame.ts
         self._interval[t] = frame.interval
+        self._clear(t)
         self._ingest_hists(t, frame)
         self._ingest_scalars(t, frame)
         self._host[t] = np.nan
@@ -89,57 +96,43 @@ class SeriesRings:
                 ring[t] = value
             except (TypeError, ValueError):
                 ring[t] = np.nan
-        self._hcounts[t] = 0
-        self._hsum[t] = 0.0
-        self._gauges[t] = np.nan
-        self._counters[t] = 0.0
+        self._clear(t)
         self._host[t] = np.nan
         self._gpu[t] = np.nan
         self._gpu_healthy = None
         self._samples = []
 
+    def _clear(self, t: int) -> None:
+        """Tick ``t``'s cells of the series in use (the others are still zero, and unmapped)."""
+        self._hcounts[:len(self.hists), t] = 0
+        self._hsum[:len(self.hists), t] = 0.0
+        self._gauges[:self._gauges_ready, t] = np.nan
+        self._counters[:len(self.counters), t] = 0.0
+
     def _ingest_hists(self, t: int, frame: Frame) -> None:
-        self._hcounts[t] = 0
-        self._hsum[t] = 0.0
         for key, delta in frame.hists.items():
             row = self.hists.row(key)
             if row is None:
                 continue
-            if row >= self._hcounts.shape[1]:
-                self._grow_hists(row + 1)
-            self._hcounts[t, row] = delta.counts
-            self._hsum[t, row] = delta.sum
+            self._hcounts[row, t] = delta.counts
+            self._hsum[row, t] = delta.sum
             self._hcum[row] += delta.counts.astype(np.uint64)
             self._hcum_sum[row] += delta.sum
             if delta.counts.any():
                 self._hlast[row] = frame.ts
 
-    def _grow_hists(self, need: int) -> None:
-        cap = self._hcounts.shape[1]
-        new = max(need, 2 * cap)
-        pad = new - cap
-        self._hcounts = np.concatenate([self._hcounts, np.zeros((self.history, pad, self.layout.n), np.uint32)], 1)
-        self._hsum = np.concatenate([self._hsum, np.zeros((self.history, pad))], 1)
-        self._hcum = np.concatenate([self._hcum, np.zeros((pad, self.layout.n), np.uint64)])
-        self._hcum_sum = np.concatenate([self._hcum_sum, np.zeros(pad)])
-        self._hlast = np.concatenate([self._hlast, np.full(pad, -np.inf)])
-
     def _ingest_scalars(self, t: int, frame: Frame) -> None:
-        self._gauges[t] = np.nan
         for key, value in frame.workload_gauges.items():
             row = self.gauges.row(key)
             if row is not None:
-                if row >= self._gauges.shape[1]:
-                    self._gauges = _grow_cols(self._gauges, row + 1, np.nan)
-                self._gauges[t, row] = value
-        self._counters[t] = 0.0
+                if row >= self._gauges_ready:  # a new series: never reported before
+                    self._gauges[self._gauges_ready:row + 1] = np.nan
+                    self._gauges_ready = row + 1
+                self._gauges[row, t] = value
         for key, delta in frame.counters.items():
             row = self.counters.row(key)
             if row is not None:
-                if row >= self._counters.shape[1]:
-                    self._counters = _grow_cols(self._counters, row + 1, 0.0)
-                    self._ctotal = np.concatenate([self._ctotal, np.zeros(self._counters.shape[1] - len(self._ctotal))])
-                self._counters[t, row] = delta
+                self._counters[row, t] = delta
                 self._ctotal[row] += delta
 
     def _ingest_gpu(self, t: int, gpu: GpuFrame | None) -> None:
@@ -177,7 +170,3 @@ class SeriesRings:
         self._gpu_rows = np.array([row[g.index] for g in info], dtype=np.intp)
         self._frame_gpus = info
 
-
-def _grow_cols(arr: np.ndarray, need: int, fill: float) -> np.ndarray:
-    pad = max(need, 2 * arr.shape[1]) - arr.shape[1]
-    return np.concatenate([arr, np.full((arr.shape[0], pad), fill)], axis=1)

@@ -65,13 +65,13 @@ class SeriesStore(SeriesRings):
             rows = self._rows(last)
             if not cols:
                 return np.zeros((len(rows), self.layout.n), dtype=np.uint64)
-            return self._hcounts[np.ix_(rows, cols)].sum(axis=1, dtype=np.uint64)
+            return self._hcounts[np.ix_(cols, rows)].sum(axis=0, dtype=np.uint64)
 
     def hist_sum_window(self, stage: str, workload: str | None = None, last: int | None = None) -> np.ndarray:
         with self._lock:
             cols = self.hists.rows_for(stage, workload)
             rows = self._rows(last)
-            return self._hsum[np.ix_(rows, cols)].sum(axis=1) if cols else np.zeros(len(rows))
+            return self._hsum[np.ix_(cols, rows)].sum(axis=0) if cols else np.zeros(len(rows))
 
     def quantile_series(self, q: float, stage: str, workload: str | None = None,
                         last: int | None = None) -> np.ndarray:
@@ -140,7 +140,7 @@ class SeriesStore(SeriesRings):
             rows = self._rows(last)
             if not cols:
                 return np.full(len(rows), np.nan)
-            vals = self._gauges[np.ix_(rows, cols)]
+            vals = self._gauges[np.ix_(cols, rows)].T
             with np.errstate(invalid="ignore"):
                 out = np.nansum(vals, axis=1)
             out[np.isnan(vals).all(axis=1)] = np.nan
@@ -151,15 +151,15 @@ class SeriesStore(SeriesRings):
         with self._lock:
             cols = self.counters.rows_for(name, workload)
             rows = self._rows(last)
-            return self._counters[np.ix_(rows, cols)].sum(axis=1) if cols else np.zeros(len(rows))
+            return self._counters[np.ix_(cols, rows)].sum(axis=0) if cols else np.zeros(len(rows))
 
     def gauge_latest(self) -> list[tuple[str, str, float]]:
         with self._lock:
             if not self._n:
                 return []
             t = (self._n - 1) % self.history
-            return [(n, w, float(self._gauges[t, r])) for (n, w), r in self.gauges.items()
-                    if r < self._gauges.shape[1] and not np.isnan(self._gauges[t, r])]
+            return [(n, w, float(self._gauges[r, t])) for (n, w), r in self.gauges.items()
+                    if not np.isnan(self._gauges[r, t])]
 
     def counter_totals(self) -> list[tuple[str, str, float]]:
         with self._lock:
