@@ -65,12 +65,15 @@ def register_api(app: Flask, daemon: Daemon) -> None:
         if workload is not None and workload not in daemon.store.workloads():
             raise ApiError(404, f"workload: unknown workload {workload[:40]!r}; known: {daemon.store.workloads()}")
         out = []
-        for stage in [s for s in STAGES if s in daemon.store.stages()]:
-            q = {k: daemon.store.quantile(v, stage, workload, last) for k, v in QUANTILES}
-            count = int(daemon.store.hist_window(stage, workload, last).sum())
-            out.append({"stage": stage, "count": count, **{k: _nan_none(v) for k, v in q.items()},
-                        "tail_delta": _nan_none(q["p99"] - q["p50"])})
-        return jsonify({"window_seconds": last * daemon.clock.interval, "workload": workload, "stages": out})
+        with daemon.store.reading():  # every figure of one answer of the same ticks (p99 was seen below p50)
+            held = len(daemon.store.ts(last))
+            for stage in [s for s in STAGES if s in daemon.store.stages()]:
+                count, values = daemon.store.quantiles(tuple(v for _, v in QUANTILES), stage, workload, last)
+                q = dict(zip((k for k, _ in QUANTILES), values))
+                out.append({"stage": stage, "count": count, **{k: _nan_none(v) for k, v in q.items()},
+                            "tail_delta": _nan_none(q["p99"] - q["p50"])})
+        # the ticks the answer covers: fewer than asked for while the history fills
+        return jsonify({"window_seconds": held * daemon.clock.interval, "workload": workload, "stages": out})
 
     @app.get("/api/v1/topology")
     def topology() -> Response:

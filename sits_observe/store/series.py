@@ -83,6 +83,12 @@ class SeriesStore(SeriesRings):
         counts = self.hist_window(stage, workload, last).sum(axis=0, keepdims=True)
         return float(quantile_rows(counts, self._uppers, q)[0])
 
+    def quantiles(self, qs: tuple[float, ...], stage: str, workload: str | None = None, last: int | None = None
+                  ) -> tuple[int, list[float]]:
+        """Events and the ``qs`` quantiles over the whole window, all of one read of it (NaN without events)."""
+        counts = self.hist_window(stage, workload, last).sum(axis=0, keepdims=True)
+        return int(counts.sum()), [float(quantile_rows(counts, self._uppers, q)[0]) for q in qs]
+
     def mean_series(self, stage: str, workload: str | None = None, last: int | None = None) -> np.ndarray:
         return mean_rows(self.hist_sum_window(stage, workload, last), self.hist_window(stage, workload, last))
 
