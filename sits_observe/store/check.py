@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from operator import attrgetter
+from typing import Any
 
 import numpy as np
 
@@ -109,8 +110,8 @@ def _gpu(gpu: object, known: tuple[GpuInfo, ...]) -> str | None:
     if not isinstance(gpu, GpuFrame):
         return f"gpu is {_what(gpu)}, not a GpuFrame"
     info = gpu.info
-    if info is not known and (type(info) is not tuple or not all(isinstance(i, GpuInfo) for i in info)):
-        return f"gpu.info is {_what(info)}, not a tuple of GpuInfo"
+    if info is not known and (why := _gpu_info(info)) is not None:
+        return why
     n = len(info)
     v, h = gpu.values, gpu.healthy
     if type(v) is not np.ndarray or v.shape != (n, len(GPU_FIELDS)) or v.dtype.kind not in "fiu":
@@ -119,6 +120,33 @@ def _gpu(gpu: object, known: tuple[GpuInfo, ...]) -> str | None:
         return "gpu.values holds an infinity (NaN marks a field that is not available)"
     if type(h) is not np.ndarray or h.shape != (n,) or h.dtype != np.bool_:
         return f"gpu.healthy is {_what(h)}, not {n} booleans"
+    return None
+
+
+def _gpu_info(info: object) -> str | None:
+    """What is wrong with a frame's GPU identities: the store keeps a GPU's history by index and UUID (a string
+    index failed the whole tick's write; two GPUs of one index wrote one row, the other reading as missing)."""
+    if type(info) is not tuple or not all(isinstance(i, GpuInfo) for i in info):
+        return f"gpu.info is {_what(info)}, not a tuple of GpuInfo"
+    for g in info:
+        if type(g.index) is not int or g.index < 0 or not all(type(x) is str for x in (g.uuid, g.model, g.pci_bus_id)):
+            return f"gpu.info has {g!r}: the index must be an int >= 0, uuid, model and bus id strings"
+    indices = [g.index for g in info]
+    if len(set(indices)) < len(indices):
+        return f"gpu.info gives GPU index {_twice(indices)} twice"
+    uuids = [g.uuid for g in info if g.uuid]
+    if len(set(uuids)) < len(uuids):
+        return f"gpu.info gives UUID {_twice(uuids)!r} to two GPUs"
+    return None
+
+
+def _twice(items: list[Any]) -> Any:
+    """The first item seen a second time."""
+    seen: set[Any] = set()
+    for x in items:
+        if x in seen:
+            return x
+        seen.add(x)
     return None
 
 
