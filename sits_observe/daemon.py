@@ -84,6 +84,7 @@ class Daemon:
         self.health: dict[str, _Health] = {}
         self.started = time.time()
         self.last_tick_wall: float | None = None
+        self._refusal_told = False  # the store's first refused series is logged once
         self.stop_event = threading.Event()
         self._reload_loader: Callable[[], Config | None] | None = None  # SIGHUP's, applied between ticks
 
@@ -107,6 +108,11 @@ class Daemon:
         else:
             if "store" in self.health:  # listed once it has failed
                 self._ok("store")
+            if not self._refusal_told and (first := self.store.first_refused) is not None:
+                self._refusal_told = True
+                log.warning("store: max_series (%d) reached: series past it are refused, counted in "
+                            "sits_store_series_rejected_total (the first: %s of workload %r); raise store.max_series",
+                            self.config.store.max_series, first[0], first[1])
         for con in self.consumers:
             self._guard(con.name, lambda c=con: c.on_tick(frame, self.store), None)
         self.tick_seconds.observe(time.perf_counter() - t0)
@@ -255,7 +261,7 @@ class Daemon:
             yield Sample("sits_source_up", "gauge", "1 when the source's last tick succeeded.",
                          (("source", name),), 0.0 if h.last_error else 1.0)
         yield Sample("sits_store_series_rejected_total", "counter",
-                     "Series refused because the store's max_series cap was reached.", (),
+                     "Series refused because the store's max_series cap was reached (each counted once).", (),
                      float(self.store.rejected_series))
         yield Sample("sits_store_ticks_total", "counter", "Ticks ingested.", (), float(self.store.ticks))
         if self.topology is not None:

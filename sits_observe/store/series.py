@@ -189,5 +189,10 @@ class SeriesStore(SeriesRings):
     def rejected_series(self) -> int:
         return self.hists.rejected + self.gauges.rejected + self.counters.rejected
 
+    @property
+    def first_refused(self) -> tuple[str, str] | None:
+        """The first series the cap refused (name, workload), None while none was."""
+        return next((t.first_refused for t in (self.hists, self.gauges, self.counters) if t.first_refused), None)
+
     def known(self) -> Iterable[tuple[str, str]]:
         return self.hists.keys()

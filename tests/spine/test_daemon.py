@@ -411,3 +411,36 @@ def test_a_stop_asked_during_a_tick_asks_no_more_sources(tmp_path):
     daemon.sources += [Source("first", stops=True), Source("hung-server"), Source("another")]
     daemon.tick()
     assert asked == ["first"]  # each left would have had its timeout (up to 30 s) before the stop could start
+
+
+class Many:
+    """A source writing ``n`` workloads' end-to-end latencies (``n`` may grow between ticks)."""
+
+    name = "many"
+
+    def __init__(self, layout, n):
+        self.layout, self.n = layout, n
+
+    def collect(self, frame):
+        for i in range(self.n):
+            frame.add_hist("e2e", f"w{i}", np.ones(self.layout.n, np.uint64), 0.1)
+
+
+def test_a_series_over_max_series_is_counted_once_and_the_first_logged(tmp_path, caplog):
+    """Each tick's refusal was counted: one series over the cap added 3600 an hour, and none was named."""
+    daemon = Daemon(config=parse({"state_dir": str(tmp_path), "store": {"max_series": 16}}, env={}),
+                    clock=WallClock(1.0))
+    many = Many(daemon.layout, 17)
+    daemon.sources.append(many)
+    client = create_app(daemon, ui=False).test_client()
+    with caplog.at_level(logging.WARNING, logger="sits_observe.daemon"):
+        for _ in range(5):
+            daemon.tick()
+        assert "sits_store_series_rejected_total 1.0" in client.get("/metrics").data.decode()
+        many.n = 19
+        for _ in range(5):
+            daemon.tick()
+    assert "sits_store_series_rejected_total 3.0" in client.get("/metrics").data.decode()
+    told = [r.getMessage() for r in caplog.records if "max_series" in r.getMessage()]
+    assert told == ["store: max_series (16) reached: series past it are refused, counted in "
+                    "sits_store_series_rejected_total (the first: e2e of workload 'w16'); raise store.max_series"]
