@@ -52,7 +52,8 @@ _GPU_AGGREGATES = ("mean", "max", "min", "spread", "std")
 
 def _gpu(store: SeriesStore, field: str, agg: str, last: int) -> np.ndarray:
     try:
-        vals = store.gpu_window(field, last)
+        with store.reading():  # the rows and the GPUs they are of, of the same ticks
+            vals, gpus = store.gpu_window(field, last), store.gpu_info()
     except KeyError:
         raise StoreError(f"feature gpu.{field}.{agg}: unknown GPU field") from None
     if not (agg.isdigit() or agg in _GPU_AGGREGATES):  # checked first: also on a host without GPUs (yet)
@@ -60,9 +61,9 @@ def _gpu(store: SeriesStore, field: str, agg: str, last: int) -> np.ndarray:
     n = len(vals)
     if vals.shape[1] == 0:
         return np.full(n, np.nan)
-    if agg.isdigit():
-        i = int(agg)
-        return vals[:, i] if i < vals.shape[1] else np.full(n, np.nan)
+    if agg.isdigit():  # the GPU of that index, wherever its row is (GPU 4 is row 0 when it is the first listed)
+        row = {g.index: k for k, g in enumerate(gpus)}.get(int(agg))
+        return vals[:, row] if row is not None else np.full(n, np.nan)
     with warnings.catch_warnings():  # all-NaN ticks warn in nanmean/nanmax; NaN is the answer
         warnings.simplefilter("ignore", RuntimeWarning)
         if agg == "mean":

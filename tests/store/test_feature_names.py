@@ -62,3 +62,15 @@ def test_a_bad_gpu_aggregate_is_refused_on_a_host_without_gpus() -> None:
     np.testing.assert_array_equal(st.window(("gpu.utilization_ratio.max",), 1)[:, 0], [np.nan])
     with pytest.raises(StoreError, match="gpu.utilization_ratio.median: unknown aggregate"):
         st.window(("gpu.utilization_ratio.median",), 1)
+
+
+def test_a_gpu_index_names_that_gpu_not_a_row_position():
+    """GPUs 4 and 5 only (a dcgm-exporter page of two GPUs): `.4` read NaN and `.0` read GPU 4."""
+    st = SeriesStore(BucketLayout((0.1, 1.0)), history=8)
+    f = Frame(1.0, 1.0)
+    f.gpu = GpuFrame.empty([GpuInfo(i, f"GPU-{i}", "H100", f"0:{i}") for i in (4, 5)])
+    f.gpu.set(0, "utilization_ratio", 0.25)
+    f.gpu.set(1, "utilization_ratio", 0.75)
+    st.ingest(f)
+    assert st.window(["gpu.utilization_ratio.4", "gpu.utilization_ratio.5"], 1).tolist() == [[0.25, 0.75]]
+    assert np.isnan(st.window(["gpu.utilization_ratio.0"], 1)).all()
