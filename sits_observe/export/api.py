@@ -23,6 +23,8 @@ def window_ticks(daemon: Daemon, param: str = "window", default: float = 300.0) 
     """Parse ``?window=SECONDS`` into a tick count, bounded by the store's history."""
     from .http import ApiError
 
+    if len(request.args.getlist(param)) > 1:  # which one was meant? (the first was taken, the rest ignored)
+        raise ApiError(400, f"{param}: given more than once; give it once")
     raw = request.args.get(param)
     limit = daemon.store.history * daemon.clock.interval
     if raw is None:

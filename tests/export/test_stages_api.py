@@ -43,3 +43,10 @@ def test_window_seconds_is_the_span_of_the_ticks_held(tmp_path):
     client = create_app(daemon, ui=False).test_client()
     assert client.get("/api/v1/stages?window=3600").get_json()["window_seconds"] == 5.0
     assert client.get("/api/v1/stages?window=3").get_json()["window_seconds"] == 3.0
+
+
+def test_a_window_given_twice_is_refused(tmp_path):
+    daemon = Daemon(config=parse({"state_dir": str(tmp_path)}, env={}), clock=WallClock(1.0))
+    daemon.store.ingest(_frame(daemon, 0, 0.1))
+    r = create_app(daemon, ui=False).test_client().get("/api/v1/stages?window=60&window=abc")
+    assert r.status_code == 400 and r.get_json()["error"] == "window: given more than once; give it once"
