@@ -126,7 +126,10 @@ def binned_counts(windows: Sequence[Callable[[int], np.ndarray]], ticks: int, sk
 
 def binned_quantile(windows: Sequence[Callable[[int], np.ndarray]], uppers: np.ndarray, q: float,
                     ticks: int, skip: int, b: int) -> np.ndarray:
-    """The ``q`` quantile of each bin's merged histogram, one column per window reader (e.g. per stage)."""
+    """The ``q`` quantile of each bin's merged histogram, one column per window reader (e.g. per stage); no
+    column without readers (a host no stage has reported on yet)."""
+    if not windows:
+        return np.zeros((ticks // b, 0))
     return np.column_stack([quantile_rows(_bins(w(ticks + skip), ticks, skip, b).sum(axis=1), uppers, q)
                             for w in windows])
 
