@@ -34,6 +34,7 @@ from .topology import Topology
 __all__ = ["Source", "Consumer", "Daemon"]
 
 log = logging.getLogger("sits_observe.daemon")
+STALLED_AFTER_S = 60.0  # no tick for this long (and 3 tick intervals): the tick loop has stalled
 
 
 class Source(Protocol):
@@ -274,6 +275,14 @@ class Daemon:
                                      "Nominal one-direction bandwidth between two GPUs by link kind.",
                                      (("gpu", str(i)), ("peer_gpu", str(j)), ("link", t.kinds[i][j].value)),
                                      float(t.bandwidth[i, j]))
+
+    def stalled_seconds(self) -> float | None:
+        """Seconds since the last tick when the tick loop has stalled (a source or consumer hung in it), else None
+        (/healthz and /readyz answer 503 then, and the UI says so)."""
+        if self.last_tick_wall is None:
+            return None
+        since = time.time() - self.last_tick_wall
+        return since if since > max(STALLED_AFTER_S, 3 * self.clock.wall_interval) else None
 
     def status(self) -> dict[str, Any]:
         return {

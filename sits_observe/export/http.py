@@ -11,7 +11,6 @@ import hmac
 import logging
 import socket
 import threading
-import time
 from collections.abc import Callable
 from functools import wraps
 from typing import TYPE_CHECKING, Any
@@ -31,7 +30,6 @@ if TYPE_CHECKING:
 __all__ = ["create_app", "Server", "require_token", "ApiError"]
 
 log = logging.getLogger("sits_observe.http")
-STALLED_AFTER_S = 60.0  # no tick for this long (and 3 tick intervals): /healthz and /readyz answer 503
 
 
 class ApiError(Exception):
@@ -62,15 +60,6 @@ def require_token(daemon: Daemon) -> Callable[[Callable[..., Any]], Callable[...
     return deco
 
 
-def _stalled(daemon: Daemon) -> float | None:
-    """Seconds since the last tick when the tick loop has stalled (a source or consumer hung in it), else None."""
-    last = daemon.last_tick_wall
-    if last is None:
-        return None
-    since = time.time() - last
-    return since if since > max(STALLED_AFTER_S, 3 * daemon.clock.wall_interval) else None
-
-
 def create_app(daemon: Daemon, *, ui: bool = True) -> Flask:
     app = Flask("sits_observe")
     collector = StoreCollector(daemon.store, daemon.providers, daemon.config.store.stale_after, daemon.note_error)
@@ -85,13 +74,13 @@ def create_app(daemon: Daemon, *, ui: bool = True) -> Flask:
 
     @app.get("/healthz")
     def healthz() -> tuple[Response, int]:
-        if (since := _stalled(daemon)) is not None:
+        if (since := daemon.stalled_seconds()) is not None:
             return jsonify({"status": "stalled", "seconds_since_last_tick": round(since, 1)}), 503
         return jsonify({"status": "ok"}), 200
 
     @app.get("/readyz")
     def readyz() -> tuple[Response, int]:
-        ready = daemon.store.ticks > 0 and _stalled(daemon) is None
+        ready = daemon.store.ticks > 0 and daemon.stalled_seconds() is None
         return jsonify({"ready": ready}), 200 if ready else 503
 
     register_api(app, daemon)

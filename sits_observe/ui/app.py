@@ -107,6 +107,9 @@ def _status(ctx: UiContext) -> list[Any]:
         return [html.Span("waiting for the first tick", className="item")]
     clock = time.strftime("%H:%M:%S", time.gmtime(store.latest_ts))
     items = [html.Span(f"tick {store.ticks} · {clock} (source clock)", className="item")]
+    if (since := ctx.daemon.stalled_seconds()) is not None:  # what the page shows is that old, not current
+        items.append(html.Span(f"no tick for {since:.0f} s: the tick loop is stalled (a source or consumer hung in "
+                               "it); what is shown is as of the last tick", className="item bad"))
     firing = parts.alerts(ctx)
     names = ", ".join(f"{a['labels'].get('slo', '?')} ({a['labels'].get('burn_tier', '?')})"
                       for a in firing[:2] if isinstance(a.get("labels"), dict))
@@ -120,7 +123,7 @@ def _status(ctx: UiContext) -> list[Any]:
     if v:
         items.append(html.Span(f"likely cause: {v.get('cause')} ({float(v.get('confidence', 0)):.2f})",
                                className="item"))
-    moves = [d for d in parts.decisions(ctx, 64) if d.get("action") != "no_action"]
+    moves = [d for d in parts.decisions(ctx, 64) if d.get("action") == "migrate"]  # not a start-up adopt
     if moves:
         m = moves[0]
         gpus = ",".join(map(str, m.get("source_gpus") or [])) + " → " + ",".join(map(str, m.get("target_gpus") or []))

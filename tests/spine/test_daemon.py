@@ -364,7 +364,7 @@ def test_malformed_data_under_keys_the_store_already_holds_is_caught_too(tmp_pat
 
 
 def test_health_and_readiness_say_when_the_tick_loop_has_stalled(tmp_path):
-    from sits_observe.export.http import STALLED_AFTER_S
+    from sits_observe.daemon import STALLED_AFTER_S
 
     cfg = parse({"state_dir": str(tmp_path)}, env={})
     daemon = Daemon(config=cfg, clock=WallClock(1.0))

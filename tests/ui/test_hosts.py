@@ -121,3 +121,20 @@ def test_the_status_line_names_a_source_that_is_down(bare: Daemon) -> None:
     bare.sources[0].name = "nvml"
     bare.tick()  # recovered: the warning goes
     assert "item warn" not in {x.className for x in _status(UiContext(bare))}
+
+
+def test_the_status_line_says_when_the_tick_loop_has_stalled(bare: Daemon) -> None:
+    """/healthz said 503 stalled while every page showed the last tick as current, all green."""
+    bare.tick()
+    assert "item bad" not in {x.className for x in _status(UiContext(bare))}
+    bare.last_tick_wall -= 100  # a source hung in the tick for 100 s
+    bad = [x.children for x in _status(UiContext(bare)) if x.className == "item bad"]
+    assert len(bad) == 1 and bad[0].startswith("no tick for 100 s: the tick loop is stalled"), bad
+
+
+def test_start_up_placements_are_no_move(make_daemon: Any) -> None:
+    """A fresh demo daemon has adopted its shards, and moved none: 'last move: adopt chat-2 → 4,5' it said."""
+    d = make_daemon(ticks=3)
+    actions = {x["action"] for x in d.scheduler.decisions_state(10)["decisions"]}
+    assert actions and "migrate" not in actions
+    assert not [x for x in _status(UiContext(d)) if str(x.children).startswith("last move")]

@@ -26,7 +26,7 @@ PARAMS = ("range",)
 DECISIONS_READ = 256  # newest decisions read from the scheduler's ring
 DECISIONS_SHOWN = 50
 BURN_WINDOW = 300.0  # seconds: burn rate over the fastest alert tier's short window (5m)
-FILTERS = {"moves": "moves only", "all": "all decisions (with no-action)"}
+FILTERS = {"moves": "placements and moves", "all": "all decisions (with no-action)"}
 
 
 def options(ctx: UiContext, q: Mapping[str, str]) -> dict[str, Any]:
