@@ -39,7 +39,8 @@ class Columns:
 
 
 class ColumnCache:
-    """The last ``history`` ticks of one derived series in bins of ``bin`` ticks; see the module docstring.
+    """The last ``history`` ticks (at most :data:`MAX_COLUMNS` bins) of one derived series in bins of ``bin``
+    ticks; see the module docstring.
 
     ``read(ticks, skip, bin)`` derives the columns of the ``ticks`` ticks that end ``skip`` ticks before
     the newest.  ``incremental=False`` recomputes the whole window on every request (the baseline that
@@ -52,7 +53,8 @@ class ColumnCache:
         self.rows = rows
         self.bin = max(1, int(bin))
         self._read = read
-        self.history = int(history) // self.bin * self.bin
+        # no page draws more than MAX_COLUMNS columns: a cache of 1-tick bins kept every tick of the history
+        self.history = min(int(history), MAX_COLUMNS * self.bin) // self.bin * self.bin
         self.incremental = incremental
         self._lock = threading.Lock()
         self._tick = 0

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from sits_observe.daemon import Daemon
-from sits_observe.ui.cache import CacheSet, ColumnCache, binned_counts, binned_mean, binned_quantile
+from sits_observe.ui.cache import MAX_COLUMNS, CacheSet, ColumnCache, binned_counts, binned_mean, binned_quantile
 
 
 def _p99(d: Daemon, stages: tuple[str, ...]) -> Callable[[int, int, int], np.ndarray]:
@@ -71,3 +73,35 @@ def test_cache_set_is_bounded() -> None:
     for key in "abcdb":
         caches.get(key, lambda k=key: made.append(k) or k)  # type: ignore[arg-type, func-returns-value]
     assert made == ["a", "b", "c", "d"] and list(caches._caches) == ["c", "d", "b"]
+
+
+class _Store:
+    """What a cache reads of the store: a long history of ticks one second apart."""
+
+    history = 86_400
+
+    def __init__(self, ticks: int) -> None:
+        self.ticks = ticks
+
+    def reading(self) -> Any:
+        return contextlib.nullcontext()
+
+    def ts(self, n: int) -> np.ndarray:
+        return np.arange(self.ticks - n, self.ticks, dtype=np.float64)
+
+
+def test_a_cache_keeps_no_more_columns_than_a_page_draws() -> None:
+    """A cache of 1-tick bins kept the whole history (86,400 columns per series: 225 MB for 13 stages at 5 min),
+    though no page draws more than MAX_COLUMNS."""
+    store, asked = _Store(10_003), []
+
+    def read(ticks: int, skip: int, b: int) -> np.ndarray:
+        asked.append(ticks)
+        return np.zeros((ticks // b, 1))
+
+    for b in (1, 7):
+        cache = ColumnCache(store, ("a",), read, store.history, b)
+        assert len(cache.columns(None, 10**6).ts) == MAX_COLUMNS
+        assert asked[-1] == MAX_COLUMNS * b  # only that span is derived, at first and after
+        store.ticks += 5 * b
+        assert len(cache.columns(None, 10**6).ts) == MAX_COLUMNS and asked[-1] == 5 * b
