@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from werkzeug.exceptions import BadRequest
 
 from .cache import MAX_COLUMNS, CacheSet, ColumnCache, Read
-from .params import parse_range
+from .params import fmt_range, parse_range
 from .verdicts import VerdictLog
 
 if TYPE_CHECKING:
@@ -73,15 +73,22 @@ class UiContext:
 
     def window(self, query: Mapping[str, str]) -> Window:
         """The ``range`` parameter (default ``ui.history``), bounded by the history the store keeps."""
-        kept = self.store.history * self.tick_interval
-        seconds = parse_range(query.get("range"), self.cfg.history, kept)
+        seconds = parse_range(query.get("range"), self.cfg.history, self.store.history * self.tick_interval)
+        if seconds < self.tick_interval:  # a column is a tick at least (it was labelled "events per 0.5s")
+            raise BadRequest(f"range: shorter than one tick ({self.tick_interval:g} s), got "
+                             f"{query.get('range', '')[:40]!r}; ask for {self.tick_interval:g}s or more")
         return Window(seconds, max(1, int(round(seconds / self.tick_interval))))
 
     def held_window(self, raw: Any) -> Window:
-        """The window (seconds) a page's browser-side state carries, checked like ``range``."""
+        """The window (seconds) a page's browser-side state carries: one :meth:`window` gave (a value checked
+        again as text rounded to 3 decimals was refused: 0.0004 became '0.000', a kept 7.53086 s '7.531')."""
         if isinstance(raw, bool) or not isinstance(raw, (int, float)):
             raise BadRequest(f"window: expected seconds from the page's state, got {str(raw)[:60]!r}; reload the page")
-        return self.window({"range": f"{float(raw):.3f}"})
+        kept = self.store.history * self.tick_interval
+        if not self.tick_interval <= raw <= kept:
+            raise BadRequest(f"window: {str(raw)[:40]} s is not between one tick and the history kept "
+                             f"({fmt_range(kept)}); reload the page")
+        return Window(float(raw), max(1, int(round(raw / self.tick_interval))))
 
     def cache(self, key: Hashable, rows: tuple[str, ...], read: Read, bin: int) -> ColumnCache:
         """The shared cache of one derived series at one bin size."""

@@ -138,3 +138,18 @@ def test_start_up_placements_are_no_move(make_daemon: Any) -> None:
     actions = {x["action"] for x in d.scheduler.decisions_state(10)["decisions"]}
     assert actions and "migrate" not in actions
     assert not [x for x in _status(UiContext(d)) if str(x.children).startswith("last move")]
+
+
+def test_a_window_kept_to_many_decimals_draws_and_a_range_under_a_tick_is_refused(make_daemon: Any) -> None:
+    """The page's window went back to the server as text of 3 decimals: 7.5308587 s kept became '7.531', more
+    than kept, and 0.0004 s '0.000': every update of the page was a 400."""
+    d = make_daemon(ticks=70, tick_interval=0.1234567, store={"history": 61})
+    client = create_app(d).test_client()
+    held = find(page(client, "/load"), "load-held")["data"]
+    assert held["window"] == pytest.approx(61 * 0.1234567)
+    r = dash_call(client, ["load-heat.figure", "load-held.data"],
+                  [("load-tick.n_intervals", 1), ("load-field.value", "utilization")], [("load-held.data", held)])
+    assert r.status_code == 200, r.get_data(as_text=True)
+    r = dash_call(client, ["page.children"], [("url.pathname", "/load"), ("url.search", "?range=0.0004")])
+    assert r.status_code == 400
+    assert "range: shorter than one tick (0.123457 s), got '0.0004'" in r.get_json()["error"]
