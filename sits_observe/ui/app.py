@@ -67,12 +67,24 @@ def _check_callback_body(body: Any, callbacks: Mapping[str, Any]) -> None:
     output = body.get("output")
     if not isinstance(output, str) or output not in callbacks:
         raise BadRequest(f"callback: no callback for output {str(output)[:80]!r}")
+    declared = callbacks[output]
     for key in ("inputs", "state"):
         items = body.get(key, [])
         if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
             raise BadRequest(f"callback: {key} must be a list of objects")
-    if not isinstance(body.get("outputs", []), (dict, list)) or not isinstance(body.get("changedPropIds", []), list):
+        if _ids(items) != _ids(declared.get(key, [])):  # one missing or another's: a 500 inside Dash, and a traceback
+            raise BadRequest(f"callback: {key} must be {_ids(declared.get(key, []))} for output {output[:80]!r}")
+    outputs = body.get("outputs", [])
+    if not isinstance(outputs, (dict, list)) or not isinstance(body.get("changedPropIds", []), list):
         raise BadRequest("callback: outputs must be an object or a list, changedPropIds a list")
+    want = declared["output"] if isinstance(declared["output"], list) else [declared["output"]]
+    got = outputs if isinstance(outputs, list) else [outputs]
+    if not all(isinstance(o, dict) for o in got) or _ids(got) != [(o.component_id, o.component_property) for o in want]:
+        raise BadRequest(f"callback: outputs do not match output {output[:80]!r}")
+
+
+def _ids(items: list[Any]) -> list[tuple[Any, Any]]:
+    return [(i.get("id"), i.get("property")) for i in items]
 
 
 def _options(ctx: UiContext, path: str, search: str | None) -> tuple[Any, dict[str, Any]]:

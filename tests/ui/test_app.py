@@ -140,6 +140,19 @@ def test_crafted_callback_inputs_are_refused(client: Any) -> None:
     for body in ([], {}, {"output": "x.y", "inputs": []}, {"output": "page.children", "inputs": 5}):
         r = client.post("/_dash-update-component", json=body)
         assert r.status_code == 400 and r.get_json()["error"].startswith("callback: "), body
+    # inputs, state or outputs other than the callback's own: each was a 500 inside Dash, and a logged traceback
+    load = {"output": "..load-heat.figure...load-held.data..",
+            "outputs": [{"id": "load-heat", "property": "figure"}, {"id": "load-held", "property": "data"}],
+            "inputs": [{"id": "load-tick", "property": "n_intervals", "value": 1},
+                       {"id": "load-field", "property": "value", "value": "power"}],
+            "state": [{"id": "load-held", "property": "data", "value": {"window": 60}}], "changedPropIds": []}
+    for change, says in (({"state": []}, "callback: state must be [('load-held', 'data')]"),
+                         ({"inputs": load["inputs"][:1]}, "callback: inputs must be [('load-tick', 'n_intervals'), "),
+                         ({"inputs": [{}, {}]}, "callback: inputs must be"),
+                         ({"outputs": {}}, "callback: outputs do not match output '..load-heat.figure")):
+        r = client.post("/_dash-update-component", json={**load, **change})
+        assert r.status_code == 400 and r.get_json()["error"].startswith(says), (change, r.get_data(as_text=True))
+    assert client.post("/_dash-update-component", json=load).status_code == 200
     # junk where the browser's figure state should be: answered with a whole new figure, not an error
     r = dash_call(client, ["load-heat.figure", "load-held.data"], [("load-tick.n_intervals", 1),
                   ("load-field.value", "power")], [("load-held.data", {"window": 60, "heat": {"tick": "x"}})])

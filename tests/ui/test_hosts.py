@@ -153,3 +153,12 @@ def test_a_window_kept_to_many_decimals_draws_and_a_range_under_a_tick_is_refuse
     r = dash_call(client, ["page.children"], [("url.pathname", "/load"), ("url.search", "?range=0.0004")])
     assert r.status_code == 400
     assert "range: shorter than one tick (0.123457 s), got '0.0004'" in r.get_json()["error"]
+
+
+def test_a_topology_update_on_a_host_without_one_is_a_404(bare: Daemon) -> None:
+    """No page draws the matrix there; a crafted update was a 500 with a traceback in the log."""
+    bare.tick()
+    r = dash_call(create_app(bare).test_client(),
+                  ["topo-links.figure", "topo-strip.figure", "topo-moves.children"],
+                  [("topo-tick.n_intervals", 1)], [("topo-held.data", {})])
+    assert r.status_code == 404 and r.get_json()["error"] == "no GPU topology on this host: nothing to update"

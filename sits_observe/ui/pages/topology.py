@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 from dash import Dash, Input, Output, Patch, State, dcc, html
+from werkzeug.exceptions import NotFound
 
 from ...frame import GPU_FIELD_INDEX as F
 from ...topology import NUMA_UNKNOWN, LinkKind, Topology
@@ -165,6 +166,8 @@ def register(app: Dash, ctx: UiContext) -> None:
                   Input("topo-tick", "n_intervals"), State("topo-held", "data"), prevent_initial_call=True)
     def update(_n: int, held: Any) -> tuple[Patch, Patch, str]:
         topo = ctx.daemon.topology
+        if topo is None:  # a host without a topology draws no matrix to update (a crafted request got a 500)
+            raise NotFound("no GPU topology on this host: nothing to update")
         held = held if isinstance(held, dict) else {}
         picked = parse_gpu(str(held["gpu"]) if held.get("gpu") is not None else None, ctx.gpu_indices)
         idx = order(topo)
