@@ -281,6 +281,9 @@ def restart_only(old: Config, new: Config, *, rca_built: bool) -> tuple[list[str
     if new.scheduler.enabled != old.scheduler.enabled:  # the scheduler is built, or not, at start-up
         keys.append("scheduler.enabled")
         update["scheduler"] = new.scheduler.model_copy(update={"enabled": old.scheduler.enabled})
+    if new.ui.enabled != old.ui.enabled:  # the UI is mounted, or not, at start-up
+        keys.append("ui.enabled")
+        update["ui"] = new.ui.model_copy(update={"enabled": old.ui.enabled})
     if new.rca.enabled and not old.rca.enabled and not rca_built:  # never built: nothing to turn on
         keys.append("rca.enabled")
     return keys, new.model_copy(update=update) if update else new

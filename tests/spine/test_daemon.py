@@ -385,13 +385,16 @@ def test_sighup_says_which_changes_need_a_restart_and_keeps_them_as_running(tmp_
     cfg = parse({"state_dir": str(tmp_path)}, env={})
     daemon = Daemon(config=cfg, clock=WallClock(1.0))
     new = parse({"state_dir": str(tmp_path), "scheduler": {"enabled": False, "cooldown": 60},
-                 "otlp": {"endpoint": "http://127.0.0.1:4318"}}, env={})
+                 "otlp": {"endpoint": "http://127.0.0.1:4318"}, "ui": {"enabled": False, "update_interval": 5}},
+                env={})
     with caplog.at_level(logging.WARNING, logger="sits_observe.daemon"):
         daemon.reload(new)
     warned = [r.getMessage() for r in caplog.records if "take effect after a restart" in r.getMessage()]
     assert len(warned) == 1 and "otlp" in warned[0] and "scheduler.enabled" in warned[0], warned
+    assert "ui.enabled" in warned[0]  # the UI stayed served and the config said it was off
     assert daemon.config.scheduler.enabled and daemon.config.otlp.endpoint is None  # as running
-    assert daemon.config.scheduler.cooldown == 60  # the rest of the section is taken
+    assert daemon.config.ui.enabled
+    assert daemon.config.scheduler.cooldown == 60 and daemon.config.ui.update_interval == 5  # the rest is taken
 
 
 def test_a_stop_asked_during_a_tick_asks_no_more_sources(tmp_path):
