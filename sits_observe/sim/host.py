@@ -55,7 +55,10 @@ def check_inputs(cfg: SimConfig, placements: Sequence[Sequence[int] | None] = ()
 
 
 def _host_topology(name: str) -> Topology:
-    topology = preset(name)
+    try:
+        topology = preset(name)
+    except ConfigError:  # its list offers fabric-Nx8 as well, which spans several hosts (refused below)
+        raise ConfigError(f"sim.topology: unknown topology {name!r}; choose one of {', '.join(PRESETS)}") from None
     if len({g.node for g in topology.gpus}) > 1:
         raise ConfigError(f"sim.topology: the simulator models one host and {name} spans several; "
                           f"choose one of {', '.join(PRESETS)}")

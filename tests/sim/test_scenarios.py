@@ -99,7 +99,7 @@ def test_random_scenarios_are_deterministic_and_cover_the_classes():
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"topology": "dgx-9"}, "sim.topology: unknown topology 'dgx-9'; choose one of nvswitch-8, pcie-8"),
+        ({"topology": "dgx-9"}, "sim.topology: unknown topology 'dgx-9'; choose one of nvswitch-8, pcie-8$"),
         ({"topology": "fabric-2x8"}, "sim.topology: the simulator models one host and fabric-2x8 spans several"),
         ({"scenario": "chaos"}, "sim.scenario: unknown scenario 'chaos'"),
         ({"trace_path": "/nonexistent/trace.csv"}, "sim.trace_path: cannot read trace file /nonexistent/trace.csv"),

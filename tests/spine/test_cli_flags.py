@@ -24,7 +24,7 @@ BENCH_COUNTS = [
     ["slo", "--baseline-history", "nan"], ["probes", "--rounds", "0"], ["probes", "--writes", "0"],
     ["probes", "--calls", "0"], ["probes", "--octaves", "0"], ["rca", "--samples", "0"], ["rca", "--epochs", "0"],
     ["rca", "--threads", "0"], ["rca", "--threads", "100000"], ["ui", "--history", "0"], ["ui", "--history", "59"],
-    ["ui", "--history", "86401"], ["ui", "--updates", "0"], ["ui", "--interval", "0"],
+    ["ui", "--history", "86401"], ["ui", "--updates", "0"], ["ui", "--interval", "0"], ["ui", "--interval", "0.1"],
     ["loop", "--objective", "2"], ["loop", "--objective", "1"], ["loop", "--cooldown", "-5"],
     ["loop", "--cooldown", "inf"], ["loop", "--threshold", "nan"],
 ]
