@@ -116,7 +116,9 @@ class SloEngine:
         now = self.state.now()
         if now is not None:
             self.ring.resume(*now)
-        self.stopped_at = self.ring.ts  # the last time the engine saw before the restart (None: a first start)
+        # the last time the engine saw before the restart (None: a first start), also when the edges were dropped
+        seen = [t for t in (self.ring.ts, self.state.seen()) if t is not None]
+        self.stopped_at = max(seen) if seen else None
         self._unsaved: list[tuple[int, int, np.ndarray]] = []  # ring edges a failed slo.db write did not store
         self.notes = self.state.notes()
         shape = (len(self.specs), len(TIER_NAMES))
@@ -180,14 +182,7 @@ class SloEngine:
             # held up to a restart: held when the engine stopped, so the downtime counts against the flap guard
             last_true = np.where(self.resume, ts if self.stopped_at is None else self.stopped_at, self.last_true)
             self.last = ev = self.plan.evaluate(self.ring, ts, last_true, self.held_until)
-            written = self._unsaved + list(written)  # with the edges a failed write left (a full disk)
-            prune = [(lvl, idx - self.plan.levels.slots + 1) for lvl, idx, _ in written]
-            try:
-                self.state.save(written, prune)
-            except SloError:
-                self._unsaved = written[-UNSAVED_KEPT:]  # stored with the next tick's, not lost
-                raise
-            self._unsaved = []
+            self._save(list(written), ts)
             for i in np.flatnonzero((~_same(ev.held_until, self.held_until)).any(axis=1)):
                 self.state.set_held(self.specs[i].name, {t: float(u) for t, u in zip(TIER_NAMES, ev.held_until[i])
                                                          if not np.isnan(u)})
@@ -299,6 +294,17 @@ class SloEngine:
         if config.slos != self.specs or config.alerting != self.alerting:
             log.warning("SIGHUP: slos or alerting changed; these take effect after a restart")
 
+    def _save(self, written: list[tuple[int, int, np.ndarray]], ts: float) -> None:
+        """Store ring edges, with those a failed write left (a full disk, a locked file) first."""
+        written = self._unsaved + written
+        prune = [(lvl, idx - self.plan.levels.slots + 1) for lvl, idx, _ in written]
+        try:
+            self.state.save(written, prune, ts)
+        except SloError:
+            self._unsaved = written[-UNSAVED_KEPT:]  # stored with the next tick's, not lost
+            raise
+        self._unsaved = []
+
     def close(self) -> None:
         """Store the event counts since the last slot edge, stop delivering, close ``slo.db``; each step
         runs even if an earlier one raised."""
@@ -308,6 +314,10 @@ class SloEngine:
                 steps.callback(self.dispatcher.close)
             with self._lock:
                 if self.ring.ts is not None:
+                    # the edges failed writes left first: the counts since the last stored edge alone were
+                    # spread at the restart over every edge from it on, as if all those events came at once
+                    if self._unsaved:
+                        self._save([], self.ring.ts)
                     self.state.save_now(self.ring.ts, self.ring.cum)
 
 

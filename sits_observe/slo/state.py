@@ -109,19 +109,31 @@ class SloState:
             values[k, :, pos[slo]] = (good, total)
         return idx, values
 
-    def save(self, written: Iterable[tuple[int, int, np.ndarray]], prune: Sequence[tuple[int, int]] = ()) -> None:
-        """Store written ring edges ``(level, idx, (2, n))`` and drop edges below ``(level, idx)`` in one commit."""
+    def save(self, written: Iterable[tuple[int, int, np.ndarray]], prune: Sequence[tuple[int, int]] = (),
+             seen: float | None = None) -> None:
+        """Store written ring edges ``(level, idx, (2, n))`` and drop edges below ``(level, idx)`` in one commit;
+        with edges written, ``seen`` (the source time evaluated) too."""
         rows = [(lvl, idx, name, float(v[0, i]), float(v[1, i]))
                 for lvl, idx, v in written for i, name in enumerate(self.names)]
         if rows or prune:
             with self._tx() as db:
                 db.executemany("INSERT OR REPLACE INTO edges VALUES (?, ?, ?, ?, ?)", rows)
                 db.executemany("DELETE FROM edges WHERE level=? AND idx<?", prune)
+                if seen is not None and rows:
+                    db.execute("INSERT OR REPLACE INTO meta VALUES ('seen', ?)", (repr(float(seen)),))
+
+    def seen(self) -> float | None:
+        """The last source time an engine evaluated, as far as stored (at each slot edge, and at a clean stop):
+        kept when a config change drops the edges, so the downtime still counts against the flap guard."""
+        with self._lock:
+            row = self.db.execute("SELECT value FROM meta WHERE key='seen'").fetchone()
+        return float(row[0]) if row else None
 
     def clear_edges(self) -> None:
         with self._tx() as db:
             db.execute("DELETE FROM edges")
             db.execute("DELETE FROM now")
+            db.execute("DELETE FROM meta WHERE key='seen'")  # a time of the abandoned timeline
 
     def now(self) -> tuple[float, np.ndarray] | None:
         """The source time and ``(2, n)`` cumulative counts stored by :meth:`save_now` (NaN where an SLO has none)."""
@@ -142,6 +154,7 @@ class SloState:
             db.execute("DELETE FROM now")
             db.executemany("INSERT INTO now VALUES (?, ?, ?, ?)",
                            [(name, float(ts), float(cum[0, i]), float(cum[1, i])) for i, name in enumerate(self.names)])
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('seen', ?)", (repr(float(ts)),))
 
     def tiers(self) -> dict[str, dict[str, tuple[float | None, float | None]]]:
         """Kept tiers: ``{slo: {tier: (since, last_true)}}``; ``since`` None unless the tier's alert fires,

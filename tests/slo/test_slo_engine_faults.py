@@ -207,12 +207,12 @@ def test_edges_a_failed_state_write_did_not_store_are_stored_with_the_next(tmp_p
     feed = Feeder(cfg)
     real, failed = flaky.state.save, []
 
-    def full_once(written, prune=()):
+    def full_once(written, prune=(), seen=None):
         written = list(written)
         if written and not failed:  # the write at a slot edge fails once (disk full)
             failed.append(len(written))
             raise SloError("SLO state slo.db: database or disk is full")
-        return real(written, prune)
+        return real(written, prune, seen)
 
     flaky.state.save = full_once
     for k in range(45):
@@ -354,3 +354,80 @@ def test_messages_queued_for_receivers_all_since_removed_stay_visible(tmp_path, 
         assert [(s.labels, s.value) for s in depth] == [((("receiver", "oncall"),), 1.0)]
     finally:
         engine.close()
+
+
+def _ratio_config(state_dir, slos=None):
+    slos = slos or [{"name": "errs", "objective": 0.99, "window": "1d", "tiers": {"ticket_slow": False},
+                     "ratio": {"total": "requests_total", "bad": "request_errors_total", "workload": "chat"}}]
+    return parse({"state_dir": str(state_dir), "slos": slos}, env={})
+
+
+def _ratio_frame(ts, total, bad, workload="chat"):
+    from sits_observe.frame import Frame
+
+    frame = Frame(ts=ts, interval=1.0)
+    frame.add_counter("requests_total", workload, total)
+    frame.add_counter("request_errors_total", workload, bad)
+    return frame
+
+
+def _bad_and_total(engine, window):
+    w = next(x for x in engine.slos_state()[0]["windows"] if x["window"] == window)
+    return round(w["total"] - w["good"]), round(w["total"])
+
+
+def test_a_clean_stop_after_failed_writes_keeps_the_events_where_they_were(tmp_path):
+    """close() stored the counts but not the edges the failed writes left: at the restart every edge from the
+    last stored one got the final total, so a burn of the last minutes sat at that edge, out of the 5m window."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    through, flaky = _ratio_config(tmp_path / "a"), _ratio_config(tmp_path / "b")
+    engines = [SloEngine.from_config(through), SloEngine.from_config(flaky)]
+    real = engines[1].state.save
+    ts = 1_700_000_000.0
+    for k in range(900):  # 10 minutes stored, then 5 whose writes fail, 20 % errors in their last 100 s
+        ts += 1
+        full = k >= 600
+        engines[1].state.save = _full if full else real
+        for engine in engines:
+            try:
+                engine.on_tick(_ratio_frame(ts, 100, 20 if k >= 800 else 0))
+            except SloError:
+                assert engine is engines[1] and full
+    engines[1].state.save = real  # space is back; SIGTERM before the next tick
+    for engine in engines:
+        engine.close()
+    engines = [SloEngine.from_config(through), SloEngine.from_config(flaky)]
+    for engine in engines:
+        engine.on_tick(_ratio_frame(ts + 1, 100, 0))
+    assert _bad_and_total(engines[1], "5m") == _bad_and_total(engines[0], "5m")
+    assert _bad_and_total(engines[1], "5m")[0] == 2000
+    assert engines[1].firing == engines[0].firing
+    for engine in engines:
+        engine.close()
+
+
+def _full(*args, **kwargs):
+    raise SloError("SLO state slo.db: database or disk is full")
+
+
+def test_the_flap_guard_counts_the_downtime_when_a_config_change_dropped_the_history(tmp_path):
+    """With no stored edge left (an SLO added with a finer short window), the restart took the current time as the
+    stop: a page over a day before stayed firing its whole keep_firing_for (30 min) on clean traffic."""
+    a = {"name": "a", "objective": 0.999, "window": "28d",
+         "ratio": {"total": "requests_total", "bad": "request_errors_total", "workload": "chat"}}
+    b = {"name": "b", "objective": 0.99, "window": "7d", "tiers": {"page_fast": {"long": "10m", "short": "1m"},
+                                                                   "ticket_slow": False},
+         "ratio": {"total": "requests_total", "bad": "request_errors_total", "workload": "x"}}
+    engine = SloEngine.from_config(_ratio_config(tmp_path, [a]))
+    ts = 1_700_000_040.0
+    for m in range(600):  # minute ticks, 0.8 % errors from minute 120: a burn of 8
+        ts += 60
+        engine.on_tick(_ratio_frame(ts, 6000, 48 if m >= 120 else 0))
+    assert engine.firing == ["page_slow"]
+    engine.close()
+    engine = SloEngine.from_config(_ratio_config(tmp_path, [a, b]))
+    ts += 86400
+    engine.on_tick(_ratio_frame(ts + 60, 6000, 0))
+    assert engine.firing[0] is None
+    engine.close()
