@@ -77,9 +77,14 @@ class StateFile:
 
 @contextlib.contextmanager
 def transaction(db: sqlite3.Connection, lock: threading.Lock | threading.RLock,
-                error: Callable[[sqlite3.Error], SitsError]) -> Iterator[sqlite3.Connection]:
-    """``BEGIN IMMEDIATE`` ... ``COMMIT`` under ``lock`` (autocommit connection); sqlite errors raise ``error(exc)``."""
+                error: Callable[[sqlite3.Error], SitsError], busy_ms: int | None = None) -> Iterator[sqlite3.Connection]:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT`` under ``lock`` (autocommit connection); sqlite errors raise ``error(exc)``.
+    ``busy_ms``: wait at most this long for another process's lock (a write retried later anyway), not the
+    connection's timeout."""
     with lock:
+        if busy_ms is not None:
+            before = db.execute("PRAGMA busy_timeout").fetchone()[0]
+            db.execute(f"PRAGMA busy_timeout = {int(busy_ms)}")
         try:
             db.execute("BEGIN IMMEDIATE")
             try:
@@ -93,6 +98,9 @@ def transaction(db: sqlite3.Connection, lock: threading.Lock | threading.RLock,
                 with contextlib.suppress(sqlite3.Error):
                     db.execute("ROLLBACK")
             raise error(exc) from exc
+        finally:
+            if busy_ms is not None:
+                db.execute(f"PRAGMA busy_timeout = {int(before)}")
 
 
 def read(db: sqlite3.Connection, lock: threading.Lock | threading.RLock, sql: str, args: tuple[Any, ...],

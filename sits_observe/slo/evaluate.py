@@ -182,7 +182,11 @@ class SloEngine:
             # held up to a restart: held when the engine stopped, so the downtime counts against the flap guard
             last_true = np.where(self.resume, ts if self.stopped_at is None else self.stopped_at, self.last_true)
             self.last = ev = self.plan.evaluate(self.ring, ts, last_true, self.held_until)
-            self._save(list(written), ts)
+            try:
+                self._save(list(written), ts)
+                unsaved = None
+            except SloError as exc:  # kept for a later tick; the alerts go on (they are recorded on their own)
+                unsaved = exc
             for i in np.flatnonzero((~_same(ev.held_until, self.held_until)).any(axis=1)):
                 self.state.set_held(self.specs[i].name, {t: float(u) for t, u in zip(TIER_NAMES, ev.held_until[i])
                                                          if not np.isnan(u)})
@@ -194,6 +198,8 @@ class SloEngine:
                 self._announce_restored(frame.ts)
             if self.dispatcher is not None and self.alerts:
                 self.dispatcher.refresh(list(self.alerts.values()))
+        if unsaved is not None:
+            raise unsaved
 
     def _alert(self, i: int, tier: Tier, since: float) -> Alert:
         spec = self.specs[i]  # an empty label value is no label (as Alertmanager takes it: the same fingerprint)

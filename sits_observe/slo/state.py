@@ -35,6 +35,11 @@ from ..statedb import StateFile, transaction
 
 __all__ = ["SloState"]
 
+# a tick's writes wait this long for another process's lock on slo.db (a backup, an sqlite3 shell), not the
+# connection's 5 s, which held every tick of a burn 5 s: unstored edges are stored with a later tick's, and a
+# transition not recorded is made again at the next tick (the clean stop's write waits the 5 s)
+TICK_BUSY_MS = 250
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS slis (slo TEXT PRIMARY KEY, sli TEXT NOT NULL);
@@ -69,8 +74,8 @@ class SloState:
         self._reconcile(db, sli_keys, json.dumps([float(r) for r in levels]))
         db.execute("COMMIT")
 
-    def _tx(self) -> AbstractContextManager[sqlite3.Connection]:
-        return transaction(self.db, self._lock, self._file.error_of)
+    def _tx(self, busy_ms: int | None = TICK_BUSY_MS) -> AbstractContextManager[sqlite3.Connection]:
+        return transaction(self.db, self._lock, self._file.error_of, busy_ms)
 
     def _reconcile(self, db: sqlite3.Connection, sli_keys: Sequence[str], levels: str) -> None:
         for table, last_true in (("alerts", "NULL"), ("firing", "cleared")):  # earlier versions' firing alerts
@@ -150,7 +155,7 @@ class SloState:
     def save_now(self, ts: float, cum: np.ndarray) -> None:
         """Store the window rings' cumulative counts ``(2, n)`` at source time ``ts`` (at shutdown: the events
         since the last slot edge); older than the edges by a later run, they are outdone by them."""
-        with self._tx() as db:
+        with self._tx(None) as db:
             db.execute("DELETE FROM now")
             db.executemany("INSERT INTO now VALUES (?, ?, ?, ?)",
                            [(name, float(ts), float(cum[0, i]), float(cum[1, i])) for i, name in enumerate(self.names)])

@@ -431,3 +431,33 @@ def test_the_flap_guard_counts_the_downtime_when_a_config_change_dropped_the_his
     engine.on_tick(_ratio_frame(ts + 60, 6000, 0))
     assert engine.firing[0] is None
     engine.close()
+
+
+def test_a_slo_db_locked_by_another_process_holds_no_tick_for_the_busy_timeout(tmp_path):
+    """Each tick of a burn waited SQLite's 5 s busy timeout for the lock (the whole tick loop at 1 tick per 5 s).
+    Now a tick's writes wait 0.25 s each; the alert waits for the lock (it is recorded before it is sent)."""
+    import sqlite3
+    import time
+
+    engine = SloEngine.from_config(_ratio_config(tmp_path))
+    ts = 1_700_000_000.0
+    for _ in range(600):
+        ts += 1
+        engine.on_tick(_ratio_frame(ts, 100, 0))
+    other = sqlite3.connect(tmp_path / "slo.db", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # an sqlite3 shell left in a write transaction
+    t0, raised = time.monotonic(), 0
+    for _ in range(5):  # half the requests failing: page_fast's condition holds
+        ts += 1
+        try:
+            engine.on_tick(_ratio_frame(ts, 100, 50))
+        except SloError as exc:
+            assert "database is locked" in str(exc)
+            raised += 1
+    assert raised >= 4 and time.monotonic() - t0 < 12.5  # 4 of the ticks took 5 s each before
+    assert engine.firing == [None]
+    other.execute("ROLLBACK")
+    other.close()
+    engine.on_tick(_ratio_frame(ts + 1, 100, 50))
+    assert engine.firing == ["page_fast"]
+    engine.close()
