@@ -1,31 +1,13 @@
-"""In-daemon SLO evaluation: a Consumer (``name = "slo"``) and a metrics provider.
+"""In-daemon SLO evaluation: a Consumer (``name = "slo"``) and a metrics provider (docs/slo.md has the rules).
 
-Each tick the engine adds the Frame's good/total events of every SLO to its window rings
-(:mod:`.window`, on the source clock ``frame.ts``), computes (:mod:`.plan`) the error ratio and burn
-rate of every alert window and the error budget left over the SLO window, and decides per SLO which
-burn tier fires: a tier is active when its long and short windows both burn faster than its factor and the short
-window saw at least ``min_rate`` events/s.  A tier's condition is kept through dips of up to its
-``keep_firing_for`` (the flap guard), so a brief dip near the threshold does not flap.  Only the
-fastest kept tier fires: slower ones are held (a firing one resolves at once) while a faster one is
-kept, and after that while their own windows may still lag it (their short window plus their
-``keep_firing_for``), so an incident is one alert, not one per tier; a slower tier whose condition
-still holds past that fires: the burn goes on below the faster rate (:func:`.burn.fire`).
-State changes are kept in ``state_dir/slo.db`` (:mod:`.state`) and sent through the alert outbox
-(:mod:`sits_observe.alerting`).  A firing alert is recorded as announced before it is queued and a
-resolution is queued before it is recorded, so a crash in between resolves the alert after the restart
-(resolving one a receiver never got is harmless) or queues the resolution again (the outbox drops the
-duplicate); the engine's memory changes only once both are stored, so a failed write is tried again at
-the next tick.  After a restart every firing alert is announced again: the outbox drops it for a receiver
-that has it, and a receiver added since gets it.  :meth:`SloEngine.close` stores the event counts since
-the last slot edge, so a clean restart loses no events.
-
-Hooks for other parts:
-
-* ``annotate(slo_name, {"likely_cause": ..., "confidence": ...})`` (the RCA consumer): adds annotations
-  to the SLO's firing alerts.  A delivery still queued is updated in place; one already delivered is
-  sent again when more than its confidence changed.  Made while nothing fires, they ride on the SLO's next alert.
-  They are dropped when the incident resolves.
-* ``slos_state()`` and ``alerts_state()``: JSON-ready bodies of ``GET /api/v1/slos`` and ``/api/v1/alerts``.
+Each tick adds the Frame's good/total events of every SLO to its window rings (:mod:`.window`, on the source
+clock), computes (:mod:`.plan`) the burn rate of every alert window and the budget left, and decides per SLO
+which burn tier fires (:func:`.burn.fire`: a tier's condition kept through dips of its ``keep_firing_for``,
+only the fastest kept tier firing).  State changes are kept in ``state_dir/slo.db`` (:mod:`.state`) and sent
+through the alert outbox (:mod:`sits_observe.alerting`): a firing alert is recorded before it is queued and a
+resolution queued before it is recorded, and memory changes only once both are stored, so a crash or a failed
+write repeats rather than loses a change.  Hooks: ``annotate(slo_name, {...})`` (the RCA consumer adds the
+likely cause to the SLO's alerts); ``slos_state()`` and ``alerts_state()`` (the API's bodies).
 """
 
 from __future__ import annotations
@@ -98,8 +80,9 @@ class SloEngine:
         self._started = False
         # readers that find the tick holding the lock (slo.db slow or locked) get the last values
         self._scrape: Snapshot[list[Sample]] = Snapshot(self._lock, [])  # a scrape never waits long
-        self._slos: Snapshot[list[dict[str, Any]]] = Snapshot(self._lock)
-        self._alerts: Snapshot[dict[str, Any]] = Snapshot(self._lock)
+        # the API's first read answers the state as restored (the first waited for a stuck tick, however long)
+        self._slos: Snapshot[list[dict[str, Any]]] = Snapshot(self._lock, [slo_view(self, i) for i in range(len(specs))])
+        self._alerts: Snapshot[dict[str, Any]] = Snapshot(self._lock, alerts_view(self))
 
     @classmethod
     def from_config(cls, config: Config) -> SloEngine | None:

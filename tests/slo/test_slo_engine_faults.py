@@ -329,6 +329,23 @@ def test_a_first_scrape_does_not_wait_for_a_tick_stuck_in_slo_db(tmp_path, recei
     engine.close()
 
 
+def test_the_first_api_reads_do_not_wait_for_a_tick_stuck_in_slo_db(tmp_path, receiver):
+    """/api/v1/slos and /api/v1/alerts had no value before their first read: it waited for the tick, however long."""
+    import time
+
+    from in_thread import lock_held
+
+    cfg = config_for(tmp_path, receiver.url)
+    _feed, engine = burning(cfg)
+    with lock_held(engine._lock):
+        start = time.monotonic()
+        slos, alerts = engine.slos_state(), engine.alerts_state()
+        took = time.monotonic() - start
+    assert took < 2 and [s["name"] for s in slos] == [cfg.slos[0].name] and "firing" in alerts
+    assert engine.alerts_state()["firing"]  # the next read, once the tick is done: current
+    engine.close()
+
+
 def test_messages_queued_for_receivers_all_since_removed_stay_visible(tmp_path, caplog):
     """With no receiver configured no dispatcher was made: the queued pages had no start-up line, no entry in the
     API and no queue-depth series, although docs/alerting.md promises all three for a receiver removed."""
