@@ -29,6 +29,7 @@ __all__ = [
     "kernel_upper_ns",
     "snap_edges",
     "kernel_to_layout",
+    "EDGE_RANGE_S",
 ]
 
 SUB_BITS = 4
@@ -68,6 +69,7 @@ def kernel_upper_ns(bucket: int) -> float:
 
 
 _UPPERS = np.array([kernel_upper_ns(b) for b in range(NUM_BUCKETS - 1)])
+EDGE_RANGE_S = (1e-9, float(_UPPERS[-1]) / 1e9)  # the bucket edges store.buckets may have, seconds
 
 
 def snap_edges(edges_s: Sequence[float], *, field: str = "store.buckets") -> tuple[float, ...]:
@@ -80,7 +82,8 @@ def snap_edges(edges_s: Sequence[float], *, field: str = "store.buckets") -> tup
     for i, edge in enumerate(edges_s):
         ns = float(edge) * 1e9
         if not (1.0 <= ns <= _UPPERS[-1]):
-            raise BucketEdgeError(field, i, f"bucket edge must be between 1e-09 and {_UPPERS[-1] / 1e9:g} s", edge)
+            raise BucketEdgeError(field, i, f"bucket edge must be between {EDGE_RANGE_S[0]:g} and "
+                                  f"{EDGE_RANGE_S[1]:g} s", edge)
         j = int(np.searchsorted(_UPPERS, ns))
         cands = [k for k in (j - 1, j) if 0 <= k < len(_UPPERS)]
         best = min(cands, key=lambda k: abs(_UPPERS[k] - ns))

@@ -22,11 +22,12 @@ One rule group per SLO, evaluated in order within each evaluation:
   for evaluation.
 
 Latency SLIs select the exported bucket whose ``le`` is the snapped threshold edge, written as the
-exporter writes it (9 significant digits).
+exporter writes it (the shortest text that reads back exactly).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -128,8 +129,14 @@ def _group(spec: SloSpec, snapped: Sequence[float], buckets: Sequence[float]) ->
         labels = spec.alert_labels(tier)
         del labels["alertname"]
         rules.append({"alert": ALERT_NAME, "expr": expr, "labels": labels,
-                      "annotations": spec.alert_annotations(tier)})
+                      "annotations": {k: _literal(v) for k, v in spec.alert_annotations(tier).items()}})
     return {"name": f"sits-slo-{spec.name}", "rules": rules}
+
+
+def _literal(text: str) -> str:
+    """``text`` as Prometheus shows it: annotations are Go templates, so a description with ``{{`` failed
+    promtool (each ``{{`` or ``}}`` is written as an action printing it)."""
+    return re.sub(r"\{\{|\}\}", lambda m: '{{ "' + m.group(0) + '" }}', text)
 
 
 def _condition(spec: SloSpec, tier: Tier, budget: float) -> str:

@@ -22,6 +22,7 @@ from pydantic import Field, TypeAdapter, ValidationInfo, WrapValidator, field_va
 from ..alerting.config import check_label_names, check_unique
 from ..section import Section
 from ..frame import STAGES
+from ..histogram import EDGE_RANGE_S
 from .tiers import (ALERT_NAME, Duration, KeepDuration, Tier, TierOverride, TierOverrides, error_budget,
                     format_duration, resolve_tiers)
 
@@ -62,6 +63,10 @@ class LatencySli(Section):
     @classmethod
     def _on_edge(cls, v: float, info: ValidationInfo) -> float:
         buckets = (info.context or {}).get("buckets")
+        low, high = EDGE_RANGE_S
+        if not low <= v <= high:  # no bucket edge can be there: "add inf to store.buckets" could not be followed
+            raise ValueError(f"must be a latency in seconds between {low:g} and {high:g} (a bucket edge of "
+                             "store.buckets)")
         if buckets is not None and not any(math.isclose(v, b, rel_tol=1e-9) for b in buckets):
             raise ValueError(
                 f"{v:g} s is not a bucket edge; the nearest edges in store.buckets are {_nearest_edges(v, buckets)}: "
@@ -102,10 +107,11 @@ class SloSpec(Section):
     description: str = ""
     objective: float
     tiers: TierOverrides = Field(default_factory=dict)
-    window: Duration = Field(2419200, description="rolling SLO window, e.g. 28d or 30d")
+    window: Duration = Field(2419200, validate_default=True,  # the default too is checked against the tiers
+                             description="rolling SLO window, e.g. 28d or 30d")
     latency: LatencySli | None = None
     ratio: RatioSli | None = Field(None, validate_default=True)
-    min_rate: float = Field(0.0, ge=0, description="events/s below which burn alerts are held back")
+    min_rate: float = Field(0.0, ge=0, allow_inf_nan=False, description="events/s below which burn alerts are held back")
     keep_firing_for: KeepDuration | None = Field(
         None, description="an alert resolves once its condition stayed false this long (default: tier's short window)")
     labels: dict[str, str] = Field(default_factory=dict, description="extra labels on this SLO's alerts")

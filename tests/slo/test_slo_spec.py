@@ -31,6 +31,15 @@ def _errors(tmp_path, data):
     ({"objective": 0.999, "window": "2d", "latency": LATENCY},
      "slos[0].window: 2d is shorter than the longest alert window 3d (tier ticket_slow); use a window of at "
      "least 3d or disable the tier with `tiers: {ticket_slow: false}`, got '2d'"),
+    ({"objective": 0.999, "latency": LATENCY, "tiers": {"ticket_slow": {"long": "40d", "short": "1d"}}},  # default 28d
+     "slos[0].window: 28d is shorter than the longest alert window 40d (tier ticket_slow)"),
+    ({"objective": 0.999, "latency": LATENCY, "min_rate": float("inf")},  # no tier could ever fire
+     "slos[0].min_rate: Input should be a finite number, got inf"),
+    ({"objective": 0.999, "latency": {"stage": "e2e", "threshold": float("inf")}},  # "add inf to store.buckets"
+     "slos[0].latency.threshold: must be a latency in seconds between 1e-09 and 1099.51 (a bucket edge of "
+     "store.buckets), got inf"),
+    ({"objective": 0.999, "latency": {"stage": "e2e", "threshold": 1e-12}},
+     "slos[0].latency.threshold: must be a latency in seconds between 1e-09 and 1099.51"),
     ({"objective": 0.999, "window": "99999999999999999999w", "latency": LATENCY},
      "slos[0].window: must be at most a year (366d); SLO windows are usually 7d to 90d, got '99999999999999999999w'"),
     ({"objective": 0.9, "latency": LATENCY},  # page_fast's threshold 13.44 x 0.1: more than every request failing
