@@ -28,7 +28,7 @@ import numpy as np
 from ..alerting.config import AlertingConfig
 from ..alerting.dispatch import Dispatcher
 from ..alerting.formats import Alert, render
-from ..argtypes import POSITIVE_FLOAT, POSITIVE_INT
+from ..argtypes import POSITIVE_INT, float_in
 from ..config import Config, parse
 from ..frame import STAGES, BucketLayout, Frame
 from .evaluate import SloEngine
@@ -43,8 +43,8 @@ WORKLOADS = ("chat", "code", "batch", "embed")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slos", type=POSITIVE_INT, default=100, help="SLOs evaluated per tick (default 100)")
     parser.add_argument("--ticks", type=POSITIVE_INT, default=600, help="ticks measured (default 600)")
-    parser.add_argument("--baseline-history", type=POSITIVE_FLOAT, default=6.0,
-                        help="hours of raw history for the baseline")
+    parser.add_argument("--baseline-history", type=float_in(0.01), default=6.0,  # under 1 s of history: ZeroDivisionError
+                        help="hours of raw history for the baseline (at least 0.01)")
     parser.add_argument("--baseline-ticks", type=POSITIVE_INT, default=30,
                         help="ticks measured for the (slow) baseline")
     parser.add_argument("--deliveries", type=POSITIVE_INT, default=2000, help="alerts delivered per outbox run")
