@@ -64,20 +64,31 @@ class Program:
         self._tgids: dict[int, int] = {}
 
     def set_workloads(self, tgids: dict[int, int]) -> None:
-        """Make the kernel's tgid -> workload map equal ``tgids``."""
+        """Make the kernel's tgid -> workload map equal ``tgids``, as far as it holds them: what is written is
+        known entry by entry (a full map stopped the update half-way, and the tgids written were never known:
+        never deleted, dead processes held the map for good).  Raises ProbeError naming the setting when
+        processes did not fit."""
         table = self._workloads
         gone = self._tgids.keys() - tgids.keys()
         for tgid in gone:
-            try:
+            with suppress(KeyError):
                 del table[table.Key(tgid)]
-            except KeyError:
-                pass
+            del self._tgids[tgid]
         if gone:
             self._forget_connections(gone)
+        left_out = 0
         for tgid, wid in tgids.items():
             if self._tgids.get(tgid) != wid:
-                table[table.Key(tgid)] = table.Leaf(wid)
-        self._tgids = dict(tgids)
+                try:
+                    table[table.Key(tgid)] = table.Leaf(wid)
+                except Exception:  # noqa: BLE001 - bcc raises a bare Exception (E2BIG when the map is full)
+                    left_out += 1
+                    continue
+                self._tgids[tgid] = wid
+        if left_out:
+            # the same words each time (logged once): how many are left out is in sits_probe_errors_total's rate
+            raise ProbeError(f"the workload map is full ({len(self._tgids)} processes, probes.max_processes): "
+                             "workload processes past it are not timed; raise probes.max_processes")
 
     def _forget_connections(self, gone: set[int]) -> None:
         """Delete the connections of processes no longer tracked (the syscalls program's ``conns``): a process

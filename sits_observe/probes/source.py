@@ -151,8 +151,8 @@ class ProbeSource:
                 self._report(state, f"{shown}: detach failed: {problem}")
         for file, (path, shown) in files.items():
             problem = state.attacher.attach(file, path, shown)
-            if problem:
-                self._report(state, problem)
+            if problem:  # counted once per text: a file attached afresh at each workload restart said it again
+                self._report(state, problem, error=problem not in state.said)
         if state.attacher.probes:
             state.problem = None
         else:

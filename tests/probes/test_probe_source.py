@@ -126,3 +126,35 @@ def test_close_detaches_everything() -> None:
     assert not any(os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:bpf-prog"
                    for fd in fds if os.path.exists(f"/proc/self/fd/{fd}"))
     assert all(not st.attached for st in src.states.values())
+
+
+def test_a_full_workload_map_is_said_and_recovers_when_processes_exit(tmp_path) -> None:
+    """More workload processes than probes.max_processes: the update stopped half-way and the tgids written
+    were never known, so dead processes held the map for good and no new workload process was ever tracked."""
+    import shutil
+
+    sleeper = tmp_path / "sits-many"
+    shutil.copy("/usr/bin/sleep", sleeper)
+    src, _ = make_source({"workloads": [{"name": "gpu", "comm": "sits-many"}],
+                          "probes": {"syscalls": OFF, "block_io": OFF, "cuda": OFF, "nccl": OFF,
+                                     "max_processes": 16, "scan_interval": 3600}})
+    procs = [subprocess.Popen([str(sleeper), "600"]) for _ in range(20)]
+    try:
+        src.rescan()
+        state = src.states["runq"]
+        kernel = state.program.bpf[b"workloads"]
+        assert len(list(kernel.keys())) == 16 and state.errors == 1
+        assert any("the workload map is full (16 processes, probes.max_processes)" in m for m in state.said)
+        for p in procs:
+            p.kill()
+            p.wait()
+        src.rescan()
+        assert list(kernel.keys()) == []  # the dead processes' entries are gone
+        procs = [subprocess.Popen([str(sleeper), "600"])]
+        src.rescan()
+        assert [k.value for k in kernel.keys()] == [procs[0].pid]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        src.close()

@@ -123,3 +123,15 @@ def test_thread_hash_fallback_times_calls_too(stubs: dict) -> None:
         src.close()
     assert frame.hists[("sync", "gpu")].count == 4 and frame.hists[("d2h", "gpu")].count == 3
     assert frame.hists[("sync", "gpu")].counts[_only_bucket(src, 10200)] == 4
+
+
+def test_missing_symbols_are_counted_once_over_workload_restarts(source: ProbeSource, stubs: dict) -> None:
+    """Each restart attached the file afresh and counted its missing symbols again (one log line, errors 1..5):
+    on a driver without a default symbol the error rate followed the restarts."""
+    before = {s.labels: s.value for s in source.metrics() if s.name == "sits_probe_errors_total"}
+    for _ in range(3):
+        with Workload(COMM, [stubs["libcuda.so.1"]]):
+            source.rescan()
+        source.rescan()  # exited: detached
+    after = {s.labels: s.value for s in source.metrics() if s.name == "sits_probe_errors_total"}
+    assert after[(("probe", "cuda"),)] == before[(("probe", "cuda"),)] == 1.0
