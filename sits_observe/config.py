@@ -134,7 +134,7 @@ class Config(Section):
     rca: RcaConfig = Field(default_factory=RcaConfig)
     slos: SloList = Field(default_factory=list)  # after `store`: latency thresholds are checked against it
     alerting: AlertingConfig = Field(default_factory=AlertingConfig)
-    probes: ProbesConfig = Field(default_factory=ProbesConfig)
+    probes: ProbesConfig = Field(default_factory=ProbesConfig, validate_default=True)  # checked against workloads
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     otlp: OtlpConfig = Field(default_factory=OtlpConfig)
 
@@ -202,6 +202,15 @@ class Config(Section):
     @classmethod
     def _unique_workloads(cls, v: list[WorkloadConfig]) -> list[WorkloadConfig]:
         check_unique([w.name for w in v], "workload")
+        return v
+
+    @field_validator("probes")
+    @classmethod
+    def _unattributed_is_no_workload(cls, v: ProbesConfig, info: ValidationInfo) -> ProbesConfig:
+        label = v.block_io.unattributed  # a workload of that name: its IO and the host's in one series, unsaid
+        if label is not None and label in {w.name for w in info.data.get("workloads") or ()}:
+            raise ValueError(f"block_io.unattributed: {label!r} is also a workload's name; its block IO would be "
+                             "mixed with the host's: name one of them otherwise")
         return v
 
     @property

@@ -36,8 +36,9 @@ def _loc(loc: tuple[Any, ...]) -> str:
 
 
 def _shown(value: Any) -> bool:
-    """Whether a value may be echoed: not a section or a list of them (those may hold secrets)."""
-    return not isinstance(value, dict) and not (isinstance(value, list) and not all(
+    """Whether a value may be echoed: not a section (given, or a default one) or a list of them (those may hold
+    secrets)."""
+    return not isinstance(value, (dict, BaseModel)) and not (isinstance(value, list) and not all(
         isinstance(v, (int, float)) for v in value))
 
 

@@ -96,7 +96,7 @@ def list_probes(cfg: Config) -> list[dict[str, Any]]:
                 why = f"no workload process maps {pcfg.library} (now)"
             elif not why and not found_any:
                 why = f"none of the configured symbols is in {pcfg.library}"
-        if not why and not cfg.workloads and name != "block_io":
+        if not why and not cfg.workloads:  # the daemon loads no probe then, block_io included
             why = "no workloads configured"
         row["would_attach"] = why is None
         row["why"] = why

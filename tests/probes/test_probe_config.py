@@ -44,3 +44,14 @@ def test_bad_values_are_one_line_errors(data: dict, message: str) -> None:
         parse({"probes": data}, source="host.yaml")
     assert str(err.value).startswith(f"host.yaml: {message}")
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("probes", [{}, {"block_io": {"unattributed": "batch"}}])
+def test_a_workload_named_as_the_unattributed_block_io_label_is_refused(probes: dict) -> None:
+    """Its block IO and the host's unattributed IO were one series, with no word said."""
+    name = probes.get("block_io", {}).get("unattributed", "host")
+    with pytest.raises(ConfigError) as err:
+        parse({"workloads": [{"name": name, "comm": "x"}], "probes": probes}, source="host.yaml")
+    assert str(err.value) == (f"host.yaml: probes: block_io.unattributed: {name!r} is also a workload's name; its "
+                              "block IO would be mixed with the host's: name one of them otherwise")
+    parse({"workloads": [{"name": name, "comm": "x"}], "probes": {"block_io": {"unattributed": "other"}}})
