@@ -127,7 +127,9 @@ class StageDrain:
         cpus = raw_vals.shape[1] // (8 * (SUB + 1))
         vals = np.ascontiguousarray(raw_vals).view("<u8").reshape(len(keys), cpus, SUB + 1).sum(axis=1, dtype=np.uint64)
         delta, self._prev = vals - self._prev, vals
-        rows = np.flatnonzero(delta[:, :SUB].any(axis=1))
+        # a count or a sum moved: a read between the program's count++ and its sum += (not atomic together) sees
+        # the count first, and the sum's delta came alone at the next drain, then was lost
+        rows = np.flatnonzero(delta.any(axis=1))
         if not len(rows):
             return []
         n_series, n_out = len(self._series), self._n_out

@@ -91,3 +91,27 @@ def test_drains_are_deltas_per_stage(selftest: tuple) -> None:
     assert set(second) == {"h2d"} and second["h2d"].count == 2 and second["h2d"].sum_ns == 10_000
     assert second["h2d"].counts.tolist() == layout.counts_of([5e-6, 5e-6]).tolist()
     assert program.drain() == []
+
+
+def test_a_sum_that_moves_after_its_count_was_drained_is_kept(selftest: tuple) -> None:
+    """The program adds to a bucket's count, then to the sum: a drain in between saw the count alone, and the
+    next dropped the sum's delta (no count moved), so _sum lost the event's latency for good. The two steps are
+    written into the real kernel map here, with a drain between them."""
+    program, _lib, _layout = selftest
+    program.drain()
+    table = program.bpf[b"stage_latency"]
+    key = table.Key(STAGES.index("alloc"), 1, 10)
+
+    def write(count: int, sum_ns: int) -> None:
+        leaf = table.Leaf()
+        leaf[0].count[3] = count
+        leaf[0].sum_ns = sum_ns
+        table[key] = leaf
+
+    write(1, 0)  # count[b]++ ... (a drain here)
+    (first,) = program.drain()
+    write(1, 40_000_000)  # ... sum_ns += 40 ms
+    (second,) = program.drain()
+    assert (first.count, first.sum_ns, second.count, second.sum_ns) == (1, 0, 0, 40_000_000)
+    assert program.drain() == []
+    del table[key]
