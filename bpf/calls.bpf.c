@@ -4,7 +4,11 @@
  * (collective); the user side attaches enter_<stage> to each configured symbol and call_return to its
  * return. Async calls are timed until they return (enqueue time). Only PT_REGS_* are read.
  * Timed calls nested in a timed call on the same thread (one API entry point calling another) count once,
- * as the outermost call; an entry older than CALL_STALE_NS (a missed return) is replaced.
+ * as the outermost call. Entries and returns are paired by the stack pointer, not by counting them: one
+ * image's library attached in N containers traps each entry and return N times, and the probes of one copy
+ * can go while a call is in flight (a count of entries then never came back to 0, and the thread was not
+ * timed again for CALL_STALE_NS). An entry above the current call's (its return was missed) or older than
+ * CALL_STALE_NS replaces it.
  */
 #include <uapi/linux/ptrace.h>
 
@@ -38,11 +42,11 @@ static __always_inline struct call_start *call_slot(int create)
 }
 #endif
 
-static __always_inline int call_enter(u32 stage)
+static __always_inline int call_enter(struct pt_regs *ctx, u32 stage)
 {
 	u32 workload = workload_of(bpf_get_current_pid_tgid() >> 32);
 	struct call_start *slot;
-	u64 now;
+	u64 now, sp = PT_REGS_SP(ctx);
 
 	if (!workload)
 		return 0;
@@ -50,13 +54,12 @@ static __always_inline int call_enter(u32 stage)
 	if (!slot)
 		return 0;
 	now = bpf_ktime_get_ns();
-	if (slot->workload && now - slot->ts < CALL_STALE_NS) {
-		slot->depth++;
+	/* nested in the current call (below its entry's stack pointer), or another trap of its own entry */
+	if (slot->workload && sp <= slot->sp && now - slot->ts < CALL_STALE_NS)
 		return 0;
-	}
 	slot->ts = now;
+	slot->sp = sp;
 	slot->stage = stage;
-	slot->depth = 0;
 	slot->workload = workload;
 	return 0;
 }
@@ -65,23 +68,21 @@ int call_return(struct pt_regs *ctx)
 {
 	struct call_start *slot = call_slot(0);
 
-	if (!slot || !slot->workload)
+	/* at or below the entry's stack pointer: a nested call's return (the outermost one's pops the return
+	 * address, so its stack pointer is above); none in a call: a second trap of a return already counted */
+	if (!slot || !slot->workload || PT_REGS_SP(ctx) <= slot->sp)
 		return 0;
-	if (slot->depth) {
-		slot->depth--;
-		return 0;
-	}
 	stage_record(slot->stage, slot->workload, bpf_ktime_get_ns() - slot->ts);
 	slot->workload = 0;
 	return 0;
 }
 
-int enter_launch(struct pt_regs *ctx) { return call_enter(STAGE_LAUNCH); }
-int enter_h2d(struct pt_regs *ctx) { return call_enter(STAGE_H2D); }
-int enter_d2h(struct pt_regs *ctx) { return call_enter(STAGE_D2H); }
-int enter_sync(struct pt_regs *ctx) { return call_enter(STAGE_SYNC); }
-int enter_alloc(struct pt_regs *ctx) { return call_enter(STAGE_ALLOC); }
-int enter_collective(struct pt_regs *ctx) { return call_enter(STAGE_COLLECTIVE); }
+int enter_launch(struct pt_regs *ctx) { return call_enter(ctx, STAGE_LAUNCH); }
+int enter_h2d(struct pt_regs *ctx) { return call_enter(ctx, STAGE_H2D); }
+int enter_d2h(struct pt_regs *ctx) { return call_enter(ctx, STAGE_D2H); }
+int enter_sync(struct pt_regs *ctx) { return call_enter(ctx, STAGE_SYNC); }
+int enter_alloc(struct pt_regs *ctx) { return call_enter(ctx, STAGE_ALLOC); }
+int enter_collective(struct pt_regs *ctx) { return call_enter(ctx, STAGE_COLLECTIVE); }
 
 #ifdef CALLS_SELFTEST
 /* Test hook: record PT_REGS_PARM1 ns for stage PT_REGS_PARM2 (tests/probes check the bucket maths). */

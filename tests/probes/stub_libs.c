@@ -2,7 +2,7 @@
  * number of microseconds it is given. Built by the tests with gcc:
  *   gcc -shared -fPIC -O1 -DSTUB_CUDA -o libcuda.so.1 stub_libs.c   (or -DSTUB_NCCL, -DSTUB_SELFTEST)
  * Deliberately missing from the CUDA stub: cuMemAllocAsync (a configured symbol the tests expect to be
- * reported as not found).
+ * reported as not found). cuMemAlloc_v2 calls cuLaunchKernel (a timed call nested in a timed call).
  */
 #include <time.h>
 
@@ -24,7 +24,15 @@ STUB(cuMemcpyHtoDAsync_v2)
 STUB(cuMemcpyDtoH_v2)
 STUB(cuStreamSynchronize)
 STUB(cuCtxSynchronize)
-STUB(cuMemAlloc_v2)
+
+/* One timed entry point calling another, as a driver may: the nested launch must not be counted. */
+int __attribute__((noinline)) cuMemAlloc_v2(unsigned long us)
+{
+	int r = cuLaunchKernel(us);
+
+	stub_sleep(0); /* not a tail call: the launch runs on a stack frame below the allocation's */
+	return r;
+}
 #endif
 
 #ifdef STUB_NCCL

@@ -10,6 +10,7 @@ import logging
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -193,6 +194,27 @@ def test_one_image_library_in_two_containers_is_attached_once_per_container(
         two.proc.wait()
         source.rescan()
         assert attacher.files == {} and kernel_uprobes(second) == []
+
+
+def test_a_container_going_away_mid_call_leaves_the_other_containers_threads_timed(
+        source: ProbeSource, stubs: dict, tmp_path: Path) -> None:
+    """Each entry and return traps once per container of the image. The first container's probes were detached
+    while the second's thread was in a call: two entries, one return, so a count of entries never came back
+    to 0 and no call of that thread was timed again for 10 minutes. Entries and returns are paired by the
+    stack pointer now."""
+    with _containers(stubs, tmp_path, 2) as (first, second), \
+            Workload(COMM, [first]) as one, Workload(COMM, [second]) as two:
+        source.rescan()
+        assert _timed(source, two, 5) == 5
+        two.send("call", 0, SYNC, 1_500_000, 1)  # in a 1.5 s call ...
+        time.sleep(0.5)
+        one.proc.kill()
+        one.proc.wait()
+        source.rescan()  # ... when the first container's file is detached
+        two.expect("ok")
+        assert _counted(source) == 1
+        assert _timed(source, two, 20) == 20
+    source.rescan()
 
 
 def test_a_library_copied_up_in_its_container_stays_attached(
