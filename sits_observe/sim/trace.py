@@ -8,6 +8,7 @@ simulated time, so a rate of 2 replays the trace's arrivals twice as densely; at
 from __future__ import annotations
 
 import csv
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -25,6 +26,9 @@ TRACES = {
     "code": "data/azure_llm_2023/AzureLLMInferenceTrace_code.csv",
 }
 COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+_YEARS = (1970, 2200)  # nanoseconds since the epoch as int64 reach 2262
+_STAMP = re.compile(r"(19[7-9]\d|2[01]\d\d|2200)-\d\d-\d\d[ T]\d\d:\d\d(:\d\d(\.\d{1,9})?)?")
+MAX_TOKENS = 10_000_000  # a prompt or an output of more tokens than any model's context
 
 
 @dataclass(frozen=True)
@@ -58,13 +62,18 @@ class Trace:
         stamps, prompt, output = [], [], []
         for line, row in enumerate(rows, start=2):
             try:
+                if not _STAMP.match(row[0].strip()):  # numpy read "1700000000" as a year, then overflowed
+                    raise ValueError("not a date and time")
                 stamps.append(np.datetime64(row[0].strip().replace(" ", "T"), "ns"))
                 prompt.append(int(row[1]))
                 output.append(int(row[2]))
-                if np.isnat(stamps[-1]):
-                    raise ValueError("not a time")
             except (ValueError, IndexError):
-                raise ConfigError(f"{where}: line {line}: expected timestamp,int,int, got {','.join(row)!r}") from None
+                raise ConfigError(f"{where}: line {line}: expected timestamp,int,int (a timestamp as "
+                                  f"2023-11-16 18:15:46.68, years {_YEARS[0]}-{_YEARS[1]}), got "
+                                  f"{','.join(row)[:120]!r}") from None
+            for field, tokens in (("ContextTokens", prompt[-1]), ("GeneratedTokens", output[-1])):
+                if not 0 <= tokens <= MAX_TOKENS:  # 0 is taken as 1; below, or past int64, makes no request
+                    raise ConfigError(f"{where}: line {line}: {field} must be 0 to {MAX_TOKENS:,} tokens, got {tokens}")
         if len(stamps) < 2:
             raise ConfigError(f"{where}: needs at least two requests, got {len(stamps)}")
         ts = (np.array(stamps) - stamps[0]).astype(np.int64) / 1e9

@@ -96,3 +96,19 @@ def test_trace_path_override_and_its_errors(tmp_path):
     assert list(Trace.load("conv", str(bad)).offsets) == [0.0, 5.0, 10.0]
     with pytest.raises(ConfigError, match="sim.trace_path: trace file /dev/zero is not a regular file"):
         Trace.load("conv", "/dev/zero")  # it would never end (a FIFO never answer)
+
+
+@pytest.mark.parametrize(("rows", "says"), [
+    # Unix seconds: numpy read each as a year, and the offsets overflowed (one request per ~year replayed)
+    (["1700000000,100,10", "1700000001,100,10"], "line 2: expected timestamp,int,int (a timestamp as 2023-11-16"),
+    (["2300-01-01 00:00:00,100,10", "2300-01-01 00:00:05,100,10"], "line 2: expected timestamp,int,int"),
+    (["2023-11-16 18:00:00,-5,10", "2023-11-16 18:00:05,100,10"], "line 2: ContextTokens must be 0 to 10,000,000"),
+    (["2023-11-16 18:00:00,100,10", "2023-11-16 18:00:05,100,99999999999999999999"],
+     "line 3: GeneratedTokens must be 0 to 10,000,000 tokens, got 99999999999999999999"),
+])
+def test_trace_values_that_would_replay_wrong_are_refused(tmp_path, rows, says):
+    bad = tmp_path / "t.csv"
+    bad.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(r + "\n" for r in rows))
+    with pytest.raises(ConfigError) as err:
+        Trace.load("conv", str(bad))
+    assert str(err.value).startswith(f"sim.trace_path: {bad}: {says}")
