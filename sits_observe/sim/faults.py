@@ -14,7 +14,7 @@ from importlib import resources
 from typing import Literal
 
 import numpy as np
-from pydantic import Field, model_validator
+from pydantic import Field, StrictInt, model_validator
 
 from ..config import Section, parse_yaml, validate
 from ..errors import ConfigError
@@ -67,9 +67,10 @@ class FaultRecord:
 
 
 class FaultTarget(Section):
-    gpus: list[int] | None = Field(None, min_length=1, description="GPU indices")
+    # strict: `true`, "1" and 1.0 all became GPU 1
+    gpus: list[StrictInt] | None = Field(None, min_length=1, description="GPU indices")
     shard: str | None = Field(None, description="shard id, resolved to its GPUs (or NUMA node) at onset")
-    numa: int | None = Field(None, ge=0, description="NUMA node (cpu_contention)")
+    numa: StrictInt | None = Field(None, ge=0, description="NUMA node (cpu_contention)")
     workload: str | None = Field(None, description="workload (network_ingress, load_surge); none = all")
 
     def given(self) -> set[str]:
@@ -78,8 +79,8 @@ class FaultTarget(Section):
 
 class FaultSpec(Section):
     kind: Literal[KINDS]  # type: ignore[valid-type]
-    onset: float = Field(ge=0, description="seconds after the simulation starts")
-    duration: float = Field(gt=0, description="seconds")
+    onset: float = Field(ge=0, allow_inf_nan=False, description="seconds after the simulation starts")
+    duration: float = Field(gt=0, allow_inf_nan=False, description="seconds")
     severity: float = Field(ge=0, le=1)
     target: FaultTarget = Field(default_factory=FaultTarget)
 

@@ -236,7 +236,10 @@ class SimulatedHost:
             log.info("sim: fault %s ended", f.kind)
         while self._pending and self._pending[0].onset <= elapsed:
             spec = self._pending.pop(0)
-            if spec.end > elapsed:
+            if spec.end <= elapsed:  # it never was in force at a tick: no effect, so no fault in the ground truth
+                log.warning("sim: fault %s at %gs for %gs fell between two ticks and had no effect; give it a "
+                            "duration of a tick_interval or more", spec.kind, spec.onset, spec.duration)
+            else:
                 rec = self._resolve(spec, self._origin + spec.onset)
                 self._active.append(rec)
                 self._log.append(rec)

@@ -53,6 +53,19 @@ def test_unreadable_scenario_file(tmp_path):
          "target of network_ingress must give nothing (the whole host) or one of workload; got numa"),
         ("faults: [{kind: load_surge, onset: 1, duration: 5, severity: 0.5, when: now}]",
          "faults[0].when: unknown field"),
+        # each of these became GPU 1, or a fault that never ends
+        ("faults: [{kind: gpu_compute_saturation, onset: 1, duration: 5, severity: 0.5, target: {gpus: [true]}}]",
+         "faults[0].target.gpus[0]: Input should be a valid integer, got True"),
+        ("faults: [{kind: gpu_compute_saturation, onset: 1, duration: 5, severity: 0.5, target: {gpus: ['1']}}]",
+         "faults[0].target.gpus[0]: Input should be a valid integer, got '1'"),
+        ("faults: [{kind: gpu_compute_saturation, onset: 1, duration: 5, severity: 0.5, target: {gpus: [1.0]}}]",
+         "faults[0].target.gpus[0]: Input should be a valid integer, got 1.0"),
+        ("faults: [{kind: cpu_contention, onset: 1, duration: 5, severity: 0.5, target: {numa: true}}]",
+         "faults[0].target.numa: Input should be a valid integer, got True"),
+        ("faults: [{kind: load_surge, onset: 1, duration: .inf, severity: 0.5}]",
+         "faults[0].duration: Input should be a finite number, got inf"),
+        ("faults: [{kind: load_surge, onset: .inf, duration: 5, severity: 0.5}]",
+         "faults[0].onset: Input should be a finite number, got inf"),
         ("faults: [oops", "not valid YAML at line 1"),
         ("- 1\n- 2\n", "a scenario is a mapping with 'faults', got list"),
     ],
@@ -108,3 +121,22 @@ def test_random_scenarios_are_deterministic_and_cover_the_classes():
 def test_bad_sim_config_is_a_config_error(layout, fields, message):
     with pytest.raises(ConfigError, match=message):
         SimulatedHost(SimConfig(**fields), layout)
+
+
+def test_a_fault_between_two_ticks_is_said_not_dropped_silently(layout, caplog):
+    """A fault that began and ended between two tick starts was never in force, and vanished without a word."""
+    import logging
+
+    from sits_observe.frame import Frame
+    from sits_observe.sim.faults import FaultSpec, FaultTarget
+
+    sc = Scenario(faults=[FaultSpec(kind="scheduler_stall", onset=601, duration=3, severity=1.0,
+                                    target=FaultTarget(shard="chat-0"))])
+    sim = SimulatedHost(SimConfig(scenario="quiet"), layout, scenario=sc)
+    with caplog.at_level(logging.WARNING, logger="sits_observe.sim"):
+        for i in range(130):  # ticks of 5 s: 600 then 605
+            sim.collect(Frame(1_700_000_000.0 + (i + 1) * 5.0, 5.0))
+    assert sim.fault_log() == []
+    assert [r.getMessage() for r in caplog.records] == [
+        "sim: fault scheduler_stall at 601s for 3s fell between two ticks and had no effect; give it a duration of "
+        "a tick_interval or more"]
