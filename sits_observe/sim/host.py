@@ -268,10 +268,13 @@ class SimulatedHost:
                            foreign_bytes=foreign)
 
     def _headroom(self, gpu: int) -> float:
-        """Bytes the engine could use on ``gpu`` beyond the static footprint of the shard placed there."""
+        """Bytes the engine could use on ``gpu`` beyond the static footprint of the shard placed there and of one
+        migrating there (its weights land there: sized without them, a fault put 146 GB on an 86 GB GPU)."""
         static = [static_bytes_per_gpu(s.placement.model, s.placement.tp) for s in self._shards.values()
                   if gpu in s.gpus]
-        return float(GPU_MEMORY_UTILIZATION * self._gpu.total[gpu] - sum(static))
+        static += [static_bytes_per_gpu(self._shards[m.shard].placement.model, self._shards[m.shard].placement.tp)
+                   for m in self._migrations.values() if gpu in m.target]
+        return max(0.0, float(GPU_MEMORY_UTILIZATION * self._gpu.total[gpu] - sum(static)))
 
     def _finish_migrations(self, t0: float) -> None:
         for sid, m in list(self._migrations.items()):

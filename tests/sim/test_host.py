@@ -166,6 +166,25 @@ def test_gpu_faults_stay_with_the_gpus_so_migrating_away_fixes_them(layout):
     assert moved.quantile(0.5, "decode", last=300) < 0.9 * stay.quantile(0.5, "decode", last=300)
 
 
+def test_memory_pressure_on_a_migration_target_leaves_room_for_the_weights(layout):
+    """The fault's foreign allocation was sized as if the GPU were empty while the shard's weights loaded there:
+    after the switch the GPU held 146 GB of its 86 GB (the gauge clipped) and most requests failed."""
+    sim = SimulatedHost(SimConfig(scenario="quiet"), layout,
+                        scenario=one_fault("gpu_memory_pressure", 10, 0.9, gpus=[6, 7]))
+    run_until(sim, None, 5)
+    sim.migrate("chat-0", [6, 7])  # the fault starts while the weights load
+    run_until(sim, None, 90)
+    assert [s.gpus for s in sim.shards() if s.id == "chat-0"] == [(6, 7)]
+    errors = requests = 0.0
+    for _ in range(30):
+        frame = run_until(sim, None, sim.elapsed + 1)
+        errors += frame.counters.get(("request_errors_total", "chat"), 0.0)
+        requests += frame.counters.get(("requests_total", "chat"), 0.0)
+        used, total = (frame.gpu.values[6, GPU_FIELD_INDEX[f]] for f in ("memory_used_bytes", "memory_total_bytes"))
+        assert used < total
+    assert requests > 50 and errors == 0
+
+
 @pytest.mark.parametrize(
     ("kind", "target", "mover", "fixed"),
     [
