@@ -6,10 +6,12 @@ daemon reads the same names from its own store, so training and inference see on
 
 from __future__ import annotations
 
+import threading
 import warnings
 
 import numpy as np
 
+from ..frame import GpuInfo
 from ..store.features import feature_series
 from ..store.series import SeriesStore
 
@@ -100,6 +102,12 @@ class _GpuOccluded:
         self._store = store
         self._normal = normal
         self._normals = normals
+
+    def reading(self) -> threading.RLock:
+        return self._store.reading()
+
+    def gpu_info(self) -> tuple[GpuInfo, ...]:
+        return self._store.gpu_info()
 
     def gpu_window(self, field: str, last: int | None = None) -> np.ndarray:
         vals = self._store.gpu_window(field, last)
