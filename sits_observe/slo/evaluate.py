@@ -163,7 +163,9 @@ class SloEngine:
                 written = self.ring.add(frame.ts, good, total)
             ts = frame.ts if self.ring.ts is None else self.ring.ts
             # held up to a restart: held when the engine stopped, so the downtime counts against the flap guard
-            last_true = np.where(self.resume, ts if self.stopped_at is None else self.stopped_at, self.last_true)
+            # (never after now: a stored time of a timeline the clock has left, the edges that would say so dropped)
+            stop = ts if self.stopped_at is None else min(self.stopped_at, ts)
+            last_true = np.where(self.resume, stop, self.last_true)
             self.last = ev = self.plan.evaluate(self.ring, ts, last_true, self.held_until)
             try:
                 self._save(list(written), ts)
@@ -283,12 +285,13 @@ class SloEngine:
         if config.slos != self.specs or config.alerting != self.alerting:
             log.warning("SIGHUP: slos or alerting changed; these take effect after a restart")
 
-    def _save(self, written: list[tuple[int, int, np.ndarray]], ts: float) -> None:
-        """Store ring edges, with those a failed write left (a full disk, a locked file) first."""
+    def _save(self, written: list[tuple[int, int, np.ndarray]], ts: float, wait: bool = False) -> None:
+        """Store ring edges, with those a failed write left (a full disk, a locked file) first; ``wait``: for
+        another process's lock as long as SQLite waits (at a stop), not a tick's 0.25 s."""
         written = self._unsaved + written
         prune = [(lvl, idx - self.plan.levels.slots + 1) for lvl, idx, _ in written]
         try:
-            self.state.save(written, prune, ts)
+            self.state.save(written, prune, ts, wait)
         except SloError:
             self._unsaved = written[-UNSAVED_KEPT:]  # stored with the next tick's, not lost
             raise
@@ -305,9 +308,11 @@ class SloEngine:
                 if self.ring.ts is not None:
                     # the edges failed writes left first: the counts since the last stored edge alone were
                     # spread at the restart over every edge from it on, as if all those events came at once
-                    if self._unsaved:
-                        self._save([], self.ring.ts)
-                    self.state.save_now(self.ring.ts, self.ring.cum)
+                    try:
+                        if self._unsaved:
+                            self._save([], self.ring.ts, wait=True)
+                    finally:  # the counts since the last edge in any case
+                        self.state.save_now(self.ring.ts, self.ring.cum)
 
 
 def _same(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -115,13 +115,13 @@ class SloState:
         return idx, values
 
     def save(self, written: Iterable[tuple[int, int, np.ndarray]], prune: Sequence[tuple[int, int]] = (),
-             seen: float | None = None) -> None:
+             seen: float | None = None, wait: bool = False) -> None:
         """Store written ring edges ``(level, idx, (2, n))`` and drop edges below ``(level, idx)`` in one commit;
-        with edges written, ``seen`` (the source time evaluated) too."""
+        with edges written, ``seen`` (the source time evaluated) too; ``wait``: SQLite's 5 s for a lock."""
         rows = [(lvl, idx, name, float(v[0, i]), float(v[1, i]))
                 for lvl, idx, v in written for i, name in enumerate(self.names)]
         if rows or prune:
-            with self._tx() as db:
+            with self._tx(None if wait else TICK_BUSY_MS) as db:
                 db.executemany("INSERT OR REPLACE INTO edges VALUES (?, ?, ?, ?, ?)", rows)
                 db.executemany("DELETE FROM edges WHERE level=? AND idx<?", prune)
                 if seen is not None and rows:

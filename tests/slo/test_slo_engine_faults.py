@@ -207,12 +207,12 @@ def test_edges_a_failed_state_write_did_not_store_are_stored_with_the_next(tmp_p
     feed = Feeder(cfg)
     real, failed = flaky.state.save, []
 
-    def full_once(written, prune=(), seen=None):
+    def full_once(written, prune=(), seen=None, wait=False):
         written = list(written)
         if written and not failed:  # the write at a slot edge fails once (disk full)
             failed.append(len(written))
             raise SloError("SLO state slo.db: database or disk is full")
-        return real(written, prune, seen)
+        return real(written, prune, seen, wait)
 
     flaky.state.save = full_once
     for k in range(45):
@@ -477,4 +477,69 @@ def test_a_slo_db_locked_by_another_process_holds_no_tick_for_the_busy_timeout(t
     other.close()
     engine.on_tick(_ratio_frame(ts + 1, 100, 50))
     assert engine.firing == ["page_fast"]
+    engine.close()
+
+
+def test_a_stop_while_another_process_holds_slo_db_a_moment_still_stores_everything(tmp_path):
+    """The stop's write of the edges failed writes left waited a tick's 0.25 s, and its failure skipped the write
+    of the counts since the last edge (which waits SQLite's 5 s): both were lost to a backup holding the lock 1 s."""
+    import sqlite3
+    import threading
+
+    engine = SloEngine.from_config(_ratio_config(tmp_path))
+    real = engine.state.save
+    ts = 1_700_000_000.0
+    for k in range(700):
+        ts += 1
+        engine.state.save = _full if k >= 600 else real
+        try:
+            engine.on_tick(_ratio_frame(ts, 100, 0))
+        except SloError:
+            assert k >= 600
+    engine.state.save = real
+    other = sqlite3.connect(tmp_path / "slo.db", isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")
+    release = threading.Timer(1.0, lambda: other.execute("ROLLBACK"))
+    release.start()
+    engine.close()
+    release.join()
+    other.close()
+    db = sqlite3.connect(tmp_path / "slo.db")
+    assert db.execute("SELECT ts, total FROM now").fetchall() == [(ts, 70000.0)]
+    assert db.execute("SELECT max(idx) FROM edges WHERE level = 0").fetchone()[0] is not None
+    db.close()
+    engine = SloEngine.from_config(_ratio_config(tmp_path))
+    engine.on_tick(_ratio_frame(ts + 1, 100, 0))
+    assert _bad_and_total(engine, "5m") == (0, 30000)
+    engine.close()
+
+
+def test_a_stored_stop_time_later_than_the_new_timeline_holds_no_page(tmp_path):
+    """History dropped (the SLI changed) and a restart on a clock that starts earlier (the demo's simulated clock
+    runs ahead of the wall clock): the stored stop time lay in the future and kept a page firing for hours."""
+    def config(bad):
+        return _ratio_config(tmp_path, [{"name": "a", "objective": 0.999, "window": "28d",
+                                         "ratio": {"total": "requests_total", "bad": bad, "workload": "chat"}}])
+
+    def frame(ts, bad, name):
+        from sits_observe.frame import Frame
+
+        f = Frame(ts=ts, interval=60.0)
+        f.add_counter("requests_total", "chat", 6000)
+        f.add_counter(name, "chat", bad)
+        return f
+
+    engine = SloEngine.from_config(config("request_errors_total"))
+    ts = 1_700_000_040.0 + 20 * 3600
+    for m in range(600):
+        ts += 60
+        engine.on_tick(frame(ts, 48 if m >= 120 else 0, "request_errors_total"))
+    assert engine.firing == ["page_slow"]
+    engine.close()
+    engine = SloEngine.from_config(config("preemptions_total"))
+    ts = 1_700_000_040.0 + 3600
+    for _ in range(40):  # past page_slow's keep_firing_for (30 min)
+        ts += 60
+        engine.on_tick(frame(ts, 0, "preemptions_total"))
+    assert engine.firing == [None]
     engine.close()
