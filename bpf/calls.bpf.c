@@ -54,8 +54,11 @@ static __always_inline int call_enter(struct pt_regs *ctx, u32 stage)
 	if (!slot)
 		return 0;
 	now = bpf_ktime_get_ns();
-	/* nested in the current call (below its entry's stack pointer), or another trap of its own entry */
-	if (slot->workload && sp <= slot->sp && now - slot->ts < CALL_STALE_NS)
+	/* nested in the current call (below its entry's stack pointer), or another trap of its own entry (the same
+	 * stack pointer within CALL_TRAP_NS: a later call from the same frame, its predecessor's return missed,
+	 * starts afresh) */
+	if (slot->workload && now - slot->ts < CALL_STALE_NS &&
+	    (sp < slot->sp || (sp == slot->sp && now - slot->ts < CALL_TRAP_NS)))
 		return 0;
 	slot->ts = now;
 	slot->sp = sp;
@@ -68,9 +71,10 @@ int call_return(struct pt_regs *ctx)
 {
 	struct call_start *slot = call_slot(0);
 
-	/* at or below the entry's stack pointer: a nested call's return (the outermost one's pops the return
-	 * address, so its stack pointer is above); none in a call: a second trap of a return already counted */
-	if (!slot || !slot->workload || PT_REGS_SP(ctx) <= slot->sp)
+	/* below the entry's stack pointer: a nested call's return (the outermost one's is at its entry's, arm64,
+	 * or above it, x86-64 popping the return address; a nested call's frame is below the caller's own frame);
+	 * none in a call: a second trap of a return already counted */
+	if (!slot || !slot->workload || PT_REGS_SP(ctx) < slot->sp)
 		return 0;
 	stage_record(slot->stage, slot->workload, bpf_ktime_get_ns() - slot->ts);
 	slot->workload = 0;

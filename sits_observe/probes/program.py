@@ -239,8 +239,8 @@ class LibraryAttacher:
                 addr = addr_of.get(sym)
                 if addr is None or addr in done:
                     continue
-                try:  # the return first: a call entered between the two would never be seen to return, and its
-                    # thread's slot would stay busy (nothing timed on it) until CALL_STALE_NS
+                try:  # the return first: a call entered between the two would never be seen to return (it is
+                    # lost; the thread's next call from that frame starts afresh)
                     self._bpf.attach_uretprobe(name=path.encode(), addr=addr, fn_name=b"call_return")
                     try:
                         self._bpf.attach_uprobe(name=path.encode(), addr=addr, fn_name=f"enter_{stage}".encode())

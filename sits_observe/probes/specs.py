@@ -24,6 +24,9 @@ BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
 # sched_switch prev_state: runnable when no bit below TASK_REPORT_MAX (0x100 since Linux 4.14) is set.
 RUNQ_STATE_MASK = 0xFF
 CALL_STALE_NS = 600 * 10**9
+# an entry at the stack pointer of the call in progress this soon after it is another trap of that entry (one image's
+# library attached once per container); later it is a new call from the same frame, the last one's return missed
+CALL_TRAP_NS = 10**6
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,7 @@ def _syscall(name: str) -> Feature:
     return Feature(f"HAVE_{name.upper()}", (f"syscalls:sys_enter_{name}", f"syscalls:sys_exit_{name}"))
 
 
+_CALL_DEFINES = {"CALL_STALE_NS": f"{CALL_STALE_NS}ULL", "CALL_TRAP_NS": f"{CALL_TRAP_NS}ULL"}
 SPECS: dict[str, ProbeSpec] = {
     "runq": ProbeSpec(
         "runq", "runq", "tracepoint", ("runq",),
@@ -79,9 +83,9 @@ SPECS: dict[str, ProbeSpec] = {
         features=(Feature("HAVE_BLOCK_RQ", ("block:block_rq_issue", "block:block_rq_complete")),),
         requires=(("HAVE_BLOCK_RQ",),)),
     "cuda": ProbeSpec("cuda", "calls", "uprobe", ("launch", "h2d", "d2h", "sync", "alloc"),
-                      optional=("HAVE_TASK_STORAGE",), defines={"CALL_STALE_NS": f"{CALL_STALE_NS}ULL"}),
+                      optional=("HAVE_TASK_STORAGE",), defines=_CALL_DEFINES),
     "nccl": ProbeSpec("nccl", "calls", "uprobe", ("collective",),
-                      optional=("HAVE_TASK_STORAGE",), defines={"CALL_STALE_NS": f"{CALL_STALE_NS}ULL"}),
+                      optional=("HAVE_TASK_STORAGE",), defines=_CALL_DEFINES),
 }
 
 

@@ -217,6 +217,29 @@ def test_a_container_going_away_mid_call_leaves_the_other_containers_threads_tim
     source.rescan()
 
 
+def test_a_call_whose_return_was_missed_costs_only_that_call(source: ProbeSource, stubs: dict, tmp_path: Path) -> None:
+    """The file's probes go and come back while a thread is in a call: its return is never seen. The thread's next
+    call, from the same frame (the same stack pointer), was taken for another trap of the lost one, and its return
+    recorded the time since the lost call began (a 100 us call as 4 s)."""
+    lib = _copy(stubs["libcuda.so.1"], tmp_path / "libcuda.so.1")
+    attacher = source.states["cuda"].attacher
+    with Workload(COMM, [lib]) as wl:
+        source.rescan()
+        assert _timed(source, wl, 3) == 3
+        wl.send("call", 0, SYNC, 1_500_000, 1)  # in a 1.5 s call ...
+        time.sleep(0.5)
+        attacher.release({})  # ... the file's probes go (its last mapping elsewhere went) ...
+        source.rescan()  # ... and come back: this process still maps it
+        wl.expect("ok")
+        assert _counted(source) == 0
+        time.sleep(1.5)
+        drain(source)
+        wl.run("call", 0, SYNC, 100, 3)
+        hist = drain(source).hists[("sync", "gpu")]
+        assert hist.count == 3 and hist.sum < 0.1, (hist.count, hist.sum)
+    source.rescan()
+
+
 def test_a_library_copied_up_in_its_container_stays_attached(
         source: ProbeSource, stubs: dict, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A metadata change inside the container (chmod) copies the file up to the container's own layer, with a new
