@@ -63,14 +63,15 @@ def _check(args: argparse.Namespace) -> int:
 
 def _model_unusable(cfg: Config) -> str | None:
     """Why the daemon could not load the classifier ``cfg`` names (the checks its start makes), else None."""
-    from .rca.engine import other_step
+    from .rca.engine import other_step, short_history
     from .rca.model import RcaModel
 
     path = cfg.rca.model_path()
     try:
-        return other_step(RcaModel.load(path), path, cfg.tick_interval)
+        model = RcaModel.load(path)
     except ModelError as exc:
         return str(exc)
+    return other_step(model, path, cfg.tick_interval) or short_history(model, cfg.store.history)
 
 
 def _setup_logging(cfg: Config) -> None:

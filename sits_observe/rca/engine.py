@@ -29,7 +29,7 @@ from .log import VerdictLog
 from .model import RcaModel
 from .verdict import HEALTHY, UNKNOWN, Verdict
 
-__all__ = ["RcaEngine", "other_step"]
+__all__ = ["RcaEngine", "other_step", "short_history"]
 
 log = logging.getLogger("sits_observe.rca")
 
@@ -45,6 +45,14 @@ def other_step(model: RcaModel, path: Path, tick: float | None) -> str | None:
     return (f"{path}: trained on ticks of {trained:g} s, but this daemon ticks every {tick:g} s, so its "
             f"window of {window} ticks would span {window * tick:g} s instead of {window * trained:g} s; "
             f"set tick_interval: {trained:g}, or train a model on a dataset recorded every {tick:g} s")
+
+
+def short_history(model: RcaModel, history: int) -> str | None:
+    """Why a store ring of ``history`` ticks cannot feed ``model``: its window would silently be cut to the ring."""
+    if history >= model.window:
+        return None
+    return (f"store.history is {history} ticks, shorter than the model's window of {model.window} ticks; set "
+            f"store.history to at least {model.window} (a restart applies it)")
 
 
 class RcaEngine:
@@ -135,10 +143,8 @@ class RcaEngine:
     def on_tick(self, frame: Frame, store: SeriesStore) -> None:
         if self.model is None or store.latest_ts != frame.ts:  # a tick the store did not take: no window ends at it
             return
-        if store.history < self.model.window:  # the window would silently be cut to what the ring holds
-            self._disable(f"store.history is {store.history} ticks, shorter than the model's window of "
-                          f"{self.model.window} ticks; set store.history to at least {self.model.window} "
-                          f"(a restart applies it)")
+        if (why := short_history(self.model, store.history)) is not None:
+            self._disable(why)
             return
         self._ticks += 1
         burning = list(self.firing()) if self.firing is not None else []

@@ -52,6 +52,9 @@ def test_check_config_refuses_a_classifier_the_daemon_could_not_load(tmp_path):
     cfg.write_text("tick_interval: 2\n")  # the shipped model, trained on 1 s ticks
     _one_line_error(_run(["check-config", str(cfg)]), f"{cfg}: rca.model: ", "trained on ticks of 1 s",
                     "set tick_interval: 1")
+    cfg.write_text("store:\n  history: 60\n")  # the shipped model's window is 64 ticks
+    _one_line_error(_run(["check-config", str(cfg)]), f"{cfg}: rca.model: store.history is 60 ticks, shorter than "
+                    "the model's window of 64 ticks")
     cfg.write_text(f"rca:\n  enabled: false\n  model: {missing}\n")
     assert _run(["check-config", str(cfg)]).returncode == 0
 
