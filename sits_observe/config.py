@@ -208,7 +208,8 @@ class Config(Section):
     @classmethod
     def _unattributed_is_no_workload(cls, v: ProbesConfig, info: ValidationInfo) -> ProbesConfig:
         label = v.block_io.unattributed  # a workload of that name: its IO and the host's in one series, unsaid
-        if label is not None and label in {w.name for w in info.data.get("workloads") or ()}:
+        timed = v.enabled and v.block_io.enabled
+        if timed and label is not None and label in {w.name for w in info.data.get("workloads") or ()}:
             raise ValueError(f"block_io.unattributed: {label!r} is also a workload's name; its block IO would be "
                              "mixed with the host's: name one of them otherwise")
         return v

@@ -55,3 +55,6 @@ def test_a_workload_named_as_the_unattributed_block_io_label_is_refused(probes: 
     assert str(err.value) == (f"host.yaml: probes: block_io.unattributed: {name!r} is also a workload's name; its "
                               "block IO would be mixed with the host's: name one of them otherwise")
     parse({"workloads": [{"name": name, "comm": "x"}], "probes": {"block_io": {"unattributed": "other"}}})
+    block_io = probes.get("block_io", {})
+    for off in ({"enabled": False}, {"block_io": {**block_io, "enabled": False}}):  # no block IO timed: no mix
+        parse({"workloads": [{"name": name, "comm": "x"}], "probes": {**probes, **off}})
