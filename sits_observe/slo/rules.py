@@ -135,8 +135,9 @@ def _group(spec: SloSpec, snapped: Sequence[float], buckets: Sequence[float]) ->
 
 def _literal(text: str) -> str:
     """``text`` as Prometheus shows it: annotations are Go templates, so a description with ``{{`` failed
-    promtool (each ``{{`` or ``}}`` is written as an action printing it)."""
-    return re.sub(r"\{\{|\}\}", lambda m: '{{ "' + m.group(0) + '" }}', text)
+    promtool. With braces in it, each brace is written as an action printing it (pairs alone were not enough:
+    ``{}}`` became ``{{{ "}}" }}``)."""
+    return re.sub(r"[{}]", lambda m: '{{ "' + m.group(0) + '" }}', text)
 
 
 def _condition(spec: SloSpec, tier: Tier, budget: float) -> str:

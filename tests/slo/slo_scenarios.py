@@ -86,7 +86,7 @@ def config(state_dir: str) -> Config:
         return {"stage": "e2e", "workload": name, "threshold": THRESHOLD}
     return parse({"state_dir": state_dir, "slos": [
         # braces in the text: Prometheus reads annotations as Go templates (promtool refused `{{ under }}`)
-        {**base, **SCALED, "name": "fast", "latency": latency("fast"), "description": "p99 {{ under }} 250 ms }}"},
+        {**base, **SCALED, "name": "fast", "latency": latency("fast"), "description": "p99 {{ under }} 250 ms }} {}}"},
         {**base, **SCALED, "name": "slow", "latency": latency("slow")},
         {**base, **SCALED, "name": "quiet", "min_rate": 0.5,
          "ratio": {"total": "requests_total", "bad": "request_errors_total", "workload": "quiet"}},
