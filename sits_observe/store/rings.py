@@ -1,4 +1,4 @@
-"""The series store's ring buffers and its write path: each tick's Frame into one row of every ring."""
+"""The series store's ring buffers and its write path: each tick's Frame into its cell of every series."""
 
 from __future__ import annotations
 
@@ -58,8 +58,8 @@ class SeriesRings:
 
     def ingest(self, frame: Frame) -> None:
         """Append one tick.  A frame the store cannot take (the daemon checks each source's part first, see
-        :meth:`check`) raises :class:`StoreError` and is kept as a tick without data, so the row a failed
-        write began is never read as data and the ticks before it stay as they were (cumulative totals keep
+        :meth:`check`) raises :class:`StoreError` and is kept as a tick without data, so the cells a failed
+        write began are never read as data and the ticks before it stay as they were (cumulative totals keep
         what was added before the failure)."""
         with self._lock:
             t = self._n % self.history

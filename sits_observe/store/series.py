@@ -98,7 +98,7 @@ class SeriesStore(SeriesRings):
             now = self.latest_ts
             out = []
             for (stage, workload), row in self.hists.items():
-                if row < len(self._hlast) and now - self._hlast[row] <= stale_after:
+                if now - self._hlast[row] <= stale_after:
                     out.append((stage, workload, self._hcum[row].copy(), float(self._hcum_sum[row]),
                                 float(self._hlast[row])))
             return out
@@ -169,7 +169,7 @@ class SeriesStore(SeriesRings):
 
     def counter_totals(self) -> list[tuple[str, str, float]]:
         with self._lock:
-            return [(n, w, float(self._ctotal[r])) for (n, w), r in self.counters.items() if r < len(self._ctotal)]
+            return [(n, w, float(self._ctotal[r])) for (n, w), r in self.counters.items()]
 
     def latest_samples(self) -> list[Sample]:
         with self._lock:

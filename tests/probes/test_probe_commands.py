@@ -45,12 +45,11 @@ def test_list_says_what_would_attach_and_why_not(tmp_path: Path, capsys: pytest.
                                                     capsys))["probes"]}
     assert rows["runq"] == {**rows["runq"], "would_attach": False, "why": "disabled in config"}
     assert rows["syscalls"]["would_attach"] and rows["block_io"]["would_attach"]
-    cfg.write_text("probes: {runq: {enabled: false}}\n")  # no workloads: the daemon loads no probe, block_io too
-    rows = {r["probe"]: r for r in json.loads(_run(["probes", "--list", "--json", "--config", str(cfg)],
-                                                    capsys))["probes"]}
-    assert rows["block_io"] == {**rows["block_io"], "would_attach": False, "why": "no workloads configured"}
-    cfg.write_text("workloads: [{name: w, comm: sits-t-none}]\nprobes: {runq: {enabled: false}}\n")
     assert rows["cuda"]["why"] == "no workload process maps libcuda.so.1 (now)"
     assert rows["cuda"]["program"] == "calls.bpf.c" and "launch" not in rows["cuda"]["timed"]
     text = _run(["probes", "--list", "--config", str(cfg)], capsys)
     assert "runq      off           runq.bpf.c        disabled in config" in text
+    cfg.write_text("probes: {runq: {enabled: false}}\n")  # no workloads: the daemon loads no probe, block_io too
+    rows = {r["probe"]: r for r in json.loads(_run(["probes", "--list", "--json", "--config", str(cfg)],
+                                                    capsys))["probes"]}
+    assert rows["block_io"] == {**rows["block_io"], "would_attach": False, "why": "no workloads configured"}
