@@ -61,8 +61,12 @@ def _btf() -> Check:
 
 def _tracefs() -> Check:
     for path in ("/sys/kernel/tracing/events", "/sys/kernel/debug/tracing/events"):
-        if Path(path).is_dir():
-            return Check("tracefs", True, path)
+        try:
+            if Path(path).is_dir():
+                return Check("tracefs", True, path)
+        except PermissionError:  # mode 0700 for a user: doctor stopped with an error instead of saying so
+            return Check("tracefs", False, f"{path}: not readable by this user",
+                         "run as root, or with CAP_DAC_READ_SEARCH (the shipped unit grants it)")
     return Check("tracefs", False, "not mounted", "mount -t tracefs tracefs /sys/kernel/tracing")
 
 

@@ -264,3 +264,22 @@ def test_a_listen_host_of_several_addresses_serves_on_each(monkeypatch, free_por
     finally:
         server.close()
     assert not server._thread.is_alive()
+
+
+
+def test_doctor_says_tracefs_is_not_readable_instead_of_stopping(monkeypatch):
+    """tracefs is mode 0700: for a user Path.is_dir() raises PermissionError (Python 3.11), and doctor stopped
+    with an error (exit 2) instead of its report (exit 1), for the very user it is meant to help. (As a user:
+    `setpriv --reuid=65534 sits-observe doctor`; the CI's clone may not be readable by one, so it is faked.)"""
+    import pathlib
+
+    from sits_observe import doctor
+
+    class NoEntry(pathlib.PosixPath):
+        def is_dir(self):
+            raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(doctor, "Path", NoEntry)
+    check = doctor._tracefs()
+    assert (check.ok, check.detail) == (False, "/sys/kernel/tracing/events: not readable by this user")
+    assert "CAP_DAC_READ_SEARCH" in check.fix
