@@ -20,7 +20,7 @@ from .config import Config
 from .daemon import Daemon
 from .errors import ConfigError, SitsError
 
-__all__ = ["build_daemon"]
+__all__ = ["build_daemon", "scheduler_off"]
 
 log = logging.getLogger("sits_observe.wiring")
 
@@ -35,6 +35,16 @@ def _state_dir(config: Config) -> Path:
     if not os.access(path, os.W_OK):
         raise ConfigError(f"state_dir: {path} is not writable; set state_dir or SITS_STATE_DIR")
     return path
+
+
+def scheduler_off(config: Config, topology: object) -> str:
+    """Why a daemon runs no scheduler (``topology``: the one it knows, or None)."""
+    if not config.scheduler.enabled:
+        return "scheduler.enabled is false in this daemon's config"
+    if topology is None:
+        return (f"no GPU topology is known (gpu.backend {config.gpu.backend}: only nvml, with the driver answering, "
+                "and sim give one); set scheduler.enabled: false where no scheduler is wanted")
+    return "it is running"
 
 
 def build_daemon(config: Config) -> Daemon:
@@ -94,6 +104,8 @@ def _add_consumers(daemon: Daemon) -> None:
     daemon.slo = SloEngine.from_config(cfg)
     if daemon.slo is not None:
         daemon.consumers.append(daemon.slo)
+    if cfg.scheduler.enabled and daemon.topology is None:
+        log.warning("scheduler: off: %s", scheduler_off(cfg, None))
     if daemon.topology is not None and cfg.scheduler.enabled:
         from .scheduler.engine import Scheduler
 

@@ -447,3 +447,27 @@ def test_a_series_over_max_series_is_counted_once_and_the_first_logged(tmp_path,
     told = [r.getMessage() for r in caplog.records if "max_series" in r.getMessage()]
     assert told == ["store: max_series (16) reached: series past it are refused, counted in "
                     "sits_store_series_rejected_total (the first: e2e of workload 'w16'); raise store.max_series"]
+
+
+@pytest.mark.parametrize(("scheduler", "why"), [
+    (True, "no GPU topology is known (gpu.backend none: only nvml, with the driver answering, and sim give one)"),
+    (False, "scheduler.enabled is false in this daemon's config"),
+])
+def test_the_scheduler_api_says_why_no_scheduler_runs(tmp_path, caplog, scheduler, why):
+    """With no GPU topology (dcgm, none, NVML not answering) the scheduler was off without a word, and its API
+    answered 'no such API path'."""
+    from sits_observe.wiring import build_daemon
+
+    with caplog.at_level(logging.WARNING, logger="sits_observe.wiring"):
+        daemon = build_daemon(parse({"state_dir": str(tmp_path), "gpu": {"backend": "none"},
+                                     "scheduler": {"enabled": scheduler}}, env={}))
+    try:
+        client = create_app(daemon, ui=False).test_client()
+        for r in (client.get("/api/v1/shards"), client.get("/api/v1/decisions"),
+                  client.post("/api/v1/placements/3/ack", json={})):
+            assert r.status_code == 404 and r.get_json()["error"].startswith(f"the scheduler is not running: {why}")
+        said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("scheduler: off")]
+        assert said == ([f"scheduler: off: {why}; set scheduler.enabled: false where no scheduler is wanted"]
+                        if scheduler else [])
+    finally:
+        daemon.close()
