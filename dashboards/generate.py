@@ -127,9 +127,10 @@ def host_overview() -> dict[str, Any]:
                                    _q(f"max(sits_host_memory_used_ratio{{{INST}}})", "memory")],
            "percentunit", defaults={"min": 0, "max": 1},
            desc="Host CPU busy overall and per NUMA node (a contended node slows the GPUs it feeds), memory used."),
-        ts("SLO burn rate (shortest window)",
+        ts("SLO burn rate (highest of its windows)",
            [_q(f"max by (slo) (sits_slo_burn_rate{{{INST}}})", "{{slo}}")], "x",
-           desc="Highest burn rate over the alert windows; 1 spends the budget exactly over the SLO window."),
+           desc="Highest burn rate over every window of the SLO (the alert windows and the SLO window); 1 spends "
+                "the budget exactly over the SLO window."),
         ts("Queue depth and KV cache", [_q(f"sum by (workload) (sits_workload_queue_depth{{{WL}}})",
                                            "queued {{workload}}"),
                                         _q(f"max by (workload) (sits_workload_kv_cache_usage_ratio{{{WL}}}) * 100",
