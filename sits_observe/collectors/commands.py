@@ -6,6 +6,7 @@ import argparse
 import json
 from typing import Any
 
+from ..errors import CollectorError
 from ..topology import NUMA_UNKNOWN, PRESETS, LinkKind, Topology, preset
 from .nvml_driver import started
 from .nvml_topology import format_cpulist
@@ -32,7 +33,11 @@ def register(subparsers: Any) -> None:
 
 
 def run_topo(args: argparse.Namespace) -> int:
-    topo = preset(args.preset) if args.preset else started("nvml topology", Topology.from_nvml)
+    try:
+        topo = preset(args.preset) if args.preset else started("nvml topology", Topology.from_nvml)
+    except CollectorError as exc:  # the daemon's advice (gpu.backend) is not this command's: it reads no config
+        raise CollectorError(f"{str(exc).split('; NVML GPU metrics are off')[0]}; this host's topology needs NVML; "
+                             f"`sits-observe topo --preset {sorted(PRESETS)[0]}` prints a simulated one") from None
     print(json.dumps(topo.to_dict(), indent=2) if args.json else format_topology(topo))
     return 0
 

@@ -35,7 +35,7 @@ def window_ticks(daemon: Daemon, param: str = "window", default: float = 300.0) 
         except ValueError:
             raise ApiError(400, f"{param}: must be a number of seconds, got {raw[:40]!r}") from None
         if not math.isfinite(seconds) or seconds <= 0 or seconds > limit:
-            raise ApiError(400, f"{param}: must be between 0 and {limit:g} seconds (the history kept), "
+            raise ApiError(400, f"{param}: must be more than 0 and at most {limit:g} seconds (the history kept), "
                                 f"got {raw[:40]!r}")
     return max(1, int(round(seconds / daemon.clock.interval)))
 

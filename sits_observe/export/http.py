@@ -70,7 +70,7 @@ def create_app(daemon: Daemon, *, ui: bool = True) -> Flask:
     @app.get("/metrics")
     def metrics() -> Response:
         body = (histograms.render() + gpus.render()).encode() + generate_latest(daemon.registry)
-        return Response(body, mimetype=CONTENT_TYPE_LATEST)
+        return Response(body, headers={"Content-Type": CONTENT_TYPE_LATEST})  # mimetype= added a second charset
 
     @app.get("/healthz")
     def healthz() -> tuple[Response, int]:

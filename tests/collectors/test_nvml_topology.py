@@ -205,6 +205,8 @@ def test_topo_command_without_a_driver_fails_with_one_line() -> None:
     with pytest.raises(CollectorError) as err:
         args.func(args)  # the real pynvml: no driver on this machine
     assert "\n" not in str(err.value)
+    # the daemon's advice (set gpu.backend) is not this command's, which reads no config
+    assert "gpu.backend" not in str(err.value) and "`sits-observe topo --preset nvswitch-8`" in str(err.value)
 
 
 @pytest.mark.parametrize("call,code", [("nvmlDeviceGetHandleByIndex", pynvml.NVML_ERROR_GPU_IS_LOST),

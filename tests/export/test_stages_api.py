@@ -50,3 +50,12 @@ def test_a_window_given_twice_is_refused(tmp_path):
     daemon.store.ingest(_frame(daemon, 0, 0.1))
     r = create_app(daemon, ui=False).test_client().get("/api/v1/stages?window=60&window=abc")
     assert r.status_code == 400 and r.get_json()["error"] == "window: given more than once; give it once"
+
+
+def test_metrics_content_type_names_its_charset_once(tmp_path):
+    """Werkzeug's mimetype= appended a charset to one that already had it: '...; charset=utf-8; charset=utf-8'."""
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    daemon = Daemon(config=parse({"state_dir": str(tmp_path)}, env={}), clock=WallClock(1.0))
+    r = create_app(daemon, ui=False).test_client().get("/metrics")
+    assert r.headers["Content-Type"] == CONTENT_TYPE_LATEST and r.headers["Content-Type"].count("charset") == 1
