@@ -13,11 +13,12 @@ from typing import Any
 
 from ..argtypes import FRACTION, NON_NEGATIVE_INT, POSITIVE_INT, PROBABILITY, THREADS, float_in, int_at_least
 from ..errors import ConfigError, ModelError
-from .config import HEALTHY_MIN_CONFIDENCE, MIN_CONFIDENCE, SHIPPED_MODEL
+from .config import HEALTHY_MIN_CONFIDENCE, MAX_WIDTH, MIN_CONFIDENCE, SHIPPED_MODEL
 
 __all__ = ["register"]
 
 MAX_HOURS = 168.0  # rca dataset --hours, per entity: memory and run time grow with hours x entities
+MIN_HOURS = 0.001  # 3.6 ticks of 1 s: under 2 no window, and no step, could be made
 
 
 def _pair(text: str) -> tuple[int, int]:
@@ -25,8 +26,8 @@ def _pair(text: str) -> tuple[int, int]:
         a, b = (int(x) for x in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected two integers like 64,32, got {text!r}") from None
-    if a < 1 or b < 1:
-        raise argparse.ArgumentTypeError(f"hidden sizes must be positive, got {text!r}")
+    if not (1 <= a <= MAX_WIDTH and 1 <= b <= MAX_WIDTH):  # what a model file may hold: larger failed to load
+        raise argparse.ArgumentTypeError(f"must be two sizes of 1 to {MAX_WIDTH}, got {text!r}")
     return a, b
 
 
@@ -55,9 +56,20 @@ def _rates(text: str) -> tuple[float, ...]:
     return out
 
 
-def _check_out(path: Path, *, directory: bool) -> None:
+def _check_out(path: Path, *, directory: bool, force: bool, dataset: Path | None = None) -> None:
     """Refuse an output path that cannot be written before any long work starts: a directory where a file
-    is wanted or the reverse, a parent that is a file, a directory we may not write in."""
+    is wanted or the reverse, a parent that is a file, a directory we may not write in; what is stored there
+    already unless ``force`` (a model daemons load, a dataset: both were replaced without a word); a model file
+    inside ``dataset`` (its own metrics.csv was replaced by the model it was training)."""
+    if not str(path) or str(path) == ".":
+        raise ConfigError("--out: empty; give a path")
+    if dataset is not None and (path.resolve() == dataset.resolve() or dataset.resolve() in path.resolve().parents):
+        raise ConfigError(f"--out: {path} is inside the dataset {dataset}; write the model elsewhere")
+    stored = [path] if path.is_file() and not directory else [
+        path / name for name in ("metrics.csv", "labels.csv") if directory and (path / name).exists()]
+    if stored and not force:
+        what = "a model file" if not directory else "a dataset"
+        raise ConfigError(f"--out: {path} holds {what} already; give another path, or --force to replace it")
     if path.is_dir() and not directory:
         raise ConfigError(f"--out: {path} is a directory; give a file path such as {path / SHIPPED_MODEL.name}")
     if path.exists() and not path.is_dir() and directory:
@@ -88,7 +100,8 @@ def register(sub: Any) -> None:
     d = cmds.add_parser("dataset", help="simulate a host with random faults; write metrics.csv + labels.csv")
     d.add_argument("--out", required=True, help="dataset directory to write")
     d.add_argument("--seed", type=NON_NEGATIVE_INT, default=1)
-    d.add_argument("--hours", type=float_in(0.0, MAX_HOURS, low_open=True), default=2.0,
+    d.add_argument("--force", action="store_true", help="replace a dataset already in --out")
+    d.add_argument("--hours", type=float_in(MIN_HOURS, MAX_HOURS), default=2.0,
                    help=f"simulated hours per entity (at most {MAX_HOURS:g}; add --entities for more data)")
     d.add_argument("--topology", default="nvswitch-8", help="nvswitch-8 or pcie-8")
     d.add_argument("--trace", choices=("conv", "code"), default="conv", help="Azure LLM trace to replay")
@@ -105,12 +118,13 @@ def register(sub: Any) -> None:
     t.add_argument("--dataset", required=True, help="dataset directory (metrics.csv, labels.csv)")
     t.add_argument("--out", required=True,  # no default: an experiment must not replace the model daemons load
                    help=f"model file to write (the shipped one, which daemons without rca.model load: {SHIPPED_MODEL})")
+    t.add_argument("--force", action="store_true", help="replace a model file already at --out")
     t.add_argument("--window", type=int_at_least(2), help="steps per window (default 64)")
     t.add_argument("--epochs", type=POSITIVE_INT,
                    help="epochs (default 12); without averaging, early stopping may end sooner")
     t.add_argument("--hidden", type=_pair, help="LSTM hidden sizes H1,H2 (default 96,48)")
     t.add_argument("--dropout", type=FRACTION, help="dropout between layers and before the head (default 0.3)")
-    t.add_argument("--summary", type=NON_NEGATIVE_INT,
+    t.add_argument("--summary", type=int_at_least(0, MAX_WIDTH),
                    help="width of the window-statistics layer beside the LSTMs (default 64); 0 = none")
     t.add_argument("--level-dropout", type=FRACTION,
                    help="share of training windows whose level inputs are hidden (default 0.5)")
@@ -157,7 +171,7 @@ def _dataset(args: argparse.Namespace) -> int:
 
     logging.getLogger("sits_observe.sim").setLevel(logging.WARNING)  # fault start/end lines per entity
 
-    _check_out(Path(args.out), directory=True)
+    _check_out(Path(args.out), directory=True, force=args.force)
     opts = GenOptions(seed=args.seed, hours=args.hours, topology=args.topology, trace=args.trace,
                       severity=args.severity, entities=args.entities, rates=args.rates, bursty=args.bursty,
                       vary=args.vary)
@@ -179,7 +193,7 @@ def _train(args: argparse.Namespace) -> int:
              "fallback_dropout", "average_from", "stride", "batch", "margin", "seed", "threads", "request_causes",
              "relative_only")
     given = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
-    _check_out(Path(args.out), directory=False)
+    _check_out(Path(args.out), directory=False, force=args.force, dataset=Path(args.dataset))
     ds = dataset.read(args.dataset)
     unknown = [c for c in given.get("request_causes", ()) if c not in ds.classes()]
     if unknown:
@@ -209,7 +223,8 @@ def _train(args: argparse.Namespace) -> int:
 
         model = train(ds, opts, report)
     model.training["command"] = (
-        f"sits-observe rca train --dataset {args.dataset} --out {args.out} --window {opts.window} "
+        f"sits-observe rca train --dataset {args.dataset} --out {args.out}{' --force' if args.force else ''} "
+        f"--window {opts.window} "
         f"--epochs {opts.epochs} --hidden {opts.hidden[0]},{opts.hidden[1]} --dropout {opts.dropout} "
         f"--summary {opts.summary} --level-dropout {opts.level_dropout} --optional-dropout {opts.optional_dropout} "
         f"--fallback-dropout {opts.fallback_dropout} "
@@ -238,8 +253,9 @@ def _eval(args: argparse.Namespace) -> int:
         model = RcaModel.load(args.model)
         test = dataset.read(args.dataset)
         model.columns(test.features, source=str(args.dataset))  # fail on missing features before fitting baselines
-    report = evaluate(model, test, load_train(model, args.train), args.min_confidence, threads=args.threads,
-                      healthy_min_confidence=args.healthy_min_confidence)
+        train = load_train(model, args.train)
+        report = evaluate(model, test, train, args.min_confidence, threads=args.threads,
+                          healthy_min_confidence=args.healthy_min_confidence)
     report["model"] = args.model
     if args.json:
         print(json.dumps(report, sort_keys=True))

@@ -8,7 +8,7 @@ from pydantic import Field
 
 from ..section import Section
 
-__all__ = ["HEALTHY_MIN_CONFIDENCE", "MIN_CONFIDENCE", "SHIPPED_MODEL", "RcaConfig"]
+__all__ = ["HEALTHY_MIN_CONFIDENCE", "MAX_WIDTH", "MIN_CONFIDENCE", "SHIPPED_MODEL", "RcaConfig"]
 
 # The model shipped in the repository (``models/rca-lstm.pt``), used when ``rca.model`` is not set.
 SHIPPED_MODEL = Path(__file__).resolve().parents[2] / "models" / "rca-lstm.pt"
@@ -17,6 +17,7 @@ SHIPPED_MODEL = Path(__file__).resolve().parents[2] / "models" / "rca-lstm.pt"
 # 1 % of healthy windows faulty on both development OOD sets; a healthy verdict from 0.6.
 MIN_CONFIDENCE = 0.91
 HEALTHY_MIN_CONFIDENCE = 0.6
+MAX_WIDTH = 4096  # LSTM hidden sizes and the statistics layer's width a model file may give (and `rca train` make)
 
 
 class RcaConfig(Section):

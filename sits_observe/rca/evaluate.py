@@ -43,6 +43,10 @@ def fit_windows(train: Dataset, model: RcaModel, margin: int, cap: int) -> tuple
     causes = list(model.training.get("options", {}).get("request_causes") or ())
     if causes:
         win = win.subset(~(idle(win, train.features) & np.isin(win.y, causes)))
+    if len(set(win.y)) < 2:  # the baselines cannot be fitted (a traceback from inside them)
+        raise ConfigError(f"{train.path or 'training dataset'}: {len(win)} windows of {model.window} steps, of "
+                          f"{len(set(win.y))} class(es); fitting the baselines needs windows of at least two "
+                          "classes: give a longer, labelled dataset to --train")
     if len(win) > cap:
         win = win.subset(np.linspace(0, len(win) - 1, cap).astype(np.int64))
     return win, cols

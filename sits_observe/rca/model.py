@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from ..errors import ModelError
+from .config import MAX_WIDTH
 from .dataset import DEFAULT_BASELINE, Baseline
 from .encoding import Normalizer, encode
 from .features import OPTIONAL_FEATURES, optional_columns
@@ -289,10 +290,10 @@ def _check_sizes(meta: dict[str, Any]) -> None:
     """The sizes a model file gives, within what a model can be (a damaged or hostile file could ask for
     tensors of any size, a zero refresh interval or a window of one step); ValueError naming the first."""
     limits = {"window": (int(meta["window"]), 2, 100_000), "features": (len(meta["features"]), 1, 10_000),
-              "classes": (len(meta["classes"]), 2, 1_000), "summary": (int(meta.get("summary", 0)), 0, 4096),
+              "classes": (len(meta["classes"]), 2, 1_000), "summary": (int(meta.get("summary", 0)), 0, MAX_WIDTH),
               "baseline.horizon": (int(meta["baseline"]["horizon"]), 1, 10_000_000),
               "baseline.every": (int(meta["baseline"]["every"]), 1, 1_000_000)}
-    limits.update({f"hidden[{i}]": (int(h), 1, 4096) for i, h in enumerate(meta["hidden"])})
+    limits.update({f"hidden[{i}]": (int(h), 1, MAX_WIDTH) for i, h in enumerate(meta["hidden"])})
     for name, (value, lo, hi) in limits.items():
         if not lo <= value <= hi:
             raise ValueError(f"{name} {value} is outside {lo}..{hi}")

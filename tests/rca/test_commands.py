@@ -135,3 +135,41 @@ def test_training_needs_out_so_an_experiment_cannot_replace_the_shipped_model(
     with pytest.raises(SystemExit) as stop:
         main(["rca", "train", "--dataset", str(tmp_path)])
     assert stop.value.code == 2 and "the following arguments are required: --out" in capsys.readouterr().err
+
+
+def test_train_and_dataset_keep_what_is_stored_at_out(tmp_path: Path, data: Path, tiny_model: RcaModel,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Both replaced what was there without a word: a model daemons load, a dataset, even the dataset being
+    trained on (its metrics.csv became the model file)."""
+    model = tmp_path / "m.pt"
+    tiny_model.save(model)
+    kept = model.read_bytes()
+    _usage_error(["rca", "train", "--dataset", str(data), "--out", str(model), *TRAIN], capsys,
+                 f"--out: {model} holds a model file already; give another path, or --force to replace it")
+    assert model.read_bytes() == kept
+    metrics = (data / "metrics.csv").read_bytes()
+    for inside in (data / "metrics.csv", data / "m.pt"):  # --force or not
+        _usage_error(["rca", "train", "--dataset", str(data), "--out", str(inside), "--force", *TRAIN], capsys,
+                     f"--out: {inside} is inside the dataset {data}; write the model elsewhere")
+    assert (data / "metrics.csv").read_bytes() == metrics and not (data / "m.pt").exists()
+    _usage_error(["rca", "dataset", "--out", str(data), "--hours", "0.01"], capsys,
+                 f"--out: {data} holds a dataset already; give another path, or --force to replace it")
+    assert (data / "metrics.csv").read_bytes() == metrics
+    _usage_error(["rca", "dataset", "--out", "", "--hours", "0.01"], capsys, "--out: empty; give a path")
+    assert main(["rca", "train", "--dataset", str(data), "--out", str(model), "--force", *TRAIN]) == 0
+    assert model.read_bytes() != kept and "--force" in RcaModel.load(model).training["command"]
+
+
+@pytest.mark.parametrize("labels", ["entity,start,end,cause\n", None])
+def test_eval_with_a_train_set_the_baselines_cannot_fit_on_is_a_usage_error(
+        tmp_path: Path, tiny_model: RcaModel, data: Path, synth: Callable[..., Dataset],
+        capsys: pytest.CaptureFixture[str], labels: str | None) -> None:
+    """A train set without labels, or too short for one window, failed inside the trees with a traceback."""
+    model = tmp_path / "m.pt"
+    tiny_model.save(model)
+    train = tmp_path / "train"
+    dataset.write(train, synth(steps=1200 if labels else 8))
+    if labels:
+        (train / "labels.csv").write_text(labels)
+    _usage_error(["rca", "eval", "--model", str(model), "--dataset", str(data), "--train", str(train)], capsys,
+                 f"{train}: ", "fitting the baselines needs windows of at least two classes")

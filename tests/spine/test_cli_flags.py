@@ -30,8 +30,12 @@ BENCH_COUNTS = [
     ["loop", "--cooldown", "inf"], ["loop", "--threshold", "nan"],
 ]
 RCA = [
-    ["rca", "dataset", "--out", "{tmp}/ds", "--hours", v] for v in ("0", "-1", "nan", "inf", "1000")
+    # under 2 ticks a ValueError traceback ("need at least one array to concatenate")
+    ["rca", "dataset", "--out", "{tmp}/ds", "--hours", v] for v in ("0", "-1", "nan", "inf", "1000", "0.0001")
 ] + [
+    # past what a model file may hold: written, then refused by its own loader (or torch's allocator failed)
+    ["rca", "train", "--dataset", "{tmp}", "--out", "{tmp}/m.pt", "--hidden", "200000,2"],
+    ["rca", "train", "--dataset", "{tmp}", "--out", "{tmp}/m.pt", "--summary", "4097"],
     ["rca", "dataset", "--out", "{tmp}/ds", "--entities", "0"],
     ["rca", "eval", "--dataset", "{tmp}", "--threads", "0"], ["rca", "eval", "--dataset", "{tmp}", "--threads", "-3"],
     ["rca", "eval", "--dataset", "{tmp}", "--min-confidence", "1.5"],
