@@ -92,8 +92,9 @@ def verdict_source(args: argparse.Namespace) -> RcaConfig | None:
     """The classifier's config when its model is used, None for the oracle."""
     cfg = RcaConfig(model=args.model)
     found = Path(cfg.model_path()).exists()
-    if args.verdicts == "model" and not found:
-        raise ConfigError(f"bench loop: --verdicts model: no trained model at {cfg.model_path()}; train one "
+    if (args.verdicts == "model" or args.model is not None) and not found:  # a --model named is meant to be used
+        flag = "--model" if args.model is not None else "--verdicts model"  # (a typo ran the oracle, exit 0)
+        raise ConfigError(f"bench loop: {flag}: no trained model at {cfg.model_path()}; train one "
                           "(sits-observe rca train) or use --verdicts oracle")
     if not found or args.verdicts == "oracle":
         return None

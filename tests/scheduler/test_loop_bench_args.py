@@ -30,3 +30,9 @@ def test_a_model_the_engine_cannot_load_is_refused(tmp_path: Path) -> None:
     bad.write_bytes(b"not a model")
     err = _error(["--model", str(bad)])
     assert f"bench loop: {bad}: not a readable model file" in err
+
+
+def test_a_model_named_that_is_not_there_is_refused(tmp_path: Path) -> None:
+    """With --verdicts auto (the default) a mistyped --model ran the oracle instead, and exited 0."""
+    typo = tmp_path / "typo.pt"
+    assert f"bench loop: --model: no trained model at {typo}" in _error(["--model", str(typo)])
