@@ -24,6 +24,7 @@ import yaml
 
 from ..argtypes import POSITIVE_INT, float_in, int_at_least
 from ..config import parse
+from ..errors import ConfigError
 from ..export.http import Server, create_app
 from .app import create_dash
 from .browser import chromium, load_page, screenshot, wait_updates
@@ -134,6 +135,8 @@ def _measure(browser: Any, port: int, args: argparse.Namespace, shots: Path | No
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.out is not None and args.out.exists() and not args.out.is_dir():  # found before the work, not after
+        raise ConfigError(f"bench ui: --out: {args.out} is a file; give a directory for the screenshots")
     t0 = time.perf_counter()
     daemon = _daemon(args.topology, args.history, args.interval)
     fill_s = time.perf_counter() - t0

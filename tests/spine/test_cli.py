@@ -283,3 +283,12 @@ def test_doctor_says_tracefs_is_not_readable_instead_of_stopping(monkeypatch):
     check = doctor._tracefs()
     assert (check.ok, check.detail) == (False, "/sys/kernel/tracing/events: not readable by this user")
     assert "CAP_DAC_READ_SEARCH" in check.fix
+
+
+def test_bench_ui_out_that_is_a_file_is_refused_before_the_work(tmp_path):
+    """It failed with 'File exists', exit 1, after filling the history and starting the browser."""
+    afile = tmp_path / "shots"
+    afile.write_text("kept")
+    _one_line_error(_run(["bench", "ui", "--history", "60", "--out", str(afile)]),
+                    f"bench ui: --out: {afile} is a file; give a directory for the screenshots")
+    assert afile.read_text() == "kept"
