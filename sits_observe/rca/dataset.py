@@ -260,6 +260,11 @@ def read(directory: str | Path) -> Dataset:
     for name in pd.unique(ents):
         sel = ents == name
         t = ts[sel]
+        order = np.argsort(t, kind="stable")
+        if (same := np.flatnonzero(np.diff(t[order]) == 0)).size:  # one row would silently replace the other
+            line, when = int(np.flatnonzero(sel)[order[same[0] + 1]]) + 2, float(t[order[same[0]]])
+            raise ConfigError(f"{path}: line {line}: entity {name!r} has timestamp {when!r} twice; keep one row "
+                              "per entity and timestamp")
         t0 = float(t.min())
         idx = np.rint((t - t0) / step).astype(np.int64)
         if int(idx.max()) + 1 > 10 * len(t) + 1000:  # a grid mostly of gaps: a stray timestamp, not data
@@ -268,7 +273,7 @@ def read(directory: str | Path) -> Dataset:
                               f"{int(idx.max())} steps of {step:g} s after its first for {len(t)} rows; "
                               "a timestamp in another unit (ms?) or of another entity")
         grid = np.full((int(idx.max()) + 1, len(features)), np.nan, dtype=np.float32)
-        grid[idx] = vals[sel]  # duplicate steps: the later row wins
+        grid[idx] = vals[sel]  # two timestamps on one step (jitter): the later row wins
         entities.append(Entity(str(name), t0, grid))
     labels = _labels(d / LABELS, [e.name for e in entities])
     return Dataset(features, step, entities, labels, str(d))
