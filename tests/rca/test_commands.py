@@ -173,3 +173,20 @@ def test_eval_with_a_train_set_the_baselines_cannot_fit_on_is_a_usage_error(
         (train / "labels.csv").write_text(labels)
     _usage_error(["rca", "eval", "--model", str(model), "--dataset", str(data), "--train", str(train)], capsys,
                  f"{train}: ", "fitting the baselines needs windows of at least two classes")
+
+
+def test_eval_on_data_of_another_tick_step_is_a_usage_error(tmp_path: Path, tiny_model: RcaModel,
+                                                            synth: Callable[..., Dataset],
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """The daemon refuses a model trained at another tick step; eval scored one, its windows spanning 10x."""
+    from dataclasses import replace
+
+    model = tmp_path / "m.pt"
+    tiny_model.save(model)
+    ds = synth(steps=1200)
+    ten = tmp_path / "ten"
+    dataset.write(ten, replace(ds, step=10.0, labels=[replace(lab, start=lab.start * 10, end=lab.end * 10)
+                                                      for lab in ds.labels]))
+    assert dataset.read(ten).step == 10.0
+    _usage_error(["rca", "eval", "--model", str(model), "--dataset", str(ten)], capsys,
+                 f"{ten}: steps of 10 s, but {model} was trained on ticks of 1 s", "data recorded every 1 s")
