@@ -117,7 +117,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "gbt": {"fit_seconds": round(gbt_fit, 1), "inference_batch1": _ms(gbt_ms)},
             "thresholds": {"fit_seconds": round(thr_fit, 2), "inference_batch1": _ms(thr_ms)},
         },
+        "epochs": opts.epochs, "samples": len(items),
         "targets": TARGETS,
-        "meets_targets": bool(train_s <= TARGETS["train_seconds"] and size <= TARGETS["model_bytes"]
-                              and lstm["inference_batch1"]["p99_ms"] <= TARGETS["inference_ms"]),
+        # the targets are the shipped model's: another dataset or a shorter training says nothing of them
+        "meets_targets": None if args.dataset or args.quick or args.epochs else bool(
+            train_s <= TARGETS["train_seconds"] and size <= TARGETS["model_bytes"]
+            and lstm["inference_batch1"]["p99_ms"] <= TARGETS["inference_ms"]),
     }
