@@ -77,7 +77,8 @@ class StateFile:
 
 @contextlib.contextmanager
 def transaction(db: sqlite3.Connection, lock: threading.Lock | threading.RLock,
-                error: Callable[[sqlite3.Error], SitsError], busy_ms: int | None = None) -> Iterator[sqlite3.Connection]:
+                error: Callable[[sqlite3.Error], SitsError],
+                busy_ms: int | None = None) -> Iterator[sqlite3.Connection]:
     """``BEGIN IMMEDIATE`` ... ``COMMIT`` under ``lock`` (autocommit connection); sqlite errors raise ``error(exc)``.
     ``busy_ms``: wait at most this long for another process's lock (a write retried later anyway), not the
     connection's timeout."""

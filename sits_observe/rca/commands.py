@@ -256,9 +256,10 @@ def _eval(args: argparse.Namespace) -> int:
         model.columns(test.features, source=str(args.dataset))  # fail on missing features before fitting baselines
         trained = model.training.get("tick_seconds")  # the daemon refuses such a model; eval scored it
         if isinstance(trained, float) and not math.isclose(test.step, trained, rel_tol=0.01):
+            span, meant = model.window * test.step, model.window * trained
             raise ConfigError(f"{args.dataset}: steps of {test.step:g} s, but {args.model} was trained on ticks of "
-                              f"{trained:g} s (its window of {model.window} would span {model.window * test.step:g} s "
-                              f"instead of {model.window * trained:g} s); evaluate on data recorded every {trained:g} s")
+                              f"{trained:g} s (its window of {model.window} would span {span:g} s instead of "
+                              f"{meant:g} s); evaluate on data recorded every {trained:g} s")
         train = load_train(model, args.train)
         report = evaluate(model, test, train, args.min_confidence, threads=args.threads,
                           healthy_min_confidence=args.healthy_min_confidence)

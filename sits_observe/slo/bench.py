@@ -43,7 +43,8 @@ WORKLOADS = ("chat", "code", "batch", "embed")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slos", type=POSITIVE_INT, default=100, help="SLOs evaluated per tick (default 100)")
     parser.add_argument("--ticks", type=POSITIVE_INT, default=600, help="ticks measured (default 600)")
-    parser.add_argument("--baseline-history", type=float_in(0.01), default=6.0,  # under 1 s of history: ZeroDivisionError
+    # under 1 s of history the baseline divided by zero
+    parser.add_argument("--baseline-history", type=float_in(0.01), default=6.0,
                         help="hours of raw history for the baseline (at least 0.01)")
     parser.add_argument("--baseline-ticks", type=POSITIVE_INT, default=30,
                         help="ticks measured for the (slow) baseline")

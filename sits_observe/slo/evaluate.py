@@ -81,7 +81,8 @@ class SloEngine:
         # readers that find the tick holding the lock (slo.db slow or locked) get the last values
         self._scrape: Snapshot[list[Sample]] = Snapshot(self._lock, [])  # a scrape never waits long
         # the API's first read answers the state as restored (the first waited for a stuck tick, however long)
-        self._slos: Snapshot[list[dict[str, Any]]] = Snapshot(self._lock, [slo_view(self, i) for i in range(len(specs))])
+        views = [slo_view(self, i) for i in range(len(specs))]
+        self._slos: Snapshot[list[dict[str, Any]]] = Snapshot(self._lock, views)
         self._alerts: Snapshot[dict[str, Any]] = Snapshot(self._lock, alerts_view(self))
 
     @classmethod

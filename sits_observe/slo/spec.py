@@ -111,7 +111,8 @@ class SloSpec(Section):
                              description="rolling SLO window, e.g. 28d or 30d")
     latency: LatencySli | None = None
     ratio: RatioSli | None = Field(None, validate_default=True)
-    min_rate: float = Field(0.0, ge=0, allow_inf_nan=False, description="events/s below which burn alerts are held back")
+    min_rate: float = Field(0.0, ge=0, allow_inf_nan=False,
+                            description="events/s below which burn alerts are held back")
     keep_firing_for: KeepDuration | None = Field(
         None, description="an alert resolves once its condition stayed false this long (default: tier's short window)")
     labels: dict[str, str] = Field(default_factory=dict, description="extra labels on this SLO's alerts")

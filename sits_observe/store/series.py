@@ -1,10 +1,10 @@
 """SeriesStore: the last N ticks of every Frame in preallocated numpy ring buffers.
 
 Each tick writes one cell of each series in use; the per-tick path allocates nothing per series (new series
-only extend a registry, up to ``max_series``; the rings are that wide from the start, mapped as used).  Readers get copies
-of windows, oldest first, gathered for the asked series only (never a copy of every series: a reader
-holds the lock that the tick and the scrape need).  Cumulative histogram totals for export are kept beside the rings, so a
-scrape never walks the history.  All methods are thread-safe (one lock; writes hold it briefly).
+only extend a registry, up to ``max_series``; the rings are that wide from the start, mapped as used).
+Readers get copies of windows, oldest first, gathered for the asked series only (never a copy of every
+series: a reader holds the lock that the tick and the scrape need).  Cumulative histogram totals for export
+are kept beside the rings, so a scrape never walks the history.  All methods are thread-safe (one lock; writes hold it briefly).
 """
 
 from __future__ import annotations

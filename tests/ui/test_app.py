@@ -128,7 +128,8 @@ def test_crafted_callback_inputs_are_refused(client: Any) -> None:
     r = dash_call(client, STAGE_OUTPUTS, [("stages-tick.n_intervals", 1), ("stages-stage.value", "e2e")],
                   [("stages-held.data", held)])
     error = r.get_json()["error"]
-    assert r.status_code == 400 and "window: 1000000000000.0 s is not between one tick and the history kept (10m)" in error
+    assert r.status_code == 400
+    assert "window: 1000000000000.0 s is not between one tick and the history kept (10m)" in error
     r = dash_call(client, ["load-heat.figure", "load-held.data"], [("load-tick.n_intervals", 1),
                   ("load-field.value", "../../etc")], [("load-held.data", {"window": 60})])
     assert r.status_code == 400 and "field: unknown value" in r.get_json()["error"]
