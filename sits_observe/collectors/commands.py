@@ -25,6 +25,10 @@ _LEGEND = (
 )
 
 
+# parts of an NVML error that speak of the daemon (its config, its later samples), not of this command
+_DAEMON_WORDS = ("GPU metrics are off", "off until a restart", "gpu.backend")
+
+
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("topo", help="print the GPU link matrix (like nvidia-smi topo -m) with bandwidth")
     p.add_argument("--preset", choices=sorted(PRESETS), help="a simulator topology instead of this host's (NVML)")
@@ -36,7 +40,8 @@ def run_topo(args: argparse.Namespace) -> int:
     try:
         topo = preset(args.preset) if args.preset else started("nvml topology", Topology.from_nvml)
     except CollectorError as exc:  # the daemon's advice (gpu.backend) is not this command's: it reads no config
-        raise CollectorError(f"{str(exc).split('; NVML GPU metrics are off')[0]}; this host's topology needs NVML; "
+        said = [p for p in str(exc).split("; ") if not any(w in p for w in _DAEMON_WORDS)]
+        raise CollectorError(f"{'; '.join(said)}; this host's topology needs NVML; "
                              f"`sits-observe topo --preset {sorted(PRESETS)[0]}` prints a simulated one") from None
     print(json.dumps(topo.to_dict(), indent=2) if args.json else format_topology(topo))
     return 0

@@ -80,7 +80,8 @@ def register_api(app: Flask, daemon: Daemon) -> None:
     @app.get("/api/v1/topology")
     def topology() -> Response:
         if daemon.topology is None:
-            raise ApiError(404, "no GPU topology known (gpu.backend is none or NVML is unavailable)")
+            raise ApiError(404, f"no GPU topology known (gpu.backend {daemon.config.gpu.backend}: only nvml, with the "
+                                "driver answering, and sim give one)")
         return jsonify(daemon.topology.to_dict())
 
     @app.get("/api/v1/slos")

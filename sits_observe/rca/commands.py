@@ -62,14 +62,12 @@ def _check_out(path: Path, *, directory: bool, force: bool, dataset: Path | None
     is wanted or the reverse, a parent that is a file, a directory we may not write in; what is stored there
     already unless ``force`` (a model daemons load, a dataset: both were replaced without a word); a model file
     inside ``dataset`` (its own metrics.csv was replaced by the model it was training)."""
-    if not str(path) or str(path) == ".":
-        raise ConfigError("--out: empty; give a path")
     if dataset is not None and (path.resolve() == dataset.resolve() or dataset.resolve() in path.resolve().parents):
         raise ConfigError(f"--out: {path} is inside the dataset {dataset}; write the model elsewhere")
     stored = [path] if path.is_file() and not directory else [
         path / name for name in ("metrics.csv", "labels.csv") if directory and (path / name).exists()]
     if stored and not force:
-        what = "a model file" if not directory else "a dataset"
+        what = "a file" if not directory else "a dataset"
         raise ConfigError(f"--out: {path} holds {what} already; give another path, or --force to replace it")
     if path.is_dir() and not directory:
         raise ConfigError(f"--out: {path} is a directory; give a file path such as {path / SHIPPED_MODEL.name}")
@@ -172,6 +170,8 @@ def _dataset(args: argparse.Namespace) -> int:
 
     logging.getLogger("sits_observe.sim").setLevel(logging.WARNING)  # fault start/end lines per entity
 
+    if not args.out:  # Path("") is "." (the working directory): it was written into
+        raise ConfigError("--out: empty; give a path")
     _check_out(Path(args.out), directory=True, force=args.force)
     opts = GenOptions(seed=args.seed, hours=args.hours, topology=args.topology, trace=args.trace,
                       severity=args.severity, entities=args.entities, rates=args.rates, bursty=args.bursty,

@@ -276,8 +276,8 @@ def read(directory: str | Path) -> Dataset:
         grid[idx] = vals[sel]  # two timestamps on one step (jitter): the later row wins
         entities.append(Entity(str(name), t0, grid))
     labels = _labels(d / LABELS, [e.name for e in entities])
-    span = {e.name: (e.t0, e.t0 + step * len(e.values)) for e in entities}
-    if labels and not any(lab.start < span[lab.entity][1] and lab.end > span[lab.entity][0] for lab in labels):
+    span = {e.name: (e.t0, e.t0 + step * (len(e.values) - 1)) for e in entities}  # first and last step
+    if labels and not any(lab.start <= span[lab.entity][1] and lab.end > span[lab.entity][0] for lab in labels):
         lo, hi = min(a for a, _ in span.values()), max(b for _, b in span.values())  # all healthy, without a word
         raise ConfigError(f"{d / LABELS}: none of its {len(labels)} labels covers a step of {METRICS} (timestamps "
                           f"{lo:.0f} to {hi:.0f}): give start and end in its unit, seconds (not ms?)")

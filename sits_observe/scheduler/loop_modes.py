@@ -92,7 +92,8 @@ def verdict_source(args: argparse.Namespace) -> RcaConfig | None:
     """The classifier's config when its model is used, None for the oracle."""
     cfg = RcaConfig(model=args.model)
     found = Path(cfg.model_path()).exists()
-    if (args.verdicts == "model" or args.model is not None) and not found:  # a --model named is meant to be used
+    named = args.model is not None and args.verdicts != "oracle"  # a --model named is meant to be used
+    if (args.verdicts == "model" or named) and not found:
         flag = "--model" if args.model is not None else "--verdicts model"  # (a typo ran the oracle, exit 0)
         raise ConfigError(f"bench loop: {flag}: no trained model at {cfg.model_path()}; train one "
                           "(sits-observe rca train) or use --verdicts oracle")

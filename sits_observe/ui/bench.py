@@ -135,8 +135,10 @@ def _measure(browser: Any, port: int, args: argparse.Namespace, shots: Path | No
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    if args.out is not None and args.out.exists() and not args.out.is_dir():  # found before the work, not after
-        raise ConfigError(f"bench ui: --out: {args.out} is a file; give a directory for the screenshots")
+    if args.out is not None:  # found before the work, not after it
+        first = next(p for p in (args.out, *args.out.parents) if p.exists())  # the rest is created
+        if not first.is_dir():
+            raise ConfigError(f"bench ui: --out: {first} is a file; give a directory for the screenshots")
     t0 = time.perf_counter()
     daemon = _daemon(args.topology, args.history, args.interval)
     fill_s = time.perf_counter() - t0

@@ -145,7 +145,7 @@ def test_train_and_dataset_keep_what_is_stored_at_out(tmp_path: Path, data: Path
     tiny_model.save(model)
     kept = model.read_bytes()
     _usage_error(["rca", "train", "--dataset", str(data), "--out", str(model), *TRAIN], capsys,
-                 f"--out: {model} holds a model file already; give another path, or --force to replace it")
+                 f"--out: {model} holds a file already; give another path, or --force to replace it")
     assert model.read_bytes() == kept
     metrics = (data / "metrics.csv").read_bytes()
     for inside in (data / "metrics.csv", data / "m.pt"):  # --force or not
@@ -190,3 +190,10 @@ def test_eval_on_data_of_another_tick_step_is_a_usage_error(tmp_path: Path, tiny
     assert dataset.read(ten).step == 10.0
     _usage_error(["rca", "eval", "--model", str(model), "--dataset", str(ten)], capsys,
                  f"{ten}: steps of 10 s, but {model} was trained on ticks of 1 s", "data recorded every 1 s")
+
+
+def test_dataset_out_may_be_the_working_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--out .` was refused as empty (Path('') is '.') once empty paths were refused."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["rca", "dataset", "--out", ".", "--hours", "0.01"]) == 0
+    assert (tmp_path / "metrics.csv").exists() and (tmp_path / "labels.csv").exists()

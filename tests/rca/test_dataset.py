@@ -86,7 +86,7 @@ def test_margin_leaves_out_transitions_and_mostly_missing_windows(synth: Callabl
     ("timestamp,entity,a\n1,x,1\n", "entity,start,end,cause\n", "at least two distinct timestamps"),
     # labels in milliseconds: every window scored healthy without a word
     ("timestamp,entity,a\n1,x,1\n2,x,2\n3,x,3\n", "entity,start,end,cause\nx,1000,2000,hot\n",
-     "labels.csv: none of its 1 labels covers a step of metrics.csv (timestamps 1 to 4): give start and end in"),
+     "labels.csv: none of its 1 labels covers a step of metrics.csv (timestamps 1 to 3): give start and end in"),
     # one row replaced the other without a word (the other entity's row at that time is not a duplicate)
     ("timestamp,entity,a\n1,x,1\n2,x,2\n1,y,5\n2,y,6\n2,x,999\n3,x,3\n", "entity,start,end,cause\n",
      "metrics.csv: line 6: entity 'x' has timestamp 2.0 twice; keep one row per entity and timestamp"),

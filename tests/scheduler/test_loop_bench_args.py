@@ -36,3 +36,13 @@ def test_a_model_named_that_is_not_there_is_refused(tmp_path: Path) -> None:
     """With --verdicts auto (the default) a mistyped --model ran the oracle instead, and exited 0."""
     typo = tmp_path / "typo.pt"
     assert f"bench loop: --model: no trained model at {typo}" in _error(["--model", str(typo)])
+
+
+def test_an_oracle_run_does_not_ask_for_the_model_it_will_not_use(tmp_path: Path) -> None:
+    """--verdicts oracle with a --model that is not there was refused, and told to use --verdicts oracle."""
+    import argparse
+
+    from sits_observe.scheduler.loop_modes import verdict_source
+
+    args = argparse.Namespace(model=str(tmp_path / "typo.pt"), verdicts="oracle")
+    assert verdict_source(args) is None

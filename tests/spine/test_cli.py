@@ -292,3 +292,10 @@ def test_bench_ui_out_that_is_a_file_is_refused_before_the_work(tmp_path):
     _one_line_error(_run(["bench", "ui", "--history", "60", "--out", str(afile)]),
                     f"bench ui: --out: {afile} is a file; give a directory for the screenshots")
     assert afile.read_text() == "kept"
+
+
+def test_bench_ui_out_below_a_file_is_refused_before_the_work(tmp_path):
+    afile = tmp_path / "shots"
+    afile.write_text("kept")
+    _one_line_error(_run(["bench", "ui", "--history", "60", "--out", str(afile / "sub")]),
+                    f"bench ui: --out: {afile} is a file; give a directory for the screenshots")
