@@ -70,6 +70,9 @@ def _bench(args: argparse.Namespace) -> int:
     add(p)
     sub_args = p.parse_args(args.rest)
     result: dict[str, Any] = getattr(mod, func)(sub_args)
+    # what was measured, as given: a run of 1 tick or 1 process reads like a default one otherwise
+    result["options"] = {k: v if isinstance(v, (int, float, str, bool, list, tuple, type(None))) else str(v)
+                         for k, v in sorted(vars(sub_args).items()) if k != "json"}
     if sub_args.json:
         print(json.dumps(result, sort_keys=True))
     else:

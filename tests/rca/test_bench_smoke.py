@@ -19,3 +19,4 @@ def test_bench_rca_quick_prints_one_json_object(capsys: pytest.CaptureFixture[st
     assert set(out["targets"]) == {"train_seconds", "inference_ms", "model_bytes"}
     # a quick run says nothing of the shipped model's targets (it said true), and says what it timed
     assert out["meets_targets"] is None and out["epochs"] == 2 and out["samples"] == 20
+    assert out["options"]["quick"] is True and out["options"]["samples"] == 20  # every bench echoes its options
