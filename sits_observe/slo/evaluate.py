@@ -30,6 +30,7 @@ from ..errors import SloError
 from ..frame import Frame, Sample
 from ..snapshot import Snapshot
 from .plan import Evaluation, Plan
+from .restore import restore
 from .sli import SliReader
 from .spec import SloSpec
 from .state import SloState
@@ -51,6 +52,16 @@ class SloEngine:
     """Evaluates every configured SLO each tick and sends alert state changes to the dispatcher."""
 
     name = "slo"
+    # from slo.db at start-up (restore.py)
+    stopped_at: float | None  # the last source time evaluated before the restart
+    notes: dict[str, dict[str, str]]  # annotations per SLO for its next alerts
+    alerts: dict[tuple[int, str], Alert]  # firing, by (SLO, tier)
+    firing_tiers: np.ndarray  # (SLOs, tiers) bool
+    saved: np.ndarray  # when a tier's condition last held, as stored: NaN not kept, inf held at the last evaluation
+    held_until: np.ndarray
+    last_true: np.ndarray
+    resume: np.ndarray  # tiers held up to the restart, counted as held at the first evaluation
+    reconcile: tuple[list[Alert], list[Alert]]  # (announced but not firing now, firing): sent after the first tick
 
     def __init__(self, specs: Sequence[SloSpec], buckets: Sequence[float], state_dir: Path | str,
                  alerting: AlertingConfig | None = None, *, dispatcher: Dispatcher | None = None) -> None:
@@ -65,7 +76,8 @@ class SloEngine:
                               [s.sli_key() for s in self.specs], plan.levels.res)
         try:
             self.ring = WindowRing(len(self.specs), plan.levels)
-            self._restore()
+            self._unsaved: list[tuple[int, int, np.ndarray]] = []  # ring edges a failed slo.db write did not store
+            restore(self)
             # also without receivers when messages wait in the outbox (all removed): they are shown, not lost
             if dispatcher is None and alerting is not None and (alerting.receivers or
                                                                 (Path(state_dir) / "outbox.db").exists()):
@@ -91,46 +103,6 @@ class SloEngine:
         if not config.slos:
             return None
         return cls(config.slos, config.store.buckets, config.state_dir, config.alerting)
-
-    def _restore(self) -> None:
-        for lvl in range(len(self.plan.levels.res)):
-            stored = self.state.edges(lvl)
-            if stored is not None:
-                self.ring.restore(lvl, *stored)
-        now = self.state.now()
-        if now is not None:
-            self.ring.resume(*now)
-        # the last time the engine saw before the restart (None: a first start), also when the edges were dropped
-        seen = [t for t in (self.ring.ts, self.state.seen()) if t is not None]
-        self.stopped_at = max(seen) if seen else None
-        self._unsaved: list[tuple[int, int, np.ndarray]] = []  # ring edges a failed slo.db write did not store
-        self.notes = self.state.notes()
-        shape = (len(self.specs), len(TIER_NAMES))
-        self.alerts: dict[tuple[int, str], Alert] = {}
-        self.firing_tiers = np.zeros(shape, dtype=bool)
-        self.last_true = np.full(shape, np.nan)
-        self.saved = np.full(shape, np.nan)  # as stored: NaN not kept, inf condition held at the last evaluation
-        index = {s.name: i for i, s in enumerate(self.specs)}
-        self.held_until = np.full(shape, np.nan)
-        for name, until in self.state.held().items():
-            self.held_until[index[name]] = [until.get(t, np.nan) for t in TIER_NAMES]
-        for name, kept in self.state.tiers().items():
-            i = index[name]
-            for tier, (since, last_true) in kept.items():
-                if tier in self.plan.tiers[i]:
-                    j = TIER_NAMES.index(tier)
-                    self.saved[i, j] = np.inf if last_true is None else last_true
-                    if since is not None:
-                        self.firing_tiers[i, j] = True
-                        self.alerts[(i, tier)] = self._alert(i, self.plan.tiers[i][tier], since)
-        self.resume = np.isinf(self.saved)  # held up to the restart: counted as held at the first evaluation
-        # alerts the receivers may hold as firing that do not fire now (the configuration changed their labels
-        # or dropped them; or killed after announcing one, before recording it), and every firing alert: the
-        # outbox drops it for a receiver that has it already, a receiver added (or renamed) since gets it
-        firing = {a.fingerprint for a in self.alerts.values()}
-        self._reconcile = ([a for a in self.state.announced() if a.fingerprint not in firing],
-                           list(self.alerts.values()))
-        self.last_true = np.where(self.resume, np.nan, self.saved)
 
     @property
     def firing(self) -> list[str | None]:
@@ -180,14 +152,15 @@ class SloEngine:
             saved = np.where(ev.active, np.inf, ev.last_true)
             for i in np.flatnonzero(((ev.firing != self.firing_tiers) | ~_same(saved, self.saved)).any(axis=1)):
                 self._transition(int(i), ev, saved[i])
-            if any(self._reconcile):  # after the first evaluation: an alert that ended is resolved, not announced
+            if any(self.reconcile):  # after the first evaluation: an alert that ended is resolved, not announced
                 self._announce_restored(frame.ts)
             if self.dispatcher is not None and self.alerts:
                 self.dispatcher.refresh(list(self.alerts.values()))
         if unsaved is not None:
             raise unsaved
 
-    def _alert(self, i: int, tier: Tier, since: float) -> Alert:
+    def alert(self, i: int, tier: Tier, since: float) -> Alert:
+        """The alert of SLO ``i``'s ``tier``, firing since ``since``."""
         spec = self.specs[i]  # an empty label value is no label (as Alertmanager takes it: the same fingerprint)
         labels = {k: v for k, v in {**self.external, **spec.alert_labels(tier)}.items() if v}
         return Alert(labels, {**spec.alert_annotations(tier), **self.notes.get(spec.name, {})}, "firing", since)
@@ -200,7 +173,7 @@ class SloEngine:
         name = self.specs[i].name
         started = [t for j, t in enumerate(TIER_NAMES) if ev.firing[i, j] and not self.firing_tiers[i, j]]
         ended = [t for j, t in enumerate(TIER_NAMES) if self.firing_tiers[i, j] and not ev.firing[i, j]]
-        new = {t: self._alert(i, self.plan.tiers[i][t], ev.ts) for t in started}
+        new = {t: self.alert(i, self.plan.tiers[i][t], ev.ts) for t in started}
         resolved = [replace(self.alerts[(i, t)], status="resolved", ends_at=ev.ts) for t in ended]
         since = {t: (new[t] if t in new else self.alerts[(i, t)]).starts_at
                  for t, f in zip(TIER_NAMES, ev.firing[i]) if f}
@@ -226,7 +199,7 @@ class SloEngine:
         announce again every one still firing (outbox first; a receiver that has it already drops it there
         as a duplicate).  One that fired at the restart and not at the first evaluation was resolved by it:
         announcing it again would page anew (killed after queuing a resolution, before recording it)."""
-        gone, restored = self._reconcile
+        gone, restored = self.reconcile
         now = {a.fingerprint: a for a in self.alerts.values()}  # with the annotations given since the restart
         firing = [now[a.fingerprint] for a in restored if a.fingerprint in now]
         resolved = [replace(a, status="resolved", ends_at=ts) for a in gone]
@@ -237,7 +210,7 @@ class SloEngine:
             log.info("SLO alert %s (%s) announced before the restart does not fire now: resolved",
                      a.labels.get("slo"), a.labels.get("burn_tier"))
         self.recent.extend(resolved)
-        self._reconcile = ([], [])
+        self.reconcile = ([], [])
 
     def _notify(self, alert: Alert) -> None:
         if self.dispatcher is not None:
