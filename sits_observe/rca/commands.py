@@ -62,10 +62,9 @@ def _check_out(path: Path, *, directory: bool, force: bool, dataset: Path | None
     is wanted or the reverse, a parent that is a file, a directory we may not write in; what is stored there
     already unless ``force`` (a model daemons load, a dataset: both were replaced without a word); a model file
     inside ``dataset`` (its own metrics.csv was replaced by the model it was training)."""
-    if dataset is not None and (path.resolve() == dataset.resolve() or dataset.resolve() in path.resolve().parents):
+    if dataset is not None and path.resolve().is_relative_to(dataset.resolve()):
         raise ConfigError(f"--out: {path} is inside the dataset {dataset}; write the model elsewhere")
-    stored = [path] if path.is_file() and not directory else [
-        path / name for name in ("metrics.csv", "labels.csv") if directory and (path / name).exists()]
+    stored = any((path / n).exists() for n in ("metrics.csv", "labels.csv")) if directory else path.is_file()
     if stored and not force:
         what = "a file" if not directory else "a dataset"
         raise ConfigError(f"--out: {path} holds {what} already; give another path, or --force to replace it")

@@ -16,6 +16,7 @@ histogram series.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from operator import attrgetter
 from typing import Any
@@ -131,23 +132,16 @@ def _gpu_info(info: object) -> str | None:
     for g in info:
         if type(g.index) is not int or g.index < 0 or not all(type(x) is str for x in (g.uuid, g.model, g.pci_bus_id)):
             return f"gpu.info has {g!r}: the index must be an int >= 0, uuid, model and bus id strings"
-    indices = [g.index for g in info]
-    if len(set(indices)) < len(indices):
-        return f"gpu.info gives GPU index {_twice(indices)} twice"
-    uuids = [g.uuid for g in info if g.uuid]
-    if len(set(uuids)) < len(uuids):
-        return f"gpu.info gives UUID {_twice(uuids)!r} to two GPUs"
+    if twice := _twice(g.index for g in info):
+        return f"gpu.info gives GPU index {twice[0]} twice"
+    if twice := _twice(g.uuid for g in info if g.uuid):
+        return f"gpu.info gives UUID {twice[0]!r} to two GPUs"
     return None
 
 
-def _twice(items: list[Any]) -> Any:
-    """The first item seen a second time."""
-    seen: set[Any] = set()
-    for x in items:
-        if x in seen:
-            return x
-        seen.add(x)
-    return None
+def _twice(items: Iterable[Any]) -> list[Any]:
+    """The items given more than once."""
+    return [x for x, n in Counter(items).items() if n > 1]
 
 
 def _samples(samples: object) -> str | None:
