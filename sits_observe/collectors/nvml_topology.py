@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -25,6 +27,8 @@ __all__ = ["topology_from_nvml", "ancestor_kind", "nvlink_per_link", "pcie_bandw
            "format_cpulist"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # pynvml NVML_NVLINK_VERSION_* name -> one-direction bytes/s per link
 _NVLINK_RATE = {
@@ -112,16 +116,17 @@ def _try(nv: Any, fn: Any, *args: Any) -> Any:
 
 
 def _open(nv: Any, index: int, sysfs: Path) -> tuple[Gpu, Any]:
-    """The GPU and its handle; a GPU that cannot be opened (lost, unpowered, IRQ trouble: the NVML source reports
-    it unhealthy every sample) keeps its index with no identity, memory or links, and None for its handle."""
+    """The GPU and its handle; a GPU that cannot be opened or read (lost, unpowered, IRQ trouble: the NVML source
+    reports it unhealthy every sample; a GPU off the bus may still give its cached identity, then fail) keeps its
+    index with no identity, memory or links, and None for its handle."""
     try:
         h = nv.nvmlDeviceGetHandleByIndex(index)
         ids = nv.nvmlDeviceGetUUID(h), nv.nvmlDeviceGetName(h), nv.nvmlDeviceGetPciInfo(h).busId
+        return _gpu(nv, index, h, ids, sysfs), h
     except nv.NVMLError as exc:
         log.warning("nvml: GPU %d cannot be opened (%s); in the topology without links or memory, so nothing is "
                     "placed on it until a restart", index, exc)
         return Gpu(index, "", "", "", NUMA_UNKNOWN, (), 0), None
-    return _gpu(nv, index, h, ids, sysfs), h
 
 
 def _gpu(nv: Any, index: int, h: Any, ids: tuple[str, str, str], sysfs: Path) -> Gpu:
@@ -188,12 +193,25 @@ def _pcie(nv: Any, h: Any) -> float:
     return np.inf if gen is None or width is None else pcie_bandwidth(gen, width)
 
 
+def _per_gpu(nv: Any, index: int, what: str, read: Callable[[], T], default: T) -> T:
+    """``read()``, or ``default`` (logged) when NVML fails on it: one GPU going bad while the topology is read (lost
+    after it was opened, an unknown error on one of its calls) leaves that part out, not the whole host's topology."""
+    try:
+        return read()
+    except nv.NVMLError as exc:
+        log.warning("nvml: GPU %d: %s unreadable (%s); left out of the topology", index, what, exc)
+        return default
+
+
 def _read(nv: Any, sysfs: Path, name: str) -> Topology:
     opened = [_open(nv, i, sysfs) for i in range(nv.nvmlDeviceGetCount())]
     gpus, handles = [g for g, _ in opened], [h for _, h in opened]
     bus_index = {_bus(g.pci_bus_id): g.index for g in gpus if g.pci_bus_id}
-    links = [_nvlinks(nv, h, bus_index, None not in handles, sysfs) for h in handles]
-    pcie = [_pcie(nv, h) if h is not None else np.inf for h in handles]
+    every_gpu, no_links = None not in handles, (Counter[int](), 0, np.inf)
+    links = [_per_gpu(nv, i, "NVLinks", partial(_nvlinks, nv, h, bus_index, every_gpu, sysfs), no_links)
+             for i, h in enumerate(handles)]
+    pcie = [_per_gpu(nv, i, "PCIe link", partial(_pcie, nv, h), np.inf) if h is not None else np.inf
+            for i, h in enumerate(handles)]
     n = len(gpus)
     kinds = [[LinkKind.SELF] * n for _ in range(n)]
     bw, nvl = np.zeros((n, n)), np.zeros((n, n), dtype=np.int64)
@@ -209,8 +227,9 @@ def _read(nv: Any, sysfs: Path, name: str) -> Topology:
                 kinds[a][b], nvl[a, b] = LinkKind.NVSWITCH, min(links[a][1], links[b][1])
                 bw[a, b] = nvl[a, b] * rate
             else:  # an unopened GPU: the slowest path, as below
-                level = (None if handles[a] is None or handles[b] is None
-                         else _try(nv, nv.nvmlDeviceGetTopologyCommonAncestor, handles[a], handles[b]))
+                level = (None if handles[a] is None or handles[b] is None else _per_gpu(
+                    nv, a, f"PCIe path to GPU {b}",
+                    partial(_try, nv, nv.nvmlDeviceGetTopologyCommonAncestor, handles[a], handles[b]), None))
                 # not offered (some VMs): the slowest path between two GPUs of one host, not no topology at all
                 kind = LinkKind.NUMA_INTERCONNECT if level is None else ancestor_kind(nv, level)
                 kinds[a][b], bw[a, b] = kind, min(DEFAULT_BANDWIDTH[kind], pcie[a], pcie[b])

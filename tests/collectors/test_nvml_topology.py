@@ -130,7 +130,11 @@ def test_gpus_without_any_numa_answer_are_node_0(tmp_path) -> None:
 def test_no_driver_and_failing_driver(fake: FakeNvml) -> None:
     with pytest.raises(CollectorError, match="NVIDIA driver not available"):
         topology_from_nvml(FakeNvml(fixture("pcie-8"), init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND))
-    fake.gpus[1].fail["nvmlDeviceGetMemoryInfo"] = pynvml.NVML_ERROR_UNKNOWN
+
+    def no_count() -> int:  # the driver fails the host-wide call (one GPU failing leaves the others: below)
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
+
+    fake.nvmlDeviceGetCount = no_count  # type: ignore[method-assign]
     with pytest.raises(CollectorError, match="cannot read the GPU topology: Unknown Error"):
         topology_from_nvml(fake)
     assert fake.initialised == 0
@@ -234,6 +238,27 @@ def test_a_gpu_that_cannot_be_opened_keeps_its_place_without_links_or_memory(fak
     assert all(topo.kinds[5][b] == topo.kinds[b][5] == LinkKind.NUMA_INTERCONNECT for b in others)
     assert topo.nvlinks[5].sum() == topo.nvlinks[:, 5].sum() == 0
     assert all(topo.kinds[a][b] == whole.kinds[a][b] for a in others for b in others)  # the rest as they are
+    assert fake.initialised == 0
+
+
+@pytest.mark.parametrize("name,call,code", [
+    ("h100-sxm8", "nvmlDeviceGetMemoryInfo", pynvml.NVML_ERROR_GPU_IS_LOST),
+    ("h100-sxm8", "nvmlDeviceGetNumaNodeId", pynvml.NVML_ERROR_UNKNOWN),
+    ("h100-sxm8", "nvmlDeviceGetNvLinkState", pynvml.NVML_ERROR_GPU_IS_LOST),
+    ("h100-sxm8", "nvmlDeviceGetNvLinkRemotePciInfo", pynvml.NVML_ERROR_UNKNOWN),
+    ("pcie-8", "nvmlDeviceGetMaxPcieLinkGeneration", pynvml.NVML_ERROR_UNKNOWN),
+    ("pcie-8", "nvmlDeviceGetTopologyCommonAncestor", pynvml.NVML_ERROR_GPU_IS_LOST)])
+def test_a_gpu_failing_after_it_opened_leaves_the_rest_of_the_topology(name: str, call: str, code: int) -> None:
+    """A GPU off the bus can still give its cached identity and then fail every call: one such call after the
+    GPU opened made the whole host's topology, the scheduler with it, unavailable."""
+    whole = topology_from_nvml(FakeNvml(fixture(name)))
+    fake = FakeNvml(fixture(name))
+    fake.gpus[5].fail[call] = code
+    topo = topology_from_nvml(fake)
+    others = [i for i in range(8) if i != 5]
+    assert all(topo.kinds[a][b] == whole.kinds[a][b] and topo.bandwidth[a, b] == whole.bandwidth[a, b]
+               for a in others for b in others)
+    assert [topo.gpus[i] for i in others] == [whole.gpus[i] for i in others]
     assert fake.initialised == 0
 
 
