@@ -1,10 +1,11 @@
 """DCGM source: read an existing dcgm-exporter page and map its ``DCGM_FI_*`` fields to the GPU fields.
 
 Hosts that already run dcgm-exporter need no NVML access here.  GPU identity comes from the exporter's
-labels (``gpu``, ``UUID``, ``modelName``, ``pci_bus_id``); series of MIG instances (``GPU_I_ID`` set) are
-left out, since the GPU fields are per device.  The page is read every ``sample_interval`` seconds and
-the ticks in between reuse it; it is fetched in the background together with the other sources' pages
-(:mod:`.pagefetch`).  The mapping table is :data:`DCGM_MAP` (and docs/collectors.md).
+labels (``gpu``, ``UUID``, ``modelName``, ``pci_bus_id``); series of MIG instances (``GPU_I_ID`` set) give
+only the fields they repeat from their GPU (clocks, power, temperature, errors: dcgm-exporter lists only the
+instances of a GPU in MIG mode), since the GPU fields are per device.  The page is read every
+``sample_interval`` seconds and the ticks in between reuse it; it is fetched in the background together with
+the other sources' pages (:mod:`.pagefetch`).  The mapping table is :data:`DCGM_MAP` (and docs/collectors.md).
 """
 
 from __future__ import annotations
@@ -55,12 +56,22 @@ DCGM_SAMPLES: dict[str, tuple[str, dict[str, str]]] = {
     "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": ("sits_gpu_remapped_rows", {"kind": "correctable"}),
     "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": ("sits_gpu_remapped_rows", {"kind": "uncorrectable"}),
 }
+# fields a MIG instance's series (label GPU_I_ID) repeats from its GPU: read from them where the GPU has no series
+# of its own (dcgm-exporter lists only the instances of a GPU in MIG mode); its memory and utilization are not
+_DEVICE_WIDE = frozenset({
+    "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_GPU_TEMP",
+    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_RETIRED_SBE", "DCGM_FI_DEV_RETIRED_DBE", "DCGM_FI_DEV_XID_ERRORS",
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"})
 _SUMMED = {"memory_total_bytes", "retired_pages"}
 _BY_METRIC: dict[str, list[tuple[int, float, bool]]] = {
     metric: [(GPU_FIELD_INDEX[f], scale, f in _SUMMED) for m, f, scale in DCGM_MAP if m == metric]
     for metric, _, _ in DCGM_MAP
 }
 _WANTED = frozenset(_BY_METRIC) | frozenset(DCGM_SAMPLES)
+# a summed field only where the page has these parts of it for the GPU: FB_USED alone (a trimmed counters file)
+# made the total the used memory, every GPU 100 % full; FB_RESERVED is missing before DCGM 3.x and may be
+_PARTS_NEEDED = {GPU_FIELD_INDEX["memory_total_bytes"]: frozenset({"DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"})}
 
 
 def frame_part(series: Series) -> tuple[GpuFrame, list[Sample]]:
@@ -68,17 +79,20 @@ def frame_part(series: Series) -> tuple[GpuFrame, list[Sample]]:
 
     Only a GPU's first series of each metric counts: with Kubernetes GPU sharing (time-slicing, MPS)
     dcgm-exporter repeats it once per pod using the GPU, differing only in ``pod``, ``namespace``,
-    ``container`` (and vGPU) labels."""
+    ``container`` (and vGPU) labels.  The device's own series come before its MIG instances' (which count
+    only for the fields of :data:`_DEVICE_WIDE`)."""
     infos: dict[str, GpuInfo] = {}
     cells: dict[tuple[str, int], float] = {}  # (gpu label, field column) -> value
+    parts: dict[tuple[str, int], set[str]] = {}  # (gpu label, summed field column) -> the metrics summed in it
     samples = []
     for metric, entries in series.items():
         targets = _BY_METRIC.get(metric, ())
         detail = DCGM_SAMPLES.get(metric)
         seen: set[str] = set()
-        for labels, value in entries:
+        mig_too = metric in _DEVICE_WIDE
+        for labels, value in sorted(entries, key=lambda e: bool(e[0].get("GPU_I_ID"))):  # stable: page order kept
             gpu = labels.get("gpu")
-            if gpu is None or labels.get("GPU_I_ID") or not gpu.isdigit() or gpu in seen:
+            if gpu is None or (labels.get("GPU_I_ID") and not mig_too) or not gpu.isdigit() or gpu in seen:
                 continue
             seen.add(gpu)
             info = infos.get(gpu)
@@ -88,13 +102,16 @@ def frame_part(series: Series) -> tuple[GpuFrame, list[Sample]]:
             for col, scale, add in targets:
                 key = (gpu, col)
                 cells[key] = cells.get(key, 0.0) + value * scale if add else value * scale
+                if add:
+                    parts.setdefault(key, set()).add(metric)
             if detail is not None:
                 samples.append(gpu_sample(detail[0], info, value, **detail[1]))
     order = sorted(infos, key=lambda gpu: infos[gpu].index)
     pos = {gpu: i for i, gpu in enumerate(order)}
     frame = GpuFrame.empty([infos[gpu] for gpu in order])
     for (gpu, col), value in cells.items():
-        frame.values[pos[gpu], col] = value
+        if col not in _PARTS_NEEDED or _PARTS_NEEDED[col] <= parts[(gpu, col)]:
+            frame.values[pos[gpu], col] = value
     return frame, samples
 
 

@@ -134,6 +134,44 @@ def test_dcgm_series_repeated_per_pod_count_once() -> None:
     assert got.samples == want.samples  # one sits_gpu_last_xid / remapped_rows series per GPU, not per pod
 
 
+@pytest.mark.parametrize("dropped", ["DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED"])
+def test_dcgm_memory_total_needs_used_and_free(dropped: str) -> None:
+    """A counters file without FB_FREE made the total the used memory alone: every GPU read 100 % full (a
+    memory-pressure cause for the classifier, a saturation trigger for the scheduler)."""
+    page = "".join(line + "\n" for line in _page("dcgm_exporter_page.txt").splitlines()
+                   if not line.startswith(dropped + "{"))
+    gpu = DcgmSource("http://h:9400/metrics").read(page).gpu
+    assert np.isnan(gpu.values[:, GPU_FIELD_INDEX["memory_total_bytes"]]).all()
+    assert gpu.values[0, GPU_FIELD_INDEX["power_watts"]] == 512.345
+    without_reserved = "".join(line + "\n" for line in _page("dcgm_exporter_page.txt").splitlines()
+                               if not line.startswith("DCGM_FI_DEV_FB_RESERVED{"))  # older DCGM: used + free
+    gpu = DcgmSource("http://h:9400/metrics").read(without_reserved).gpu
+    assert np.isfinite(gpu.values[:, GPU_FIELD_INDEX["memory_total_bytes"]]).all()
+
+
+def test_dcgm_gpu_in_mig_mode_keeps_its_device_wide_fields() -> None:
+    """dcgm-exporter lists a GPU in MIG mode only through its instances' series (GPU_I_ID set), each repeating the
+    GPU's clocks, power, temperature and error counts: the GPU vanished, and a host all in MIG mode read as
+    'no DCGM_FI_* GPU series on the page' every sample."""
+    plain = _page("dcgm_exporter_page.txt")
+    mig = "".join(line.replace("} ", f',GPU_I_PROFILE="3g.40gb",GPU_I_ID="{gi}"}} ', 1) + "\n" if gi else line + "\n"
+                  for line in plain.splitlines()
+                  for gi in (("1", "2") if 'gpu="1"' in line and "GPU_I_ID" not in line else ("",)))
+    want, got = DcgmSource("http://h:9400/metrics").read(plain), DcgmSource("http://h:9400/metrics").read(mig)
+    assert got.gpu.info == want.gpu.info
+    assert np.array_equal(got.gpu.values[0], want.gpu.values[0], equal_nan=True)
+    col = GPU_FIELD_INDEX
+    for name in ("sm_clock_hertz", "memory_clock_hertz", "power_watts", "temperature_celsius", "throttle_reasons",
+                 "ecc_corrected_errors_total", "ecc_uncorrected_errors_total", "retired_pages"):
+        assert got.gpu.values[1, col[name]] == want.gpu.values[1, col[name]], name
+    for name in ("utilization_ratio", "memory_used_bytes", "memory_total_bytes", "pcie_rx_bytes_per_second"):
+        assert np.isnan(got.gpu.values[1, col[name]]), name  # per instance (or not offered) in MIG mode
+    assert got.samples == want.samples  # the last XID and remapped rows once, not per instance
+    only_mig = "".join(line + "\n" for line in mig.splitlines() if 'gpu="0"' not in line)
+    alone = DcgmSource("http://h:9400/metrics").read(only_mig)
+    assert [g.index for g in alone.gpu.info] == [1] and alone.gpu.values[0, col["power_watts"]] == 398.1
+
+
 # ---- vLLM ---------------------------------------------------------------------------------------
 
 VLLM_EDGES = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
