@@ -53,18 +53,27 @@ def load_nvml(nvml: Any = None) -> Any:
 
 
 def nvml_status(nvml: Any = None) -> tuple[bool, str]:
-    """For ``doctor``: is the driver loadable, and which GPUs does it see (or why not)."""
+    """For ``doctor``: is the driver loadable, and which GPUs does it see (or why not).  A GPU that cannot be
+    opened (lost, unpowered) is named with its error after the others, as the daemon reads the others."""
     try:
         nv = load_nvml(nvml)
     except CollectorError as exc:
         return False, str(exc)
     try:
-        driver = nv.nvmlSystemGetDriverVersion()
-        names = Counter(nv.nvmlDeviceGetName(nv.nvmlDeviceGetHandleByIndex(i)) for i in range(nv.nvmlDeviceGetCount()))
-        gpus = ", ".join(f"{n} x {name}" for name, n in names.items()) or "no GPUs"
-        return True, f"NVML driver {driver}: {sum(names.values())} GPU(s): {gpus}"
+        driver, count = nv.nvmlSystemGetDriverVersion(), nv.nvmlDeviceGetCount()
     except nv.NVMLError as exc:
+        nv.nvmlShutdown()
         return False, f"nvml: driver loaded but GPUs cannot be listed: {exc}"
+    try:
+        names: Counter[str] = Counter()
+        failed = []
+        for i in range(count):
+            try:
+                names[nv.nvmlDeviceGetName(nv.nvmlDeviceGetHandleByIndex(i))] += 1
+            except nv.NVMLError as exc:
+                failed.append(f"GPU {i} cannot be opened: {exc}")
+        gpus = ", ".join(f"{n} x {name}" for name, n in names.items()) or "no GPUs"
+        return True, f"NVML driver {driver}: {count} GPU(s): {gpus}" + "".join(f"; {f}" for f in failed)
     finally:
         nv.nvmlShutdown()
 

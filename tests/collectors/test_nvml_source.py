@@ -141,6 +141,29 @@ def test_a_link_whose_counters_fail_keeps_its_last_value(fake: FakeNvml) -> None
     assert np.isnan(_value(frame, 1, "nvlink_rx_bytes_per_second"))
 
 
+def test_nvlink_total_grows_by_traffic_only(fake: FakeNvml) -> None:
+    """A link first read late (it failed at start) added its lifetime bytes to the GPU's total, and a link whose
+    counter went down made the total drop, which Prometheus takes for a reset of the whole counter: both showed
+    as terabytes per second in rate()."""
+    clock = Clock()
+    src = NvmlSource(fake, clock=clock, sample_interval=5.0)
+    links, gib = fake.gpus[0].links, 1024.0**3
+    for link in links:
+        link.rx_kib = 10**10  # about 9.3 TiB each since the driver loaded
+    links[3].counter_error = pynvml.NVML_ERROR_UNKNOWN
+    totals = [_value(_frame(src), 0, "nvlink_rx_bytes_total")]
+    links[3].counter_error = None
+    for step in range(2):
+        for k, link in enumerate(links):
+            link.rx_kib = 100 if (k, step) == (5, 1) else link.rx_kib + 1024**2  # link 5's counter reset at step 1
+        clock.t += 5.0
+        frame = _frame(src)
+        totals.append(_value(frame, 0, "nvlink_rx_bytes_total"))
+    assert totals[1] - totals[0] == 17 * gib  # link 3's first read adds nothing: no traffic seen
+    assert totals[2] - totals[1] == 17 * gib + 100 * 1024.0  # link 5 counts its new value, as rate() does
+    assert _value(frame, 0, "nvlink_rx_bytes_per_second") == pytest.approx((17 * gib + 100 * 1024.0) / 5)
+
+
 def test_no_nvlink_on_pcie_boards_leaves_fields_empty() -> None:
     fake = FakeNvml(fixture("pcie-8"))
     for g in fake.gpus[2:4]:
@@ -477,6 +500,15 @@ def test_real_pynvml_on_this_gpu_less_machine() -> None:
 
 def test_nvml_status_names_the_gpus(fake: FakeNvml) -> None:
     assert nvml_status(fake) == (True, "NVML driver 550.90.07: 8 GPU(s): 8 x NVIDIA H100 80GB HBM3")
+    assert fake.initialised == 0
+
+
+def test_nvml_status_names_a_lost_gpu_and_lists_the_others(fake: FakeNvml) -> None:
+    """One GPU off the bus made `doctor` say the driver's GPUs 'cannot be listed' (and advise installing the
+    driver), naming none of the seven that work and not which one failed."""
+    fake.gpus[5].lost = True
+    assert nvml_status(fake) == (True, "NVML driver 550.90.07: 8 GPU(s): 7 x NVIDIA H100 80GB HBM3; "
+                                       "GPU 5 cannot be opened: GPU is lost")
     assert fake.initialised == 0
 
 
