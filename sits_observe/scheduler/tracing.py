@@ -14,18 +14,25 @@ ids).  Exports run on their own thread: a collector that is down never blocks a 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace.export import SpanExporter
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import SpanContext, TraceFlags
 
 from .. import __version__
+from ..collectors.config import check_url, redact
+from ..errors import ConfigError
 from .config import OtlpConfig
 from .placement import Candidate
 from .span_outbox import SpanSender
@@ -34,6 +41,7 @@ from .store import PlacementStore, SpanRecord
 __all__ = ["Decision", "DecisionTracer", "decision_ids", "link_context", "make_exporter"]
 
 SCOPE = "sits_observe.scheduler"
+log = logging.getLogger("sits_observe.scheduler")
 
 
 @dataclass(slots=True)
@@ -105,13 +113,68 @@ def make_exporter(cfg: OtlpConfig, env: Mapping[str, str]) -> SpanExporter | Non
     base = cfg.endpoint or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
     if not base:
         return None
+    try:  # otlp.endpoint was checked at load; a bad one here would fail every export, quietly
+        check_url(base)
+    except ValueError as exc:
+        raise ConfigError(f"OTEL_EXPORTER_OTLP_ENDPOINT: {redact(base)[:200]!r} {exc}") from None
     if cfg.protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 
         return GrpcExporter(endpoint=base, timeout=cfg.timeout)
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+    return _HttpExporter(base.rstrip("/") + "/v1/traces", cfg.timeout)
 
-    return HttpExporter(endpoint=base.rstrip("/") + "/v1/traces", timeout=cfg.timeout)
+
+class _HttpExporter(SpanExporter):
+    """The SDK's OTLP/HTTP exporter, and the two answers it does not check.  It takes any 3xx for success (it
+    follows no redirect), so the spans would be deleted undelivered: a redirect fails the export instead, and
+    is logged (once in a row) with where it points.  Spans a 200 reports rejected (``partial_success``, which
+    the OTLP spec says not to retry) are logged with the collector's message and counted in ``rejected``."""
+
+    def __init__(self, endpoint: str, timeout: float) -> None:
+        import requests
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        session = requests.Session()
+        session.hooks["response"].append(self._answered)
+        self._sdk = OTLPSpanExporter(endpoint=endpoint, timeout=timeout, session=session)
+        self._last: Any = None  # the last answer of the export in progress (the SDK may retry)
+        self._redirected = False
+        self.rejected = 0  # spans the collector took and reported rejected (partial_success)
+
+    def _answered(self, resp: Any, *args: Any, **kwargs: Any) -> None:
+        self._last = resp
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self._last = None
+        result = self._sdk.export(spans)
+        resp, self._last = self._last, None
+        if result is not SpanExportResult.SUCCESS or resp is None:
+            return result
+        if 300 <= resp.status_code < 400:
+            if not self._redirected:
+                to = urlsplit(redact(resp.headers.get("Location") or "?"))._replace(query="", fragment="")
+                log.error("scheduler: OTLP collector answered HTTP %d, a redirect to %s (not followed: it would lose "
+                          "the spans); they stay stored; set otlp.endpoint to the base URL it points to",
+                          resp.status_code, urlunsplit(to)[:200])
+            self._redirected = True
+            return SpanExportResult.FAILURE
+        self._redirected = False
+        if "protobuf" in resp.headers.get("Content-Type", ""):  # the OTLP answer to a protobuf request
+            self._rejected(resp.content, len(spans))
+        return result
+
+    def _rejected(self, body: bytes, sent: int) -> None:
+        try:
+            partial = ExportTraceServiceResponse.FromString(body).partial_success
+        except DecodeError:  # not an OTLP protobuf answer (a proxy's page): nothing to learn from it
+            return
+        if n := min(partial.rejected_spans, sent):
+            self.rejected += n
+            log.error("scheduler: OTLP collector rejected %d of %d ShardDecisionSpan(s), dropped (not sent again): "
+                      "%s", n, sent, partial.error_message[:300] or "it gave no reason")
+
+    def shutdown(self) -> None:
+        self._sdk.shutdown()
 
 
 class DecisionTracer:
@@ -128,6 +191,7 @@ class DecisionTracer:
                                     "host.name": host_name})
         self.resource = dict(resource.attributes)
         self.ring: deque[dict[str, Any]] = deque(maxlen=keep)
+        self._http = exporter if isinstance(exporter, _HttpExporter) else None
         self.sender = None if exporter is None else SpanSender(store, exporter, cfg)
         if self.sender is not None:
             self.sender.start()
@@ -138,7 +202,8 @@ class DecisionTracer:
 
     @property
     def dropped(self) -> int:
-        return 0 if self.sender is None else self.sender.dropped
+        rejected = 0 if self._http is None else self._http.rejected  # by the collector, in a 200
+        return rejected + (0 if self.sender is None else self.sender.dropped)
 
     def span(self, d: Decision) -> SpanRecord | None:
         """The decision's span, ended now (wall clock), to store with the decision's rows; None when spans

@@ -19,13 +19,17 @@ class Receiver:
 
     ``refuse(span)`` true for any span of a request answers it 400 Bad Request, as a collector does for a
     value it cannot take; ``deny`` (a status code) answers every request so, as one without the right token
-    does (such requests are counted in ``refused``, not kept)."""
+    does (such requests are counted in ``refused``, not kept); ``redirect`` (a URL) answers every request
+    308 to it, as an ingress moving http to https does.  ``reject(span)`` true takes the request, keeping the
+    other spans, and answers 200 with their count in ``partial_success``."""
 
     def __init__(self) -> None:
         self.requests: list[ExportTraceServiceRequest] = []
         self.refused = 0
         self.refuse: Callable[[Any], bool] = lambda span: False
+        self.reject: Callable[[Any], bool] = lambda span: False
         self.deny: int | None = None
+        self.redirect: str | None = None
         self.got = threading.Event()
         outer = self
 
@@ -35,15 +39,26 @@ class Receiver:
                 req = ExportTraceServiceRequest()
                 req.ParseFromString(body)
                 spans = [span for rs in req.resource_spans for ss in rs.scope_spans for span in ss.spans]
-                if outer.deny or any(outer.refuse(span) for span in spans):
+                if outer.redirect or outer.deny or any(outer.refuse(span) for span in spans):
                     outer.refused += 1
-                    self.send_response(outer.deny or 400)
+                    self.send_response(308 if outer.redirect else outer.deny or 400)
+                    if outer.redirect:
+                        self.send_header("Location", outer.redirect)
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
+                answer = ExportTraceServiceResponse()
+                for rs in req.resource_spans:
+                    for ss in rs.scope_spans:
+                        kept = [span for span in ss.spans if not outer.reject(span)]
+                        answer.partial_success.rejected_spans += len(ss.spans) - len(kept)
+                        del ss.spans[:]
+                        ss.spans.extend(kept)
+                if answer.partial_success.rejected_spans:
+                    answer.partial_success.error_message = "span attribute value too long"
                 outer.requests.append(req)
                 outer.got.set()
-                out = ExportTraceServiceResponse().SerializeToString()
+                out = answer.SerializeToString()
                 self.send_response(200 if self.path == "/v1/traces" else 404)
                 self.send_header("Content-Type", "application/x-protobuf")
                 self.send_header("Content-Length", str(len(out)))
@@ -76,8 +91,6 @@ def value(v: AnyValue) -> Any:
     if kind == "array_value":
         return [value(x) for x in v.array_value.values]
     return getattr(v, kind)
-
-
 
 
 def attributes(span: Any) -> dict[str, Any]:

@@ -6,6 +6,7 @@ scheduler walking the placement states, the span outbox in scheduler.sqlite and 
 
 from __future__ import annotations
 
+import logging
 import socket
 from pathlib import Path
 from typing import Any
@@ -20,11 +21,13 @@ from otlp_receiver import Receiver, attributes
 from sched_helpers import frame
 
 from sits_observe.config import SimConfig, parse
+from sits_observe.errors import ConfigError
 from sits_observe.frame import BucketLayout, Frame
 from sits_observe.rca.verdict import Verdict
 from sits_observe.scheduler.config import OtlpConfig, SchedulerConfig
 from sits_observe.scheduler.engine import Scheduler
-from sits_observe.scheduler.tracing import link_context
+from sits_observe.scheduler.store import PlacementStore
+from sits_observe.scheduler.tracing import DecisionTracer, link_context
 from sits_observe.sim.host import SimulatedHost
 
 ATTRIBUTES = {"shard.id", "shard.strategy", "target.node", "target.gpus", "source.gpus", "decision.score",
@@ -153,3 +156,56 @@ def test_grpc_protocol_reaches_a_grpc_collector(tmp_path: Path) -> None:
     assert [s.name for s in spans] == ["shard.assign"]
     attrs = attributes(spans[0])
     assert attrs["shard.id"] == "tp2" and len(attrs["target.gpus"]) == 2 and sched.tracer.dropped == 0
+
+
+def test_a_collector_redirecting_keeps_the_spans_and_says_where_to(tmp_path: Path, receiver: Receiver,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    # the SDK follows no redirect and takes any 3xx for success: the spans were deleted, never delivered
+    receiver.redirect = "https://user:pw@collector.example:4318/v1/traces?token=t"
+    sched = Scheduler(SchedulerConfig(), OtlpConfig(endpoint=receiver.url, schedule_delay=60),
+                      SimulatedHost(SimConfig(), BucketLayout((0.1, 1.0))).topology, tmp_path, clock=lambda: 1000.0)
+    try:
+        sched.on_tick(frame(1000.0, n=sched.topo.n))
+        sched.register_shard({"id": "tp2", "gpus": 2, "memory_per_gpu": 2**30, "comm_intensity": 1.0})
+        with caplog.at_level(logging.ERROR, logger="sits_observe.scheduler"):
+            assert not sched.tracer.flush()
+        assert sched.store.span_backlog() == 1 and sched.tracer.dropped == 0 and receiver.refused >= 1
+        (said,) = [r.getMessage() for r in caplog.records if "redirect" in r.getMessage()]
+        assert "https://collector.example:4318/v1/traces " in said and "pw" not in said and "token" not in said
+        receiver.redirect = None  # the endpoint fixed (here: the collector stops redirecting)
+        assert sched.tracer.flush()
+    finally:
+        sched.close()
+    assert [attributes(s)["shard.id"] for _, s in receiver.spans()] == ["tp2"]
+
+
+def test_spans_a_collector_rejects_in_a_200_are_logged_and_counted(tmp_path: Path, receiver: Receiver,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    receiver.reject = lambda span: attributes(span)["shard.id"] == "s1"  # partial_success: 1 rejected
+    sched = Scheduler(SchedulerConfig(), OtlpConfig(endpoint=receiver.url, schedule_delay=60),
+                      SimulatedHost(SimConfig(), BucketLayout((0.1, 1.0))).topology, tmp_path, clock=lambda: 1000.0)
+    try:
+        sched.on_tick(frame(1000.0, n=sched.topo.n))
+        for i in range(3):
+            sched.register_shard({"id": f"s{i}", "gpus": 1, "memory_per_gpu": 2**30})
+        with caplog.at_level(logging.ERROR, logger="sits_observe.scheduler"):
+            assert sched.tracer.flush()  # not sent again: the spec says a partial success is not retried
+        got = {s.name: s.value for s in sched.metrics() if s.name.startswith("sits_scheduler_spans_")}
+        assert got == {"sits_scheduler_spans_dropped_total": 1.0, "sits_scheduler_spans_pending": 0.0}
+        assert sched.decisions_state()["spans_dropped"] == 1
+    finally:
+        sched.close()
+    assert sorted(attributes(s)["shard.id"] for _, s in receiver.spans()) == ["s0", "s2"]
+    assert any("rejected 1 of" in r.getMessage() and "span attribute value too long" in r.getMessage()
+               for r in caplog.records)
+
+
+@pytest.mark.parametrize("value", ["collector:4318", "localhost", "http://"])
+def test_a_bad_endpoint_in_the_environment_is_refused_at_start(tmp_path: Path, value: str) -> None:
+    # otlp.endpoint is checked at load; the environment's stood unchecked and failed every export, quietly
+    store = PlacementStore(tmp_path)
+    try:
+        with pytest.raises(ConfigError, match=f"OTEL_EXPORTER_OTLP_ENDPOINT: '{value}' must be an http"):
+            DecisionTracer(OtlpConfig(), "h", store, env={"OTEL_EXPORTER_OTLP_ENDPOINT": value})
+    finally:
+        store.close()
