@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
+from ..alerting.answers import retry_after
 from ..alerting.formats import sign
 from ..collectors.config import basic_auth, redact
 from ..errors import ConfigError, SimError
@@ -37,6 +38,7 @@ __all__ = ["StepOutcome", "Actuator", "LogActuator", "WebhookActuator", "Command
 
 log = logging.getLogger("sits_observe.scheduler.actuator")
 STDERR_KEPT = 4096  # bytes of a failed command's stderr read back (its last line is the reason)
+RETRY_AFTER_MAX_S = 60.0  # a webhook's Retry-After is honoured up to this (the worker sends one step at a time)
 
 # (placement_id, step) -> whether that step still waits for its outcome
 Pending = Callable[[int, str], bool]
@@ -145,8 +147,9 @@ _OPENER = urllib.request.build_opener(_NoRedirect)
 class WebhookActuator(_Worker):
     """POSTs the plan JSON to the orchestrator, signed as alert webhooks are (``X-Sits-Timestamp``,
     ``X-Sits-Signature: sha256=HMAC(secret, timestamp + "." + body)``); the step completes when the
-    orchestrator acks it through the API.  A redirect is not followed (it would lose the body): it fails
-    the step, naming where it points."""
+    orchestrator acks it through the API.  A 5xx, a 429 or a connection error is retried ``retries`` times,
+    0.5, 1, 2 ... s apart, or after the answer's ``Retry-After`` (seconds, up to ``RETRY_AFTER_MAX_S``).  A
+    redirect is not followed (it would lose the body): it fails the step, naming where it points."""
 
     name = "webhook"
 
@@ -161,10 +164,11 @@ class WebhookActuator(_Worker):
 
     def _post(self, plan: dict[str, Any]) -> StepOutcome | None:
         body = json.dumps(plan, sort_keys=True).encode()
-        why = ""
+        why, asked = "", 0.0
         for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(min(0.5 * 2 ** (attempt - 1), 10.0))
+            if attempt:  # no sooner than a Retry-After asked (a rate-limited orchestrator refuses retries before)
+                time.sleep(max(min(0.5 * 2 ** (attempt - 1), 10.0), asked))
+                asked = 0.0
                 if not self._waiting(plan):  # acked (or failed) meanwhile: a retry would apply the step again
                     return None
             headers = {"Content-Type": "application/json", "User-Agent": "sits-observe-scheduler"}
@@ -188,6 +192,8 @@ class WebhookActuator(_Worker):
                     break
                 if 400 <= exc.code < 500 and exc.code != 429:
                     break  # the orchestrator refused the plan; retrying will not help
+                wait = retry_after(exc.headers.get("Retry-After"))  # seconds: NaN, < 0 and a date are ignored
+                asked = min(wait, RETRY_AFTER_MAX_S) if wait is not None and wait > 0 else 0.0
             except (urllib.error.URLError, OSError) as exc:
                 why = str(getattr(exc, "reason", exc))
         return StepOutcome(int(plan["placement_id"]), str(plan["step"]), False,

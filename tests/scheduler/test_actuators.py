@@ -1,4 +1,5 @@
-"""The command actuator runs a real program with the plan on stdin; its exit code is the ack."""
+"""The command actuator runs a real program with the plan on stdin; its exit code is the ack.  The webhook
+actuator's retries, against a real HTTP server."""
 
 from __future__ import annotations
 
@@ -6,15 +7,18 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from sched_helpers import frame, live_gpus
 
-from sits_observe.scheduler.actuators import CommandActuator
+from sits_observe.scheduler.actuators import CommandActuator, WebhookActuator
 from sits_observe.scheduler.engine import Scheduler
 
 PROGRAM = """
@@ -265,3 +269,41 @@ def test_a_shard_adopted_again_at_start_up_is_a_recorded_decision(make_scheduler
                                                                         "running on start-up (config)")
     assert [p.gpus for p in s.store.placements("a") if p.state is State.LAUNCHED] == [(3,)]
     assert s.store.placement(d["placement_id"]).gpus == (3,)
+
+
+def test_a_webhook_retry_waits_as_long_as_retry_after_asks() -> None:
+    """A rate-limited orchestrator (429/503 with Retry-After) refuses a retry sent sooner: the retries came at 0.5,
+    1, 2 s whatever it asked, so the step failed and the migration with it."""
+    answers: list[int] = []
+    first: list[float] = []
+    second = threading.Event()
+
+    class Limited(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers["Content-Length"]))
+            early = bool(first) and time.monotonic() - first[0] < 1.5
+            status = 503 if not first or early else 202
+            first[:] = first or [time.monotonic()]
+            answers.append(status)
+            self.send_response(status)
+            if status == 503:
+                self.send_header("Retry-After", "1.5")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            if len(answers) == 2:
+                second.set()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Limited)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    hook = WebhookActuator(f"http://127.0.0.1:{server.server_address[1]}/plans", None, 2.0, 1)
+    try:
+        assert hook.submit({"placement_id": 3, "step": "launch"}) is None
+        assert second.wait(10)
+    finally:
+        hook.close()  # after the step it sends
+        server.shutdown()
+        server.server_close()
+    assert answers == [503, 202] and hook.poll() == []  # delivered: the step waits for its ack
