@@ -127,6 +127,7 @@ def create_app(daemon: Daemon, *, ui: bool = True) -> Flask:
 # any request body over this is refused (413) by waitress from its headers, before it is read (its own default
 # is 1 GiB, buffered to temporary files); the API's bodies are under 1 KiB, the UI's callbacks a few KiB
 MAX_REQUEST_BODY = 8 << 20
+CONNECTION_LIMIT = 100  # open connections (waitress's default); at it, the one idle longest is closed for a newcomer
 
 
 class Server:
@@ -134,11 +135,14 @@ class Server:
 
     def __init__(self, app: Callable[..., Any], host: str, port: int, threads: int = 8) -> None:
         """Binds now (``app``: any WSGI application); serves from :meth:`start`."""
-        from waitress.server import create_server
+        from waitress.server import BaseWSGIServer, create_server
 
         try:
+            # poll(), not select(): select() raises on a descriptor past 1023, which killed the server's thread for
+            # good (every request refused from then on) once the probes' perf events had opened that many
             self._server = create_server(app, host=host, port=port, threads=threads, ident="sits-observe",
-                                         clear_untrusted_proxy_headers=True, max_request_body_size=MAX_REQUEST_BODY)
+                                         clear_untrusted_proxy_headers=True, max_request_body_size=MAX_REQUEST_BODY,
+                                         asyncore_use_poll=True, connection_limit=CONNECTION_LIMIT)
         except (OSError, ValueError) as exc:  # waitress raises ValueError for a host that does not resolve
             cause = exc.__context__  # the resolver's own error, which waitress replaced
             if isinstance(cause, socket.gaierror) and cause.errno == socket.EAI_AGAIN:
@@ -155,6 +159,9 @@ class Server:
         srv = self._server  # a host name of several addresses (localhost: 127.0.0.1 and ::1) gives one per address
         self.port = int(srv.effective_listen[0][1] if hasattr(srv, "effective_listen") else srv.effective_port)
         self.host = host
+        sockets = getattr(srv, "_map", None) or srv.map  # type: ignore[union-attr]
+        for listener in [d for d in sockets.values() if isinstance(d, BaseWSGIServer)]:
+            _evict_when_full(listener, sockets)
         self._thread = threading.Thread(target=self._server.run, name="http", daemon=True)
 
     def start(self) -> None:
@@ -177,3 +184,28 @@ class Server:
         else:  # never started (the daemon failed to build): no loop polls the sockets
             wasyncore.close_all(sockets)
         srv.task_dispatcher.shutdown()  # type: ignore[union-attr]
+
+
+def _evict_when_full(listener: Any, sockets: dict[int, Any]) -> None:
+    """At its connection limit waitress stops accepting, so one client holding that many connections open (idle
+    keep-alives, requests sent a byte at a time) kept every other out, /metrics and /healthz included, for as long
+    as it went on.  Here the connection idle the longest with no request being served on it is closed instead (one
+    at a time; those still sending an answer to a slow reader go last), so that a newcomer gets in; a request being
+    served is never cut off."""
+    from waitress.channel import HTTPChannel
+
+    accepts = listener.readable  # asked on every turn of the server's loop, in its thread
+
+    def readable() -> bool:
+        try:  # waitress internals (3.0): where another version lacks one, its own behaviour, not a dead server
+            if listener.accepting and len(sockets) >= listener.adj.connection_limit:
+                idle = [c for c in sockets.values() if isinstance(c, HTTPChannel) and not c.requests]
+                if idle:  # it closes on the loop's next turn, and the newcomer is accepted on the one after
+                    if not any(c.will_close for c in idle):
+                        min(idle, key=lambda c: (bool(c.total_outbufs_len), c.last_activity)).will_close = True
+                    return False  # not accepting until then (waitress would log each such turn)
+        except AttributeError:
+            pass
+        return bool(accepts())
+
+    listener.readable = readable
