@@ -85,6 +85,7 @@ class Daemon:
         self.health: dict[str, _Health] = {}
         self.started = time.time()
         self.last_tick_wall: float | None = None
+        self._run_wall: float | None = None  # when run() began: a first tick that hangs is a stall too
         self._refusal_told = False  # the store's first refused series is logged once
         self.stop_event = threading.Event()
         self._reload_loader: Callable[[], Config | None] | None = None  # SIGHUP's, applied between ticks
@@ -188,6 +189,7 @@ class Daemon:
         """Tick until :attr:`stop_event` is set (or ``duration`` wall seconds pass)."""
         deadline = None if duration is None else time.monotonic() + duration
         next_at = time.monotonic()
+        self._run_wall = time.time()
         while not self.stop_event.is_set():
             self.tick()
             loader, self._reload_loader = self._reload_loader, None
@@ -203,8 +205,13 @@ class Daemon:
 
     def close(self, timeout: float | None = None) -> bool:
         """Close every source and consumer (:func:`~sits_observe.closing.close_all`), waiting at most ``timeout``
-        seconds (default :data:`CLOSE_TIMEOUT`); True when each closed."""
-        return close_all([*self.sources, *self.consumers], CLOSE_TIMEOUT if timeout is None else timeout)
+        seconds (default :data:`CLOSE_TIMEOUT`), and keep the clock's time where it has one to keep (the simulated
+        clock); True when each part closed."""
+        closed = close_all([*self.sources, *self.consumers], CLOSE_TIMEOUT if timeout is None else timeout)
+        save = getattr(self.clock, "save", None)
+        if save is not None:
+            save()
+        return closed
 
     def request_reload(self, loader: Callable[[], Config | None]) -> None:
         """From a signal handler: load and apply the config with ``loader`` after the tick in progress (a
@@ -277,11 +284,13 @@ class Daemon:
                                      float(t.bandwidth[i, j]))
 
     def stalled_seconds(self) -> float | None:
-        """Seconds since the last tick when the tick loop has stalled (a source or consumer hung in it), else None
-        (/healthz and /readyz answer 503 then, and the UI says so)."""
-        if self.last_tick_wall is None:
+        """Seconds since the last tick (or since the loop began, before the first tick ends) when the tick loop has
+        stalled (a source or consumer hung in it), else None (/healthz and /readyz answer 503 then, and the UI says
+        so)."""
+        last = self.last_tick_wall if self.last_tick_wall is not None else self._run_wall
+        if last is None:
             return None
-        since = time.time() - self.last_tick_wall
+        since = time.time() - last
         return since if since > max(STALLED_AFTER_S, 3 * self.clock.wall_interval) else None
 
     def status(self) -> dict[str, Any]:

@@ -2,6 +2,8 @@
 
 import copy
 import logging
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -379,6 +381,42 @@ def test_health_and_readiness_say_when_the_tick_loop_has_stalled(tmp_path):
     assert client.get("/readyz").status_code == 503
     daemon.tick()  # it came back
     assert client.get("/healthz").status_code == 200 and client.get("/readyz").status_code == 200
+
+
+class HangsOnce:
+    name = "hangs"
+
+    def __init__(self):
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def collect(self, frame):
+        self.entered.set()
+        self.release.wait(30)
+
+
+def test_a_first_tick_that_hangs_is_a_stall_too(tmp_path, monkeypatch):
+    """/healthz said ok for ever when the very first tick hung (no tick had ended to measure from)."""
+    import sits_observe.daemon as daemon_module
+
+    monkeypatch.setattr(daemon_module, "STALLED_AFTER_S", 0.0)  # and 3 tick intervals: 30 ms
+    cfg = parse({"state_dir": str(tmp_path), "tick_interval": 0.01}, env={})
+    daemon = Daemon(config=cfg, clock=WallClock(0.01))
+    hangs = HangsOnce()
+    daemon.sources.append(hangs)
+    client = create_app(daemon, ui=False).test_client()
+    loop = threading.Thread(target=daemon.run, daemon=True)
+    loop.start()
+    try:
+        assert hangs.entered.wait(10)
+        deadline = time.monotonic() + 10
+        while client.get("/healthz").status_code == 200 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        r = client.get("/healthz")
+        assert r.status_code == 503 and r.get_json()["status"] == "stalled"
+    finally:
+        daemon.stop_event.set()
+        hangs.release.set()
+        loop.join(10)
 
 
 def test_sighup_says_which_changes_need_a_restart_and_keeps_them_as_running(tmp_path, caplog):
