@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import logging
+import math
+import os
 import time
+from pathlib import Path
 from typing import Protocol
 
-__all__ = ["Clock", "SimClock", "WallClock"]
+__all__ = ["Clock", "SIM_CLOCK_FILE", "SimClock", "WallClock"]
+
+log = logging.getLogger(__name__)
+
+SIM_CLOCK_FILE = "sim-clock"  # under state_dir: where a simulated host's clock stopped
 
 
 class Clock(Protocol):
@@ -36,17 +44,55 @@ class WallClock:
 
 
 class SimClock:
-    """Simulated time starting at ``start``: each tick advances ``interval``; ``speed`` ticks per wall interval."""
+    """Simulated time starting at ``start``: each tick advances ``interval``; ``speed`` ticks per wall interval.
 
-    def __init__(self, interval: float, speed: float, start: float) -> None:
+    It runs ahead of the wall clock (``speed`` times), so a restart from wall time went back from what the last run
+    stored in ``state_dir`` (the SLO windows and budgets started afresh, verdicts and decisions lay in the future):
+    with ``keep`` (a file) it starts where the last run stopped when that is later than ``start``, and
+    :meth:`save` keeps its time there at close."""
+
+    def __init__(self, interval: float, speed: float, start: float, keep: Path | None = None) -> None:
         self.interval = interval
         self.wall_interval = interval / speed
-        self._ts = start
+        self._keep = keep
+        self._ts = start if keep is None else max(start, _kept(keep))
 
     def next_ts(self) -> float:
         self._ts += self.interval
         return self._ts
 
+    def save(self) -> None:
+        """Keep the time reached in the ``keep`` file (replaced whole); a failure is logged, not raised: the next
+        start then begins from wall time."""
+        if self._keep is None:
+            return
+        tmp = self._keep.with_name(self._keep.name + ".tmp")
+        try:
+            tmp.write_text(f"{self._ts!r}\n")
+            os.replace(tmp, self._keep)
+        except OSError as exc:
+            log.warning("cannot keep the simulated clock in %s (%s); the next start begins from wall time",
+                        self._keep, exc.strerror)
+
     def elapsed(self, ts: float) -> float:
         """Simulated ticks are never late."""
         return self.interval
+
+
+def _kept(path: Path) -> float:
+    """The time a last run's :meth:`SimClock.save` kept in ``path``; -inf when there is none to use (said once)."""
+    try:
+        text = path.read_text()[:64]
+    except FileNotFoundError:
+        return -math.inf
+    except (OSError, UnicodeDecodeError) as exc:
+        log.warning("cannot read %s (%s); the simulated clock starts from wall time", path, exc)
+        return -math.inf
+    try:
+        ts = float(text)
+    except ValueError:
+        ts = math.nan
+    if not math.isfinite(ts):
+        log.warning("%s holds no time (%r); the simulated clock starts from wall time", path, text.strip()[:20])
+        return -math.inf
+    return ts

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .clock import SimClock, WallClock
+from .clock import SIM_CLOCK_FILE, SimClock, WallClock
 from .config import Config
 from .daemon import Daemon
 from .errors import ConfigError, SitsError
@@ -49,9 +49,10 @@ def scheduler_off(config: Config, topology: object) -> str:
 
 def build_daemon(config: Config) -> Daemon:
     """Sources, consumers and subsystems as the config says (the simulator when gpu.backend is sim)."""
-    _state_dir(config)
+    state = _state_dir(config)
     if config.gpu.backend == "sim":
-        clock: WallClock | SimClock = SimClock(config.tick_interval, config.sim.speed, start=time.time())
+        clock: WallClock | SimClock = SimClock(config.tick_interval, config.sim.speed, start=time.time(),
+                                               keep=state / SIM_CLOCK_FILE)
     else:
         clock = WallClock(config.tick_interval)
     daemon = Daemon(config=config, clock=clock)

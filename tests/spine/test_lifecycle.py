@@ -1,5 +1,6 @@
 """Start-up and shutdown: a part that hangs or raises while closing, a part that fails to start after others
-did, a port in use, a second signal, and signals that arrive while the daemon is still starting."""
+did, a port in use, a second signal, signals that arrive while the daemon is still starting, and a simulated
+host's clock kept across a restart."""
 
 import contextlib
 import logging
@@ -289,3 +290,39 @@ def test_a_listen_address_the_host_does_not_have_yet_exits_1_so_systemd_tries_ag
         "address); exiting with 1 so that systemd tries again once the network is up (or set listen: to an "
         "address of this host, e.g. 0.0.0.0)"]
     assert built == [] and not (tmp_path / "state").exists()
+
+
+def test_a_simulated_host_restarted_on_its_state_dir_goes_on_from_where_its_clock_stopped(tmp_path, caplog):
+    """The simulated clock runs ahead of the wall clock: a restart from wall time went back past what slo.db held,
+    and the SLO windows and budgets started afresh at every restart."""
+    from sits_observe.wiring import build_daemon
+
+    data = yaml.safe_load(DEMO_DEFAULTS.read_text())
+    data.update(state_dir=str(tmp_path), rca={"enabled": False}, scheduler={"enabled": False})
+    cfg = parse(data, "<test>", env={})
+    first = build_daemon(cfg)
+    try:
+        for _ in range(1000):  # 1000 simulated seconds: further ahead of the wall clock than the SLOs' slack
+            last = first.tick().ts
+    finally:
+        assert first.close()
+    again = build_daemon(cfg)
+    try:
+        with caplog.at_level(logging.WARNING):
+            assert again.tick().ts > last
+    finally:
+        again.close()
+    assert not [r for r in caplog.records if "went back" in r.getMessage()], caplog.text
+
+
+@pytest.mark.parametrize("kept", [b"garbage\n", b"nan\n", b"\xff\xfe", None])
+def test_a_simulated_clock_with_no_usable_kept_time_starts_from_wall_time(tmp_path, kept, caplog):
+    keep = tmp_path / "sim-clock"
+    if kept is not None:
+        keep.write_bytes(kept)
+    with caplog.at_level(logging.WARNING, logger="sits_observe.clock"):
+        clock = SimClock(1.0, 20.0, start=1000.0, keep=keep)
+    assert clock.next_ts() == 1001.0
+    assert len(caplog.records) == (kept is not None), caplog.text
+    clock.save()
+    assert SimClock(1.0, 20.0, start=0.0, keep=keep).next_ts() == 1002.0
