@@ -51,7 +51,7 @@ def register(sub: Any) -> None:
 
 def _check(args: argparse.Namespace) -> int:
     cfg = load(args.file)  # with the environment overrides `run` applies
-    if cfg.rca.enabled and (why := _model_unusable(cfg)) is not None:
+    if cfg.rca.enabled and (why := _model_unusable(cfg, args.file)) is not None:
         # `run` starts without root-cause classification then (one warning line); here it is an error
         raise ConfigError(f"{args.file}: rca.model: {why}; as it is, the daemon would run without root-cause "
                           "classification (or set rca.enabled: false)")
@@ -61,9 +61,11 @@ def _check(args: argparse.Namespace) -> int:
     return 0
 
 
-def _model_unusable(cfg: Config) -> str | None:
-    """Why the daemon could not load the classifier ``cfg`` names (the checks its start makes), else None."""
+def _model_unusable(cfg: Config, file: str) -> str | None:
+    """Why the daemon could not load the classifier ``cfg`` names (the checks its start makes), else None;
+    ConfigError for floors naming causes the model does not have (the daemon warns and ignores them)."""
     from .rca.engine import other_step, short_history
+    from .rca.floors import Floors
     from .rca.model import RcaModel
 
     path = cfg.rca.model_path()
@@ -71,6 +73,9 @@ def _model_unusable(cfg: Config) -> str | None:
         model = RcaModel.load(path)
     except ModelError as exc:
         return str(exc)
+    if extra := Floors.of(cfg.rca.min_confidence).unknown_causes(model.classes):
+        raise ConfigError(f"{file}: rca.min_confidence: floors for {', '.join(extra)}, which the model never names "
+                          f"(its classes: {', '.join(model.classes)}); fix the names or remove them")
     return other_step(model, path, cfg.tick_interval) or short_history(model, cfg.store.history)
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from ..argtypes import FRACTION, NON_NEGATIVE_INT, POSITIVE_INT, PROBABILITY, THREADS, float_in, int_at_least
 from ..errors import ConfigError, ModelError
 from .config import HEALTHY_MIN_CONFIDENCE, MAX_WIDTH, MIN_CONFIDENCE, SHIPPED_MODEL
+from .floors import Floors, parse_floors
 
 __all__ = ["register"]
 
@@ -152,8 +153,9 @@ def register(sub: Any) -> None:
     e.add_argument("--model", default=str(SHIPPED_MODEL), help="model file")
     e.add_argument("--dataset", required=True, help="test dataset directory")
     e.add_argument("--train", help="dataset to fit the baselines on (default: the model's training data)")
-    e.add_argument("--min-confidence", type=PROBABILITY, default=MIN_CONFIDENCE,
-                   help=f"a fault cause below this is `unknown` (default {MIN_CONFIDENCE}, as rca.min_confidence)")
+    e.add_argument("--min-confidence", type=parse_floors, default=Floors.of(MIN_CONFIDENCE),
+                   help=f"a fault cause below this is `unknown`: one floor (default {MIN_CONFIDENCE}) or floors per "
+                        "cause (default=0.91,thermal_throttling=0.95), as rca.min_confidence")
     e.add_argument("--healthy-min-confidence", type=PROBABILITY, default=HEALTHY_MIN_CONFIDENCE,
                    help=f"a healthy verdict below this is `unknown` (default {HEALTHY_MIN_CONFIDENCE}, "
                         "as rca.healthy_min_confidence)")

@@ -23,6 +23,7 @@ from ..frame import Frame, Sample
 from ..store.features import unseen
 from ..store.series import SeriesStore
 from .config import RcaConfig
+from .floors import Floors
 from .explain import explain
 from .features import OPTIONAL_FEATURES
 from .log import VerdictLog
@@ -113,6 +114,14 @@ class RcaEngine:
         self._unseen_checked = False
         log.info("rca: model %s loaded (%d features, window %d, classes %s)", path, len(self.model.features),
                  self.model.window, ", ".join(self.model.classes))
+        self._check_floors()
+
+    def _check_floors(self) -> None:
+        """One warning for floors given to causes the model does not name (a typo, or another vocabulary)."""
+        extra = [] if self.model is None else Floors.of(self.cfg.min_confidence).unknown_causes(self.model.classes)
+        if extra:
+            log.warning("rca: rca.min_confidence gives floors to %s, which the model (classes %s) never names; "
+                        "they have no effect", ", ".join(extra), ", ".join(self.model.classes))
 
     def _disable(self, why: str) -> None:
         self.model = None
@@ -136,6 +145,7 @@ class RcaEngine:
             import torch
 
             torch.set_num_threads(new.threads)  # a new rca.threads, with the same model
+            self._check_floors()
         self.log.set_keep(new.keep_verdicts)  # last: a log that cannot be pruned now still gets the model
 
     # ---- per tick ------------------------------------------------------------------------------
@@ -263,8 +273,9 @@ class RcaEngine:
             "relative_only": list(m.relative_only), "fallback": m.fallback is not None,
         }
         return {"enabled": m is not None, "error": self.error, "model": model,
-                "min_confidence": self.cfg.min_confidence,  # the healthy floor in force: never above the other
-                "healthy_min_confidence": min(self.cfg.healthy_min_confidence, self.cfg.min_confidence),
+                "min_confidence": Floors.of(self.cfg.min_confidence).to_json(),  # the healthy floor in force: never
+                "healthy_min_confidence": min(self.cfg.healthy_min_confidence,  # above the default one
+                                              Floors.of(self.cfg.min_confidence).default),
                 "latest_probabilities": dict(self._proba), "latest_ts": self._proba_ts if self._proba else None,
                 "verdicts": self.log.recent(limit)}
 

@@ -19,6 +19,7 @@ from . import dataset as dsmod
 from .baselines import ThresholdBaseline, TreeBaseline, summaries
 from .config import HEALTHY_MIN_CONFIDENCE, MIN_CONFIDENCE
 from .dataset import Dataset, Windows
+from .floors import Floors
 from .metrics import expected_calibration_error, scores
 from .model import RcaModel
 from .train import idle
@@ -67,7 +68,7 @@ def _scored(y: np.ndarray, pred: np.ndarray, classes: list[str], after: np.ndarr
     return out
 
 
-def evaluate(model: RcaModel, test: Dataset, train: Dataset, min_confidence: float = MIN_CONFIDENCE,
+def evaluate(model: RcaModel, test: Dataset, train: Dataset, min_confidence: float | Floors = MIN_CONFIDENCE,
              margin: int | None = None, stride: int = 1, threads: int = 2, fit_cap: int = 30000,
              healthy_min_confidence: float = HEALTHY_MIN_CONFIDENCE) -> dict[str, Any]:
     """Score the model (at the operating point ``min_confidence`` / ``healthy_min_confidence``, as
@@ -106,7 +107,7 @@ def evaluate(model: RcaModel, test: Dataset, train: Dataset, min_confidence: flo
         "train_dataset": train.path,
         "window": model.window,
         "windows": len(win),
-        "min_confidence": min_confidence,
+        "min_confidence": Floors.of(min_confidence).to_json(),
         "healthy_min_confidence": healthy_min_confidence,
         "margin": margin,
         "classes": classes,
@@ -147,7 +148,8 @@ def render(report: dict[str, Any], console: Console) -> None:
             row.append(f"{pc['precision']:.2f}/{pc['recall']:.2f}/{pc['f1']:.2f}")
         per.add_row(*row)
     console.print(per)
-    summ = Table(title=f"Summary (the LSTM names a fault cause from {report['min_confidence']:g} and healthy from "
+    floors = Floors.of(report["min_confidence"])
+    summ = Table(title=f"Summary (the LSTM names a fault cause from {floors} and healthy from "
                        f"{report['healthy_min_confidence']:g}, else unknown)")
     for col in ("system", "macro-F1", "accuracy", "healthy FP rate", "  after a fault", "  steady", "unknown rate"):
         summ.add_column(col, justify="right" if col != "system" else "left")

@@ -34,7 +34,8 @@ from .config import MAX_WIDTH
 from .dataset import DEFAULT_BASELINE, Baseline
 from .encoding import Normalizer, encode
 from .features import OPTIONAL_FEATURES, optional_columns
-from .verdict import HEALTHY, UNKNOWN
+from .floors import Floors
+from .verdict import UNKNOWN
 
 __all__ = ["FORMAT", "Normalizer", "RcaModel", "RcaNet", "encode"]
 
@@ -150,16 +151,15 @@ class RcaModel:
             out |= np.isnan(raw[..., cols]).all(axis=(1, 2))
         return out
 
-    def decide(self, proba: np.ndarray, min_confidence: float, healthy_min_confidence: float | None = None
-               ) -> np.ndarray:
-        """Class name per row: ``unknown`` where the top class is a fault cause below ``min_confidence``, or
-        ``healthy`` below ``healthy_min_confidence`` (default: ``min_confidence`` too; never above it, as
-        calling a host healthy never needs more confidence than naming a cause)."""
+    def decide(self, proba: np.ndarray, min_confidence: float | Floors,
+               healthy_min_confidence: float | None = None) -> np.ndarray:
+        """Class name per row: ``unknown`` where the top class is a fault cause below its floor (one for all, or
+        per cause: :class:`~sits_observe.rca.floors.Floors`), or ``healthy`` below ``healthy_min_confidence``
+        (default: the default floor too; never above it, as calling a host healthy never needs more
+        confidence than naming a cause)."""
+        floors = Floors.of(min_confidence).per_class(self.classes, healthy_min_confidence)
         top = proba.argmax(axis=1)
-        names = np.asarray(self.classes, dtype=object)[top]
-        floor = min_confidence if healthy_min_confidence is None else min(healthy_min_confidence, min_confidence)
-        healthy = self.classes.index(HEALTHY) if HEALTHY in self.classes else -1
-        return np.where(proba.max(axis=1) >= np.where(top == healthy, floor, min_confidence), names, UNKNOWN)
+        return np.where(proba.max(axis=1) >= floors[top], np.asarray(self.classes, dtype=object)[top], UNKNOWN)
 
     # ---- file ----------------------------------------------------------------------------------
 

@@ -3,6 +3,7 @@ line and exit 2, found before any long work starts, and leaves nothing half-writ
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -197,3 +198,22 @@ def test_dataset_out_may_be_the_working_directory(tmp_path: Path, monkeypatch: p
     monkeypatch.chdir(tmp_path)
     assert main(["rca", "dataset", "--out", ".", "--hours", "0.01"]) == 0
     assert (tmp_path / "metrics.csv").exists() and (tmp_path / "labels.csv").exists()
+
+
+def test_eval_takes_floors_per_cause(tmp_path: Path, tiny_model: RcaModel, data: Path,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """``--min-confidence default=F,CAUSE=F``: the report says the floors and scores with them (the rule itself:
+    test_model.py)."""
+    model = tmp_path / "m.pt"
+    tiny_model.save(model)
+    cause = next(c for c in tiny_model.classes if c != "healthy")
+    reports = []
+    for floors in ("0", f"default=1,{cause}=0"):  # no abstaining; every cause but one held to 1
+        assert main(["rca", "eval", "--model", str(model), "--dataset", str(data), "--train", str(data), "--json",
+                     "--min-confidence", floors]) == 0
+        reports.append(json.loads(capsys.readouterr().out))
+    free, held = reports
+    assert (free["min_confidence"], held["min_confidence"]) == (0.0, {"default": 1.0, cause: 0.0})
+    recall = free["lstm"]["per_class"][cause]["recall"]
+    assert held["lstm"]["per_class"][cause]["recall"] == recall > 0.5  # its own floor, not the default
+    assert held["lstm"]["unknown_rate"] >= free["lstm"]["unknown_rate"] == 0.0

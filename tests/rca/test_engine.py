@@ -278,6 +278,13 @@ def test_the_api_shows_both_floors_and_sighup_applies_a_new_healthy_floor(tmp_pa
                                                                             "min_confidence": 0.65})}))
     assert client.get("/api/v1/verdicts").get_json()["healthy_min_confidence"] == 0.65
     assert engine.classify(raw, base, 1002.0, "periodic").cause == "healthy"
+    # floors per cause: the healthy one is capped at their default
+    engine.reload(cfg.model_copy(update={"rca": cfg.rca.model_copy(update={
+        "healthy_min_confidence": 0.8, "min_confidence": {"default": 0.75, "thermal_throttling": 0.5}})}))
+    state = client.get("/api/v1/verdicts").get_json()
+    assert (state["min_confidence"], state["healthy_min_confidence"]) == (
+        {"default": 0.75, "thermal_throttling": 0.5}, 0.75)
+    assert engine.classify(raw, base, 1003.0, "periodic").cause == "unknown"
     engine.close()
 
 
@@ -519,3 +526,16 @@ def test_a_model_trained_at_another_tick_step_is_refused_with_the_way_out(tmp_pa
     engine = RcaEngine(cfg.rca, cfg.state_dir, tick_seconds=5.0)
     assert engine.model is not None
     engine.log.close()
+
+
+def test_a_floor_for_a_cause_the_model_never_names_is_one_warning(tmp_path: Path, tiny_model: RcaModel,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "m.pt"
+    tiny_model.save(path)
+    with caplog.at_level(logging.WARNING, logger="sits_observe.rca"):
+        engine = RcaEngine(RcaConfig(model=str(path), min_confidence={"default": 0.6, "thermal_throtling": 0.8}),
+                           tmp_path)
+    lines = [r.getMessage() for r in caplog.records if "thermal_throtling" in r.getMessage()]
+    assert len(lines) == 1 and "never names; they have no effect" in lines[0], lines
+    assert engine.model is not None  # the classifier runs on, every cause at the default floor
+    engine.close()

@@ -15,6 +15,7 @@ from sits_observe.rca.config import SHIPPED_MODEL
 from sits_observe.rca.dataset import Dataset
 from sits_observe.rca.evaluate import evaluate, model_proba, render
 from sits_observe.rca.features import OPTIONAL_FEATURES
+from sits_observe.rca.floors import Floors
 from sits_observe.rca.model import RcaModel
 
 
@@ -39,6 +40,8 @@ def test_learns_far_above_chance_and_beats_nothing_but_itself(tiny_model: RcaMod
     console = Console(record=True, width=200)
     render({**report, "min_confidence": 0.9, "healthy_min_confidence": 0.6}, console)  # the table says at which floors
     assert "names a fault cause from 0.9 and healthy from 0.6" in " ".join(console.export_text().split())
+    render({**report, "min_confidence": {"default": 0.6, "thermal_throttling": 0.87}}, console)  # floors per cause
+    assert "from 0.6 (thermal_throttling 0.87) and healthy" in " ".join(console.export_text().split())
 
 
 def test_file_round_trip_gives_the_same_probabilities(tmp_path: Path, tiny_model: RcaModel,
@@ -93,6 +96,24 @@ def test_a_fault_cause_needs_more_confidence_than_a_healthy_verdict(tiny_model: 
     # a model without a healthy class holds every class to the fault floor
     renamed = dataclasses.replace(tiny_model, classes=tuple(f"cause_{i}" for i in range(len(classes))))
     assert list(renamed.decide(proba, 0.9, 0.6)) == ["unknown", "unknown", f"cause_{fault}"]
+
+
+def test_floors_per_cause_hold_each_cause_to_its_own_floor(tiny_model: RcaModel) -> None:
+    classes = list(tiny_model.classes)
+    a, b = [i for i, c in enumerate(classes) if c != "healthy"][:2]
+    proba = np.full((4, len(classes)), 0.0)
+    proba[0, a] = proba[1, b] = 0.8
+    proba[2, a] = proba[3, b] = 0.97
+    for p in proba:
+        p[p == 0] = (1 - p.max()) / (len(classes) - 1)
+    floors = Floors.of({"default": 0.6, classes[a]: 0.9})  # cause a needs 0.9, every other cause 0.6
+    assert list(tiny_model.decide(proba, floors, 0.6)) == ["unknown", classes[b], classes[a], classes[b]]
+    assert list(tiny_model.decide(proba, {"default": 0.99, classes[b]: 0.7})) == [
+        "unknown", classes[b], "unknown", classes[b]]
+    assert list(floors.per_class(classes, 0.8)) == [0.6 if c == "healthy" else 0.9 if i == a else 0.6
+                                                    for i, c in enumerate(classes)]  # healthy capped at default
+    assert floors.unknown_causes(classes + ["x"]) == [] and Floors.of({"default": 0.6, "x": 0.5}).unknown_causes(
+        classes) == ["x"]
 
 
 @pytest.mark.parametrize("damage,needle", [

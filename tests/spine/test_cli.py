@@ -59,6 +59,24 @@ def test_check_config_refuses_a_classifier_the_daemon_could_not_load(tmp_path):
     assert _run(["check-config", str(cfg)]).returncode == 0
 
 
+def test_check_config_names_a_bad_floor_of_the_classifier(tmp_path):
+    """rca.min_confidence: one floor or floors per cause; every mistake is one line naming the field, exit 2 (a
+    cause the model never names would silently do nothing)."""
+    cfg = tmp_path / "c.yaml"
+    for value, needle in (("1.5", "a floor is a confidence from 0 to 1, got 1.5"),
+                          ("high", "give one floor (0.91) or causes and their floors"),
+                          ("{network_ingress: 0.9}", "need a `default` floor"),
+                          ("{default: 0.6, healthy: 0.5}", "rca.healthy_min_confidence"),
+                          ("{default: 0.6, network_ingress: 2}", "network_ingress: 2"),
+                          ("{default: 0.6, network_ingress: high}", "network_ingress: 'high'"),
+                          ("{default: 0.6, thermal_throtling: 0.8}", "floors for thermal_throtling, which the model "
+                                                                     "never names")):
+        cfg.write_text(f"rca:\n  min_confidence: {value}\n")
+        _one_line_error(_run(["check-config", str(cfg)]), f"{cfg}: rca.min_confidence: ", needle)
+    cfg.write_text("rca:\n  min_confidence: {default: 0.7, thermal_throttling: 0.8}\n")
+    assert _run(["check-config", str(cfg)]).returncode == 0
+
+
 def test_example_config_is_valid():
     res = _run(["check-config", str(Path(__file__).parents[2] / "docs" / "example-config.yaml")])
     assert res.returncode == 0, res.stderr

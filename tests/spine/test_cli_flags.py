@@ -39,6 +39,9 @@ RCA = [
     ["rca", "dataset", "--out", "{tmp}/ds", "--entities", "0"],
     ["rca", "eval", "--dataset", "{tmp}", "--threads", "0"], ["rca", "eval", "--dataset", "{tmp}", "--threads", "-3"],
     ["rca", "eval", "--dataset", "{tmp}", "--min-confidence", "1.5"],
+    ["rca", "eval", "--dataset", "{tmp}", "--min-confidence", "network_ingress=0.9"],  # no default floor
+    ["rca", "eval", "--dataset", "{tmp}", "--min-confidence", "default=0.6,network_ingress"],
+    ["rca", "eval", "--dataset", "{tmp}", "--min-confidence", "default=0.6,healthy=0.5"],
     ["rca", "eval", "--dataset", "{tmp}", "--healthy-min-confidence", "nan"],
     ["rca", "train", "--dataset", "{tmp}", "--window", "0"], ["rca", "train", "--dataset", "{tmp}", "--dropout", "1"],
     ["rca", "train", "--dataset", "{tmp}", "--batch", "-2"], ["rca", "train", "--dataset", "{tmp}", "--margin", "-1"],
