@@ -38,6 +38,8 @@ __all__ = ["StepOutcome", "Actuator", "LogActuator", "WebhookActuator", "Command
 
 log = logging.getLogger("sits_observe.scheduler.actuator")
 STDERR_KEPT = 4096  # bytes of a failed command's stderr read back (its last line is the reason)
+# the daemon's own secrets, never handed to the actuator's program (it acks by its exit code, not the API)
+SECRET_ENV = ("SITS_API_TOKEN", "OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS")
 RETRY_AFTER_MAX_S = 60.0  # a webhook's Retry-After is honoured up to this (the worker sends one step at a time)
 
 # (placement_id, step) -> whether that step still waits for its outcome
@@ -205,7 +207,8 @@ class CommandActuator(_Worker):
 
     The program runs in its own process group; past ``timeout`` the whole group is killed (a helper it
     started must not go on applying a step that has been failed).  Messages name ``argv[0]`` only: the
-    other arguments may hold credentials.  Its stdout is discarded; the last stderr line is the reason."""
+    other arguments may hold credentials.  Its stdout is discarded; the last stderr line is the reason.  It gets
+    the daemon's environment without the daemon's secrets (:data:`SECRET_ENV`)."""
 
     name = "command"
 
@@ -220,8 +223,9 @@ class CommandActuator(_Worker):
         # pipe, would be waited for until the timeout, then killed with its helper (on a failure it is killed)
         with tempfile.TemporaryFile() as err:
             try:
+                env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
                 proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err,
-                                        start_new_session=True)
+                                        start_new_session=True, env=env)
             except OSError as exc:
                 return StepOutcome(pid, step, False, f"{prog}: cannot run: {exc.strerror or exc}")
             with proc:

@@ -157,6 +157,29 @@ def test_a_command_that_fails_takes_its_helpers_with_it(tmp_path: Path) -> None:
         act.close()
 
 
+SHOWS_ENV = """
+import os, sys
+sys.stderr.write(",".join(k for k in ("SITS_API_TOKEN", "OTEL_EXPORTER_OTLP_HEADERS", "KUBECONFIG") if k in os.environ))
+sys.exit(3)
+"""
+
+
+def test_a_command_gets_the_environment_without_the_daemons_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SITS_API_TOKEN", "s3cret")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer s3cret")
+    monkeypatch.setenv("KUBECONFIG", "/etc/kube/config")  # what the program may well need
+    act = CommandActuator([sys.executable, "-c", SHOWS_ENV], timeout=20.0)
+    try:
+        assert act.submit({"placement_id": 7, "step": "launch"}) is None
+        deadline = time.monotonic() + 20
+        while not (out := act.poll()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (o,) = out
+        assert o.reason.endswith("exited 3: KUBECONFIG"), o.reason
+    finally:
+        act.close()
+
+
 def test_a_command_that_may_outlive_its_step_is_refused_at_load() -> None:
     from sits_observe.config import parse
     from sits_observe.errors import ConfigError
