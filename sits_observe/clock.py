@@ -31,16 +31,19 @@ class WallClock:
     def __init__(self, interval: float) -> None:
         self.interval = interval
         self.wall_interval = interval
-        self._last: float | None = None
+        self._made: float | None = None  # monotonic time at which the latest ts was made
+        self._last: float | None = None  # monotonic time of the ts the previous elapsed() was of
 
     def next_ts(self) -> float:
+        self._made = time.monotonic()
         return time.time()
 
     def elapsed(self, ts: float) -> float:
-        """What the tick at ``ts`` covers: the configured interval, or more after a late tick (a slow
-        source), so per-second rates of its deltas are not inflated; never less."""
-        last, self._last = self._last, ts
-        return self.interval if last is None else max(self.interval, min(ts - last, 60 * self.interval))
+        """What the tick at ``ts`` (the latest :meth:`next_ts`) covers: the configured interval, or more after a
+        late tick (a slow source, a long pause), so per-second rates of its deltas are not inflated; never less.
+        Measured on the monotonic clock: a wall-clock step (NTP, an operator) neither inflates nor deflates it."""
+        last, self._last = self._last, self._made
+        return self.interval if last is None or self._made is None else max(self.interval, self._made - last)
 
 
 class SimClock:
