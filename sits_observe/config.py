@@ -110,7 +110,7 @@ class GpuConfig(Section):
     @field_validator("dcgm_url")
     @classmethod
     def _dcgm_url(cls, v: str | None) -> str | None:
-        return None if v is None else check_url(v)
+        return None if v is None else check_url(v, "http://127.0.0.1:9400/metrics")  # dcgm-exporter's port
 
     @model_validator(mode="after")
     def _dcgm_needs_url(self) -> GpuConfig:

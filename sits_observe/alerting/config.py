@@ -51,7 +51,7 @@ class ReceiverConfig(Section):
     @field_validator("url")
     @classmethod
     def _url(cls, v: str) -> str:
-        return check_url(v)
+        return check_url(v, "http://127.0.0.1:9093 (Alertmanager) or https://hooks.example/alerts")
 
     @property
     def label(self) -> str:

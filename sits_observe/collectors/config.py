@@ -17,14 +17,15 @@ __all__ = ["ServerConfig", "basic_auth", "check_url", "redact", "shown_url"]
 _SPACE_OR_CONTROL = re.compile(r"[\x00-\x20\x7f]")
 
 
-def check_url(url: str) -> str:
-    """Accept an absolute http(s) URL with a host; raise ValueError with the fix otherwise."""
+def check_url(url: str, example: str = "http://127.0.0.1:8000/metrics") -> str:
+    """Accept an absolute http(s) URL with a host; raise ValueError with the fix (and ``example``, a URL of the
+    kind the field wants) otherwise."""
     parts = urlsplit(url)
     if _misplaced_at(url):
         raise ValueError("has '@' after the host part: percent-encode '/', '?', '#' and '@' in a user name or "
                          "password (%2F, %3F, %23, %40)")
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError("must be an http:// or https:// URL with a host, e.g. http://127.0.0.1:8000/metrics")
+        raise ValueError(f"must be an http:// or https:// URL with a host, e.g. {example}")
     try:
         port = parts.port
     except ValueError:  # not a number, or past 65535

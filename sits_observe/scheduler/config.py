@@ -13,8 +13,10 @@ from ..collectors.config import check_url
 from ..section import Section, SigningKey
 from ..validation import elsewhere
 
-__all__ = ["STRATEGIES", "ScoreWeights", "ShardSpec", "WebhookActuatorConfig", "CommandActuatorConfig",
+__all__ = ["OTLP_EXAMPLE", "STRATEGIES", "ScoreWeights", "ShardSpec", "WebhookActuatorConfig", "CommandActuatorConfig",
            "SchedulerConfig", "OtlpConfig"]
+
+OTLP_EXAMPLE = "http://127.0.0.1:4318"  # an OTLP/HTTP collector's base URL (the port of gRPC: 4317)
 
 
 class ScoreWeights(Section):
@@ -80,7 +82,7 @@ class WebhookActuatorConfig(Section):
     @field_validator("url")
     @classmethod
     def _url(cls, v: str | None) -> str | None:
-        return None if v is None else check_url(v)
+        return None if v is None else check_url(v, "https://orchestrator.example/reshard")
 
 
 class CommandActuatorConfig(Section):
@@ -186,4 +188,4 @@ class OtlpConfig(Section):
     @field_validator("endpoint")
     @classmethod
     def _endpoint(cls, v: str | None) -> str | None:
-        return None if v is None else check_url(v)
+        return None if v is None else check_url(v, OTLP_EXAMPLE)

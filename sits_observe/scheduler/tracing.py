@@ -33,7 +33,7 @@ from opentelemetry.trace import SpanContext, TraceFlags
 from .. import __version__
 from ..collectors.config import check_url, redact
 from ..errors import ConfigError
-from .config import OtlpConfig
+from .config import OTLP_EXAMPLE, OtlpConfig
 from .placement import Candidate
 from .span_outbox import SpanSender
 from .store import PlacementStore, SpanRecord
@@ -114,7 +114,7 @@ def make_exporter(cfg: OtlpConfig, env: Mapping[str, str]) -> SpanExporter | Non
     if not base:
         return None
     try:  # otlp.endpoint was checked at load; a bad one here would fail every export, quietly
-        check_url(base)
+        check_url(base, OTLP_EXAMPLE)
     except ValueError as exc:
         raise ConfigError(f"OTEL_EXPORTER_OTLP_ENDPOINT: {redact(base)[:200]!r} {exc}") from None
     if cfg.protocol == "grpc":

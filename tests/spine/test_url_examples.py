@@ -1,0 +1,30 @@
+"""A URL field's error gives an example of the URL that field wants (it suggested a vLLM page for every one)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sits_observe.config import parse
+from sits_observe.errors import ConfigError
+
+
+@pytest.mark.parametrize(("data", "example"), [
+    ({"otlp": {"endpoint": "garbage"}}, "e.g. http://127.0.0.1:4318"),
+    ({"scheduler": {"webhook": {"url": "nope"}}}, "e.g. https://orchestrator.example/reshard"),
+    ({"gpu": {"dcgm_url": "x"}}, "e.g. http://127.0.0.1:9400/metrics"),
+    ({"alerting": {"receivers": [{"name": "a", "type": "webhook", "url": "nope"}]}}, "e.g. http://127.0.0.1:9093"),
+    ({"servers": [{"name": "s", "kind": "vllm", "url": "nope"}]}, "e.g. http://127.0.0.1:8000/metrics"),
+])
+def test_a_bad_url_is_answered_with_an_example_of_its_kind(data: dict, example: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse(data, env={}, this_host=False)
+    assert example in str(err.value), err.value
+
+
+def test_a_bad_otlp_endpoint_from_the_environment_gets_the_collectors_example() -> None:
+    from sits_observe.scheduler.config import OtlpConfig
+    from sits_observe.scheduler.tracing import make_exporter
+
+    with pytest.raises(ConfigError) as err:
+        make_exporter(OtlpConfig(), {"OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4318"})
+    assert "e.g. http://127.0.0.1:4318" in str(err.value), err.value
