@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["CLOSE_TIMEOUT", "close_all"]
+__all__ = ["CLOSE_TIMEOUT", "close_all", "side_by_side"]
 
 log = logging.getLogger(__name__)
 
@@ -20,6 +20,19 @@ def _close_one(close: Callable[[], object], failed: list[Exception]) -> None:
         close()
     except Exception as exc:  # closing one part must not keep the others open; reported by close_all
         failed.append(exc)
+
+
+def side_by_side(*closes: Callable[[], object]) -> None:
+    """Call each of ``closes`` in its own thread and wait for all of them (none waits on another's budget); then
+    raise the first error one of them raised."""
+    failed: list[Exception] = []
+    threads = [threading.Thread(target=_close_one, args=(close, failed), daemon=True) for close in closes]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failed:
+        raise failed[0]
 
 
 def close_all(parts: Iterable[Any], timeout: float) -> bool:

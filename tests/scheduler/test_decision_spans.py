@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from otlp_receiver import Receiver, attributes
-from sched_helpers import frame
+from sched_helpers import PendingActuator, frame
 
 from sits_observe.config import SimConfig, parse
 from sits_observe.errors import ConfigError
@@ -123,6 +124,38 @@ def test_collector_down_never_blocks_keeps_spans_and_counts_drops(tmp_path: Path
     finally:
         again.close()
     assert {s.span_id.hex(): attributes(s)["shard.id"] for _, s in receiver.spans()} == kept
+
+
+class WaitsForItsStep(PendingActuator):
+    """Closing waits for its step in flight (as the webhook and command actuators do, up to 5 s): here until the
+    stored spans have been sent, at most 10 s."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.store: PlacementStore | None = None
+        self.spans_sent_meanwhile: bool | None = None
+
+    def close(self) -> None:
+        if self.store is None or self.spans_sent_meanwhile is not None:  # closed already (the fixture closes again)
+            return
+        deadline = time.monotonic() + 10
+        while self.store.span_backlog() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.spans_sent_meanwhile = not self.store.span_backlog()
+
+
+def test_closing_sends_the_stored_spans_beside_the_actuators_wait(make_scheduler: Any, receiver: Receiver) -> None:
+    """The last export waited for the actuator's close: with the daemon's 10 s for all parts, a step in flight
+    (5 s) left the export (up to 2 * otlp.timeout + 1 s) too little time to send what was stored."""
+    act = WaitsForItsStep()
+    sched = make_scheduler(actuator=act, otlp=OtlpConfig(endpoint=receiver.url, schedule_delay=60))
+    act.store = sched.store
+    for i in range(2):  # the sender, woken by the first, waits a minute before it sends: the second stays stored
+        sched.register_shard({"id": f"s{i}", "gpus": 1, "memory_per_gpu": 2**30, "placement": [i]})
+    assert sched.store.span_backlog() >= 1
+    sched.close()
+    assert act.spans_sent_meanwhile
+    assert sorted(attributes(s)["shard.id"] for _, s in receiver.spans()) == ["s0", "s1"]
 
 
 def test_grpc_protocol_reaches_a_grpc_collector(tmp_path: Path) -> None:

@@ -176,7 +176,26 @@ def test_close_closes_the_store_and_the_span_sender_even_if_the_actuator_raises(
     s.tracer.close = lambda: (calls.append("tracer"), tracer_close())[1]  # type: ignore[method-assign]
     with pytest.raises(RuntimeError, match="actuator close failed"):
         s.close()
-    assert calls == ["actuator", "tracer"]
+    assert sorted(calls) == ["actuator", "tracer"]  # side by side
     with pytest.raises(sqlite3.ProgrammingError):  # the database is closed too
         s.store._db.execute("SELECT 1")
     s.actuator.close = lambda: None  # type: ignore[method-assign]  # the fixture closes it again
+
+
+def test_close_raises_what_the_span_sender_raised_after_closing_the_rest(make_scheduler) -> None:
+    s = make_scheduler()
+    calls: list[str] = []
+    tracer_close = s.tracer.close
+
+    def boom() -> None:
+        tracer_close()
+        raise RuntimeError("exporter shutdown failed")
+
+    s.tracer.close = boom  # type: ignore[method-assign]
+    s.actuator.close = lambda: calls.append("actuator")  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="exporter shutdown failed"):
+        s.close()
+    assert calls == ["actuator"]
+    with pytest.raises(sqlite3.ProgrammingError):  # the database is closed too
+        s.store._db.execute("SELECT 1")
+    s.tracer.close = tracer_close  # type: ignore[method-assign]  # the fixture closes it again
