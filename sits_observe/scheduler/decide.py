@@ -33,6 +33,13 @@ __all__ = ["Decider", "HISTORY_PER_SHARD"]
 
 log = logging.getLogger("sits_observe.scheduler")
 HISTORY_PER_SHARD = 20  # retired/failed placements kept per shard
+WHY_NOT_SHOWN = 8  # shards a "no movable shard" reason names (then "and N more"): it goes into spans and alerts
+
+
+def _some(why_not: list[str]) -> str:
+    """``why_not`` joined, the first :data:`WHY_NOT_SHOWN` of them: one per shard would grow without bound."""
+    more = len(why_not) - WHY_NOT_SHOWN
+    return "; ".join(why_not[:WHY_NOT_SHOWN]) + (f"; and {more} more" if more > 0 else "")
 
 
 class Decider:
@@ -73,7 +80,7 @@ class Decider:
         view, why_not = pick_shard(t, implicated, views, self.cfg.cooldown, self.store.last_reshard_ts)
         if view is None:
             where = "on any node" if t.other_node else f"on GPUs {sorted(implicated)}"
-            self._no_action(t, f"{t.reason}; no movable shard {where}" + (f": {'; '.join(why_not)}" if why_not else ""))
+            self._no_action(t, f"{t.reason}; no movable shard {where}" + (f": {_some(why_not)}" if why_not else ""))
             return
         if in_flight(views) >= self.cfg.max_migrations:
             self._no_action(t, f"{t.reason}; {self.cfg.max_migrations} migrations already in flight")

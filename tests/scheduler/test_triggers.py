@@ -329,3 +329,18 @@ def test_a_dry_run_places_as_if_its_shards_had_loaded(make_scheduler: Callable[.
         with pytest.raises(SchedulerError, match="shard b: fits nowhere"):
             s.register_shard({"id": "b", "gpus": 1, "memory_per_gpu": 20 * 2**30})
     assert live_gpus(s)["a"] == ("launched", [0])
+
+
+def test_no_movable_shard_names_a_bounded_number_of_shards(make_scheduler: Callable[..., Scheduler]) -> None:
+    s = make_scheduler(actuator=PendingActuator(), verdict_consecutive=1)
+    s.on_tick(frame(999.0))
+    placing = s.register_shard({"id": "first", "gpus": 1, "memory_per_gpu": 2**30})  # no step acked: in flight
+    gpu = placing["placements"][0]["gpus"]
+    for i in range(30):  # each on the GPU of that placement in flight: none can move
+        s.register_shard({"id": f"s{i:02d}", "gpus": 1, "memory_per_gpu": 2**30, "placement": gpu})
+    s.on_verdict(verdict("thermal_throttling", 0.9, 1000.0, gpus=tuple(gpu)))
+    s.on_tick(frame(1000.0))
+    d = s.decisions_state()["decisions"][0]
+    assert d["action"] == "no_action" and "no movable shard" in d["reason"]
+    assert d["reason"].count("shares a GPU with a migration in flight") == 8  # decide.WHY_NOT_SHOWN
+    assert d["reason"].endswith("; and 22 more")
