@@ -83,12 +83,16 @@ class Daemon:
                                       buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
                                       registry=self.registry)
         self.health: dict[str, _Health] = {}
-        self.started = time.time()
-        self.last_tick_wall: float | None = None
-        self._run_wall: float | None = None  # when run() began: a first tick that hangs is a stall too
+        # intervals on the monotonic clock (a step of the wall clock neither makes a stall nor hides one)
+        self.started_at = time.monotonic()
+        self.last_tick_at: float | None = None  # when the last tick ended
+        self.last_tick_wall: float | None = None  # the same on the wall clock, as shown
+        self._run_at: float | None = None  # when run() began: a first tick that hangs is a stall too
         self._refusal_told = False  # the store's first refused series is logged once
         self.stop_event = threading.Event()
         self._reload_loader: Callable[[], Config | None] | None = None  # SIGHUP's, applied between ticks
+        self._watched: list[tuple[str, Callable[[], str | None]]] = []  # see watch()
+        self.died: str | None = None  # why run() stopped on a part's death (see watch())
 
     # ---- one tick ------------------------------------------------------------------------------
 
@@ -118,7 +122,7 @@ class Daemon:
         for con in self.consumers:
             self._guard(con.name, lambda c=con: c.on_tick(frame, self.store), None)
         self.tick_seconds.observe(time.perf_counter() - t0)
-        self.last_tick_wall = time.time()
+        self.last_tick_at, self.last_tick_wall = time.monotonic(), time.time()
         return frame
 
     def _prefetch(self, src: Any, frame: Frame) -> None:
@@ -186,12 +190,14 @@ class Daemon:
     # ---- loop ----------------------------------------------------------------------------------
 
     def run(self, duration: float | None = None) -> None:
-        """Tick until :attr:`stop_event` is set (or ``duration`` wall seconds pass)."""
+        """Tick until :attr:`stop_event` is set, ``duration`` wall seconds pass, or a part :meth:`watch`-ed dies."""
         deadline = None if duration is None else time.monotonic() + duration
         next_at = time.monotonic()
-        self._run_wall = time.time()
+        self._run_at = time.monotonic()
         while not self.stop_event.is_set():
             self.tick()
+            if self._part_died():
+                break
             loader, self._reload_loader = self._reload_loader, None
             if loader is not None and not self.stop_event.is_set():  # stopping: the next start reads the file
                 self._reload_with(loader)
@@ -202,6 +208,21 @@ class Daemon:
             if next_at < now - 1.0:  # fell far behind (slow machine): do not try to catch up in a burst
                 next_at = now
             self.stop_event.wait(max(0.0, next_at - now))
+
+    def watch(self, name: str, dead: Callable[[], str | None]) -> None:
+        """Ask ``dead()`` after every tick (it must be cheap): why the part ``name`` (the HTTP server) has died,
+        else None.  When it has, :meth:`run` logs it and stops, :attr:`died` saying why, so that the service manager
+        starts the daemon again (a dead HTTP server refuses /metrics and /healthz while the ticks go on)."""
+        self._watched.append((name, dead))
+
+    def _part_died(self) -> bool:
+        for name, dead in self._watched:
+            if (why := dead()) is not None:
+                self.died = f"{name}: {why}"
+                log.error("%s died (%s); stopping, to exit with 1 so that the service manager restarts the daemon",
+                          name, why)
+                return True
+        return False
 
     def close(self, timeout: float | None = None) -> bool:
         """Close every source and consumer (:func:`~sits_observe.closing.close_all`), waiting at most ``timeout``
@@ -287,16 +308,16 @@ class Daemon:
         """Seconds since the last tick (or since the loop began, before the first tick ends) when the tick loop has
         stalled (a source or consumer hung in it), else None (/healthz and /readyz answer 503 then, and the UI says
         so)."""
-        last = self.last_tick_wall if self.last_tick_wall is not None else self._run_wall
+        last = self.last_tick_at if self.last_tick_at is not None else self._run_at
         if last is None:
             return None
-        since = time.time() - last
+        since = time.monotonic() - last
         return since if since > max(STALLED_AFTER_S, 3 * self.clock.wall_interval) else None
 
     def status(self) -> dict[str, Any]:
         return {
             "version": __version__,
-            "uptime_seconds": round(time.time() - self.started, 3),
+            "uptime_seconds": round(time.monotonic() - self.started_at, 3),
             "ticks": self.store.ticks,
             "last_tick": {"ts": self.store.latest_ts if self.store.ticks else None,
                           "wall": self.last_tick_wall},

@@ -140,7 +140,8 @@ def serve(cfg: Config, *, duration: float | None = None, reload: Callable[[], Co
     """Build the daemon, serve HTTP, tick until SIGTERM/SIGINT or ``duration``; SIGHUP reloads the config
     with ``reload`` (nothing to reload without one).  Signals that come while the daemon starts are acted on
     once it runs.  Returns 0 after a clean drain, 1 when a part did not close (it raised, or hung past
-    :data:`~sits_observe.closing.CLOSE_TIMEOUT`); a second SIGTERM/SIGINT exits at once with 128 + its number."""
+    :data:`~sits_observe.closing.CLOSE_TIMEOUT`) or the HTTP server's thread died (the daemon stops then, so that
+    systemd restarts it); a second SIGTERM/SIGINT exits at once with 128 + its number."""
     from .export.http import Server, create_app
     from .wiring import build_daemon
 
@@ -183,6 +184,7 @@ def serve(cfg: Config, *, duration: float | None = None, reload: Callable[[], Co
         try:
             app.app = create_app(daemon)
             server.start()
+            daemon.watch("HTTP server", server.dead)
             base = f"http://{f'[{host}]' if ':' in host else host}:{server.port}"  # an IPv6 address in brackets
             print(f"sits-observe {'demo' if demo else 'daemon'} serving {base}/metrics  API {base}/api/v1/status  "
                   f"UI {base}/", file=sys.stderr, flush=True)
@@ -195,7 +197,7 @@ def serve(cfg: Config, *, duration: float | None = None, reload: Callable[[], Co
             http.start()
             closed = daemon.close()
             http.join(1.0)
-        return 0 if closed else 1
+        return 0 if closed and daemon.died is None else 1
     finally:
         for sig, handler in previous.items():  # None: one not set from Python, which cannot be put back
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)

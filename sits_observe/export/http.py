@@ -162,10 +162,26 @@ class Server:
         sockets = getattr(srv, "_map", None) or srv.map  # type: ignore[union-attr]
         for listener in [d for d in sockets.values() if isinstance(d, BaseWSGIServer)]:
             _evict_when_full(listener, sockets)
-        self._thread = threading.Thread(target=self._server.run, name="http", daemon=True)
+        self._thread = threading.Thread(target=self._serve, name="http", daemon=True)
+        self._raised: Exception | None = None
 
     def start(self) -> None:
         self._thread.start()
+
+    def _serve(self) -> None:
+        try:
+            self._server.run()
+        except Exception as exc:  # noqa: BLE001 - kept for dead(), which the daemon asks every tick
+            log.debug("HTTP server loop raised", exc_info=True)
+            self._raised = exc
+
+    def dead(self) -> str | None:
+        """Why the server's thread has ended (every connection is refused from then on), else None (serving, or
+        not started)."""
+        if not self._thread.ident or self._thread.is_alive():
+            return None
+        exc = self._raised
+        return "its loop ended" if exc is None else f"its loop raised {type(exc).__name__}: {exc}"
 
     def close(self) -> None:
         """Stop accepting, close every socket inside the server's own loop thread, then stop the workers.

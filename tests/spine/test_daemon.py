@@ -367,13 +367,27 @@ def test_health_and_readiness_say_when_the_tick_loop_has_stalled(tmp_path):
     assert client.get("/healthz").status_code == 200 and client.get("/readyz").status_code == 503  # starting
     daemon.tick()
     assert client.get("/healthz").status_code == 200 and client.get("/readyz").status_code == 200
-    daemon.last_tick_wall -= STALLED_AFTER_S + 5  # a source hung in the tick for a minute
+    daemon.last_tick_at -= STALLED_AFTER_S + 5  # a source hung in the tick for a minute (monotonic clock)
     r = client.get("/healthz")
     assert r.status_code == 503 and r.get_json()["status"] == "stalled"
     assert r.get_json()["seconds_since_last_tick"] >= STALLED_AFTER_S
     assert client.get("/readyz").status_code == 503
     daemon.tick()  # it came back
     assert client.get("/healthz").status_code == 200 and client.get("/readyz").status_code == 200
+
+
+@pytest.mark.parametrize("step", [3600.0, -3600.0])
+def test_a_step_of_the_wall_clock_neither_makes_nor_hides_a_stall(tmp_path, monkeypatch, step):
+    from sits_observe.daemon import STALLED_AFTER_S
+
+    daemon = Daemon(config=parse({"state_dir": str(tmp_path)}, env={}), clock=WallClock(1.0))
+    client = create_app(daemon, ui=False).test_client()
+    daemon.tick()
+    wall = time.time
+    monkeypatch.setattr(time, "time", lambda: wall() + step)  # NTP stepped the clock (or an operator set it)
+    assert client.get("/healthz").status_code == 200 and daemon.status()["uptime_seconds"] < 3600
+    daemon.last_tick_at -= STALLED_AFTER_S + 5  # a source hung in the tick for a minute
+    assert client.get("/healthz").status_code == 503
 
 
 class HangsOnce:

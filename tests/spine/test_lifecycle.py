@@ -150,6 +150,41 @@ def test_a_daemon_that_fails_to_build_releases_the_port(tmp_path, free_port, mon
         s.bind(("127.0.0.1", port))
 
 
+def test_a_dead_http_server_thread_stops_the_daemon_with_exit_code_1(tmp_path, free_port, monkeypatch, caplog):
+    """The daemon ticked on for ever with /metrics and /healthz refusing every connection: nothing noticed."""
+    import urllib.request
+
+    from waitress import wasyncore
+
+    from sits_observe import runtime
+
+    real, broken = wasyncore.poll2, threading.Event()
+
+    def poll2(timeout, map):  # the server's loop, as when select() met a descriptor past 1023
+        if broken.is_set():
+            raise ValueError("filedescriptor out of range in select()")
+        return real(timeout, map)
+
+    monkeypatch.setattr(wasyncore, "poll2", poll2)
+    port = free_port()
+
+    def break_it():  # once it has answered
+        for _ in range(600):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        broken.set()
+
+    threading.Thread(target=break_it, daemon=True).start()
+    with caplog.at_level(logging.INFO):
+        assert runtime.serve(_demo_config(tmp_path, listen=f"127.0.0.1:{port}"), duration=30) == 1
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and errors[0].startswith(
+        "HTTP server died (its loop raised ValueError: filedescriptor out of range in select()); stopping"), errors
+
+
 def test_a_reload_pending_when_a_stop_arrives_is_not_applied(tmp_path):
     cfg = parse({"state_dir": str(tmp_path), "gpu": {"backend": "none"}}, env={})
     daemon = Daemon(config=cfg, clock=SimClock(1.0, 100.0, start=1000.0))

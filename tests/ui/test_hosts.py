@@ -127,7 +127,7 @@ def test_the_status_line_says_when_the_tick_loop_has_stalled(bare: Daemon) -> No
     """/healthz said 503 stalled while every page showed the last tick as current, all green."""
     bare.tick()
     assert "item bad" not in {x.className for x in _status(UiContext(bare))}
-    bare.last_tick_wall -= 100  # a source hung in the tick for 100 s
+    bare.last_tick_at -= 100  # a source hung in the tick for 100 s (monotonic clock)
     bad = [x.children for x in _status(UiContext(bare)) if x.className == "item bad"]
     assert len(bad) == 1 and bad[0].startswith("no tick for 100 s: the tick loop is stalled"), bad
 
