@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ValidationError
 
-from .collectors.config import shown_url
 from .errors import ConfigError
 
 M = TypeVar("M", bound=BaseModel)
@@ -42,6 +42,20 @@ def _shown(value: Any) -> bool:
         isinstance(v, (int, float)) for v in value))
 
 
+def _origin(url: str) -> str | None:
+    """``scheme://host[:port]`` of a URL, for a config error: its path and query may be a credential (a Slack-style
+    webhook's path is its token), as ``user:password@`` is; None when the host cannot be told apart from them (no
+    ``//host``, an '@' past the host part: a password cut short by a '/' in it)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # not even a URL's shape ("http://[bad")
+        return None
+    host, rest = parts.netloc.rpartition("@")[2], url.partition("//")[2].removeprefix(parts.netloc)
+    if not host or "@" in rest:
+        return None
+    return f"{parts.scheme}://{host}" + ("/<hidden>" if rest else "")
+
+
 def format_errors(exc: ValidationError, source: str, origins: Mapping[str, str] | None = None) -> list[str]:
     """One line per problem: ``FILE: path: message, got value`` (secrets are never echoed); a top-level field in
     ``origins`` (field -> environment variable) names the variable instead of the file."""
@@ -59,10 +73,8 @@ def format_errors(exc: ValidationError, source: str, origins: Mapping[str, str] 
         if path == "scheduler.command.argv" and isinstance(value, str):
             msg += " (write it as a list: [program, argument, ...])"
         if isinstance(value, str) and (path.endswith(("url", "endpoint")) or "://" in value):  # also a URL
-            try:  # given where a list or section belongs: without user:password@ or query
-                value = shown_url(value)
-            except ValueError:  # not even a URL's shape ("http://[bad"): shown not at all
-                hidden = True
+            value = _origin(value)  # given where a list or section belongs too
+            hidden = hidden or value is None
         got = "" if err["type"] == "missing" or hidden else f", got {value!r}"
         if err["type"] == "model_type":  # a scalar or a list where a section belongs
             msg, got = "must be a mapping of settings (key: value)", f", got {type(value).__name__}"

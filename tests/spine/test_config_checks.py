@@ -120,6 +120,34 @@ def test_endpoint_urls_are_checked_and_never_echo_a_password(tmp_path, text, sta
     assert len(lines) == 1 and lines[0].startswith(start.format(f=f)) and "pw" not in lines[0], lines
 
 
+@pytest.mark.parametrize(
+    ("text", "path", "got"),
+    [
+        ("scheduler: {webhook: {url: 'htp://orch/SEKRIT5?x'}}", "scheduler.webhook.url", "htp://orch/<hidden>"),
+        ("scheduler: {webhook: {url: 'http://orch:99999/hooks/SEKRIT5'}}", "scheduler.webhook.url",
+         "http://orch:99999/<hidden>"),
+        ("otlp: {endpoint: 'htp://collector:4318/SEKRIT5'}", "otlp.endpoint", "htp://collector:4318/<hidden>"),
+        ("gpu: {dcgm_url: 'htp://u:SEKRIT5@dcgm:9400/metrics#SEKRIT5'}", "gpu.dcgm_url", "htp://dcgm:9400/<hidden>"),
+        ("servers: [{kind: vllm, url: 'htp://vllm:8000/SEKRIT5/metrics', workload: a}]", "servers[0].url",
+         "htp://vllm:8000/<hidden>"),
+        ("listen: 'http://0.0.0.0:9477/SEKRIT5'", "listen", "http://0.0.0.0:9477/<hidden>"),  # a URL anywhere
+        ("alerting: {receivers: [{type: slack, url: 'htp://hooks.example/services/SEKRIT5'}]}",
+         "alerting.receivers[0].url", None),  # not even its host
+    ],
+)
+def test_a_bad_url_shows_at_most_its_scheme_and_host(tmp_path, text, path, got):
+    f, lines = _lines(tmp_path, text + "\n")
+    assert len(lines) == 1 and lines[0].startswith(f"{f}: {path}: "), lines
+    assert lines[0].endswith(f", got {got!r}") if got else ", got" not in lines[0], lines
+    assert "SEKRIT5" not in lines[0], lines
+
+
+def test_a_url_whose_host_cannot_be_told_apart_is_not_shown(tmp_path):
+    for url in ("orch/SEKRIT5", "http://u:SEK/RIT5@orch:99999/x", "htp://orch?to=SEKRIT5@x"):
+        f, lines = _lines(tmp_path, f"scheduler: {{webhook: {{url: '{url}'}}}}\n")
+        assert len(lines) == 1 and "SEK" not in lines[0] and ", got" not in lines[0], lines
+
+
 def test_a_command_actuator_program_must_exist_and_be_executable(tmp_path):
     plain = tmp_path / "plain.sh"
     plain.write_text("#!/bin/sh\n")
