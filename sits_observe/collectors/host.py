@@ -2,10 +2,10 @@
 
 CPU busy is the share of non-idle jiffies between two reads of ``/proc/stat`` (idle and iowait count as
 idle), over all CPUs and over the CPUs of each NUMA node (``/sys/devices/system/node/node*/cpulist``;
-a machine without that directory is one node; re-read when the set of CPUs changes).  Counters that
-went backwards (the kernel allows it for iowait) count as no time.  Memory used is
-``MemTotal - MemAvailable`` from ``/proc/meminfo``.  The first read has no interval, so it reports memory
-only.
+a machine without that directory is one node; re-read when the set of CPUs changes, and at every read after
+one of it failed, which fails that read after the all-CPU value).  Counters that went backwards (the kernel
+allows it for iowait) count as no time.  Memory used is ``MemTotal - MemAvailable`` from ``/proc/meminfo``.
+The first read has no interval, so it reports memory only.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ class HostSource:
         self.sys = Path(sys_root)
         self._nodes: dict[int, np.ndarray] = {}  # NUMA node -> which rows of the CPU table are its CPUs
         self._last: tuple[np.ndarray, np.ndarray] | None = None
+        self._mapped: np.ndarray | None = None  # the CPUs _nodes maps (None: not mapped, or its read failed)
 
     def _cpu_jiffies(self) -> tuple[np.ndarray, np.ndarray]:
         """CPU numbers and their ``(busy, total)`` jiffies since boot, one row per CPU."""
@@ -90,21 +91,23 @@ class HostSource:
         frame.host.update({"memory_total_bytes": total, "memory_used_bytes": used, "memory_used_ratio": used / total})
         ids, now = self._cpu_jiffies()
         last, self._last = self._last, (ids, now)
-        changed = last is not None and not np.array_equal(ids, last[0])
-        if last is None or changed:  # first read or CPU hotplug: map the CPU table's rows to NUMA nodes again
+        if last is not None:
+            rows: np.ndarray | slice
+            if not np.array_equal(ids, last[0]):  # CPU hotplug: compare the CPUs seen both times
+                _, rows, was = np.intersect1d(ids, last[0], return_indices=True)
+                delta = now[rows] - last[1][was]
+            else:
+                rows, delta = slice(None), now - last[1]
+            delta = np.clip(delta, 0.0, None)
+            if (all_cpus := _busy(delta)) is not None:
+                frame.host["cpu_utilization_ratio"] = all_cpus
+        if self._mapped is None or not np.array_equal(ids, self._mapped):
+            # first read, CPU hotplug, or the map's last read failed: map the CPU table's rows to NUMA nodes again
+            self._mapped = None
             nodes = _numa_cpus(self.sys) or {0: tuple(ids)}
-            self._nodes = {n: np.isin(ids, cpus) for n, cpus in nodes.items()}
+            self._nodes, self._mapped = {n: np.isin(ids, cpus) for n, cpus in nodes.items()}, ids
         if last is None:
             return
-        rows: np.ndarray | slice
-        if changed:  # compare the CPUs seen both times
-            _, rows, was = np.intersect1d(ids, last[0], return_indices=True)
-            delta = now[rows] - last[1][was]
-        else:
-            rows, delta = slice(None), now - last[1]
-        delta = np.clip(delta, 0.0, None)
-        if (all_cpus := _busy(delta)) is not None:
-            frame.host["cpu_utilization_ratio"] = all_cpus
         for node, mask in self._nodes.items():
             if (b := _busy(delta[mask[rows]])) is not None:
                 frame.samples.append(numa_cpu_sample(node, b))

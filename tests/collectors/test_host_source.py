@@ -154,3 +154,42 @@ def test_gpu_less_daemon_exports_host_gauges(tmp_path: Path) -> None:
     assert 'sits_host_numa_cpu_utilization_ratio{numa_node="0"}' in body
     res = subprocess.run(["promtool", "check", "metrics"], input=body, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_a_failed_read_of_the_numa_map_is_retried(roots: tuple[Path, Path]) -> None:
+    proc, sys_root = roots
+    cpulist = sys_root / "devices/system/node/node1/cpulist"
+    cpulist.unlink()
+    cpulist.mkdir()  # unreadable once (as root, a file's mode would not stop the read)
+    src = HostSource(proc, sys_root)
+    (proc / "stat").write_text(_stat([(100, 0, 100, 0, 0)] * 4))
+    with pytest.raises(CollectorError, match="node1/cpulist"):
+        src.collect(Frame(1.0, 1.0))
+    cpulist.rmdir()
+    cpulist.write_text("2-3\n")
+    (proc / "stat").write_text(_stat([(150, 0, 150, 0, 0)] * 4))
+    f = Frame(2.0, 1.0)
+    src.collect(f)
+    assert f.host["cpu_utilization_ratio"] == pytest.approx(0.5)
+    assert numa_cpu_by_node(f.samples) == pytest.approx({0: 0.5, 1: 0.5})  # were missing until a CPU hotplug
+
+
+def test_a_failed_read_of_the_numa_map_keeps_the_all_cpu_value(roots: tuple[Path, Path]) -> None:
+    proc, sys_root = roots
+    src = HostSource(proc, sys_root)
+    (proc / "stat").write_text(_stat([(100, 0, 100, 0, 0)] * 3))  # CPU 3 offline at start
+    src.collect(Frame(1.0, 1.0))
+    cpulist = sys_root / "devices/system/node/node1/cpulist"
+    cpulist.unlink()
+    cpulist.mkdir()
+    (proc / "stat").write_text(_stat([(150, 0, 150, 0, 0)] * 4))  # it comes online: the map is read again, and fails
+    f = Frame(2.0, 1.0)
+    with pytest.raises(CollectorError, match="node1/cpulist"):
+        src.collect(f)
+    assert f.host["cpu_utilization_ratio"] == pytest.approx(0.5)
+    cpulist.rmdir()
+    cpulist.write_text("2-3\n")
+    (proc / "stat").write_text(_stat([(200, 0, 200, 0, 0)] * 4))
+    f = Frame(3.0, 1.0)
+    src.collect(f)
+    assert numa_cpu_by_node(f.samples) == pytest.approx({0: 0.5, 1: 0.5})
