@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
@@ -18,6 +19,7 @@ import yaml
 from .argtypes import NON_NEGATIVE_INT, POSITIVE_FLOAT, float_in
 from .config import ENV_OVERRIDES, Config, load, parse
 from .errors import ConfigError, ModelError
+from .scheduler.config import otlp_endpoint
 
 if TYPE_CHECKING:
     from .daemon import Daemon
@@ -51,6 +53,7 @@ def register(sub: Any) -> None:
 
 def _check(args: argparse.Namespace) -> int:
     cfg = load(args.file)  # with the environment overrides `run` applies
+    otlp_endpoint(cfg.otlp, os.environ)  # the environment's endpoint, which `run` would refuse
     if cfg.rca.enabled and (why := _model_unusable(cfg, args.file)) is not None:
         # `run` starts without root-cause classification then (one warning line); here it is an error
         raise ConfigError(f"{args.file}: rca.model: {why}; as it is, the daemon would run without root-cause "
@@ -107,6 +110,7 @@ def _demo_config(args: argparse.Namespace) -> Config:
     given = {"SITS_LISTEN": args.listen, "SITS_STATE_DIR": getattr(args, "state_dir", None)}
     env = {k: v for k, v in os.environ.items() if not given.get(k)}  # the command line wins over the environment
     base = load(args.config, env) if args.config is not None else parse({}, env=env)  # "" is refused by load
+    made: str | None = None  # the temporary state_dir made here
     data = {**yaml.safe_load(DEMO_DEFAULTS.read_text()), **base.model_dump(mode="python", exclude_unset=True)}
     data["gpu"] = {**data.get("gpu", {}), "backend": "sim"}
     sim = data.setdefault("sim", {})
@@ -120,9 +124,16 @@ def _demo_config(args: argparse.Namespace) -> Config:
         data["state_dir"] = args.state_dir
     elif "state_dir" not in data and not env.get("SITS_STATE_DIR"):
         data["state_dir"] = tempfile.mkdtemp(prefix="sits-observe-demo-")
+        made = data["state_dir"]
     if base.api_token is not None:
         data["api_token"] = base.api_token.get_secret_value()
-    return parse(data, args.config or "<demo>", env)
+    try:
+        return parse(data, args.config or "<demo>", env)
+    except ConfigError:
+        if made is not None:  # a demo that cannot start leaves no empty state directory behind
+            with contextlib.suppress(OSError):
+                os.rmdir(made)
+        raise
 
 
 class _Later:

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Mapping
 from typing import Literal
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from ..collectors.config import check_url
+from ..collectors.config import check_url, redact
+from ..errors import ConfigError
 from ..section import Section, SigningKey
 from ..validation import elsewhere
 
 __all__ = ["OTLP_EXAMPLE", "STRATEGIES", "ScoreWeights", "ShardSpec", "WebhookActuatorConfig", "CommandActuatorConfig",
-           "SchedulerConfig", "OtlpConfig"]
+           "SchedulerConfig", "OtlpConfig", "otlp_endpoint"]
 
 OTLP_EXAMPLE = "http://127.0.0.1:4318"  # an OTLP/HTTP collector's base URL (the port of gRPC: 4317)
 
@@ -189,3 +191,17 @@ class OtlpConfig(Section):
     @classmethod
     def _endpoint(cls, v: str | None) -> str | None:
         return None if v is None else check_url(v, OTLP_EXAMPLE)
+
+
+def otlp_endpoint(cfg: OtlpConfig, env: Mapping[str, str]) -> str | None:
+    """The OTLP collector's base URL: ``otlp.endpoint`` (checked at load), else ``OTEL_EXPORTER_OTLP_ENDPOINT``
+    (checked here: ConfigError naming the variable, as a bad one would fail every export, quietly), else None."""
+    if cfg.endpoint:
+        return cfg.endpoint
+    base = env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    if not base:
+        return None
+    try:
+        return check_url(base, OTLP_EXAMPLE)
+    except ValueError as exc:
+        raise ConfigError(f"OTEL_EXPORTER_OTLP_ENDPOINT: {redact(base)[:200]!r} {exc}") from None

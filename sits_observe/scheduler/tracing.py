@@ -31,9 +31,8 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import SpanContext, TraceFlags
 
 from .. import __version__
-from ..collectors.config import check_url, redact
-from ..errors import ConfigError
-from .config import OTLP_EXAMPLE, OtlpConfig
+from ..collectors.config import redact
+from .config import OtlpConfig, otlp_endpoint
 from .placement import Candidate
 from .span_outbox import SpanSender
 from .store import PlacementStore, SpanRecord
@@ -110,13 +109,9 @@ def _link(kind: str, ident: str, attributes: dict[str, Any]) -> dict[str, Any]:
 
 def make_exporter(cfg: OtlpConfig, env: Mapping[str, str]) -> SpanExporter | None:
     """The OTLP span exporter the config (or environment) names, or None when no endpoint is set."""
-    base = cfg.endpoint or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    base = otlp_endpoint(cfg, env)
     if not base:
         return None
-    try:  # otlp.endpoint was checked at load; a bad one here would fail every export, quietly
-        check_url(base, OTLP_EXAMPLE)
-    except ValueError as exc:
-        raise ConfigError(f"OTEL_EXPORTER_OTLP_ENDPOINT: {redact(base)[:200]!r} {exc}") from None
     if cfg.protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 

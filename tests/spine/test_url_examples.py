@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from sits_observe.config import parse
@@ -28,3 +33,22 @@ def test_a_bad_otlp_endpoint_from_the_environment_gets_the_collectors_example() 
     with pytest.raises(ConfigError) as err:
         make_exporter(OtlpConfig(), {"OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4318"})
     assert "e.g. http://127.0.0.1:4318" in str(err.value), err.value
+
+
+def test_check_config_refuses_the_otlp_endpoint_run_would_refuse(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("{}\n")
+    env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4318"}
+    res = subprocess.run([sys.executable, "-m", "sits_observe", "check-config", str(cfg)], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT: 'collector:4318' must be an http:// or https:// URL" in res.stderr
+
+
+def test_a_demo_that_cannot_start_leaves_no_state_directory(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "SITS_STATE_DIR"}
+    env["TMPDIR"] = str(tmp_path)  # where the demo makes its state directory
+    res = subprocess.run([sys.executable, "-m", "sits_observe", "demo", "--topology", "nope", "--duration", "1"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "nope" in res.stderr, res.stderr
+    assert list(tmp_path.iterdir()) == []
