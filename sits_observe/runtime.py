@@ -67,7 +67,7 @@ def _check(args: argparse.Namespace) -> int:
 def _model_unusable(cfg: Config, file: str) -> str | None:
     """Why the daemon could not load the classifier ``cfg`` names (the checks its start makes), else None;
     ConfigError for floors naming causes the model does not have (the daemon warns and ignores them)."""
-    from .rca.engine import other_step, short_history
+    from .rca.checks import other_step, short_history
     from .rca.floors import Floors
     from .rca.model import RcaModel
 

@@ -37,6 +37,7 @@ __all__ = [
     "Label",
     "Windows",
     "fill_forward",
+    "observed_columns",
     "read",
     "rolling_baseline",
     "write",
@@ -58,6 +59,14 @@ def fill_forward(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     steps = np.arange(x.shape[-2]).reshape(-1, 1)
     idx = np.maximum.accumulate(np.where(missing, 0, steps), axis=-2)
     return np.take_along_axis(x, idx, axis=-2), missing
+
+
+def observed_columns(features: Sequence[str]) -> np.ndarray:
+    """``(F,)`` bool: the features whose values say whether a step had data (every one but the rates, which read
+    0 on a step without any; all of them where there are only rates).  A step is observed when one of them has
+    a value, in training windows and in the daemon's alike."""
+    rates = np.array([f.endswith(".rate") for f in features], dtype=bool)
+    return ~rates if (~rates).any() else np.ones_like(rates)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,16 +183,18 @@ class Dataset:
 
     def windows(self, window: int, stride: int = 1, margin: int = 0, baseline: Baseline = DEFAULT_BASELINE) -> Windows:
         """Every ``stride``-th window whose last step was observed, at most half of whose steps are
-        missing, and whose last step is not within ``margin`` steps after a label boundary."""
+        missing, and whose last step is not within ``margin`` steps after a label boundary (observed:
+        :func:`observed_columns`, as the daemon decides which windows to classify)."""
         if window < 2:
             raise ConfigError(f"window: must be at least 2 steps, got {window}")
         data, base, ends, ys, ts = [], [], [], [], []
         offset = 0
+        observed = observed_columns(self.features)
         for ent in self.entities:
             vals = ent.values
             n = len(vals)
             if n >= window:
-                row_seen = ~np.isnan(vals).all(axis=1)
+                row_seen = ~np.isnan(vals[:, observed]).all(axis=1)
                 seen_in_window = np.convolve(row_seen.astype(np.int64), np.ones(window, np.int64))[window - 1:n]
                 local = np.arange(window - 1, n)
                 ok = row_seen[local] & (seen_in_window * 2 >= window)

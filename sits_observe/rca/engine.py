@@ -10,7 +10,6 @@ window, is logged once and RCA stays off; the daemon runs on without it.
 from __future__ import annotations
 
 import logging
-import math
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -22,7 +21,9 @@ from ..errors import ModelError, StoreError
 from ..frame import Frame, Sample
 from ..store.features import unseen
 from ..store.series import SeriesStore
+from .checks import other_buckets, other_step, short_history
 from .config import RcaConfig
+from .dataset import observed_columns
 from .floors import Floors
 from .explain import explain
 from .features import OPTIONAL_FEATURES
@@ -30,30 +31,9 @@ from .log import VerdictLog
 from .model import RcaModel
 from .verdict import HEALTHY, UNKNOWN, Verdict
 
-__all__ = ["RcaEngine", "other_step", "short_history"]
+__all__ = ["RcaEngine"]
 
 log = logging.getLogger("sits_observe.rca")
-
-
-def other_step(model: RcaModel, path: Path, tick: float | None) -> str | None:
-    """Why ``model`` cannot read the windows of a daemon ticking every ``tick`` seconds: trained at another tick
-    step, its window, baseline hour and occlusion minutes (all counts of ticks) would span other times.  Files
-    from before the step was recorded say nothing and are taken as they are."""
-    trained = model.training.get("tick_seconds")
-    if not isinstance(trained, float) or tick is None or math.isclose(trained, tick, rel_tol=0.01):
-        return None
-    window = model.window
-    return (f"{path}: trained on ticks of {trained:g} s, but this daemon ticks every {tick:g} s, so its "
-            f"window of {window} ticks would span {window * tick:g} s instead of {window * trained:g} s; "
-            f"set tick_interval: {trained:g}, or train a model on a dataset recorded every {tick:g} s")
-
-
-def short_history(model: RcaModel, history: int) -> str | None:
-    """Why a store ring of ``history`` ticks cannot feed ``model``: its window would silently be cut to the ring."""
-    if history >= model.window:
-        return None
-    return (f"store.history is {history} ticks, shorter than the model's window of {model.window} ticks; set "
-            f"store.history to at least {model.window} (a restart applies it)")
 
 
 class RcaEngine:
@@ -78,7 +58,7 @@ class RcaEngine:
         self._base_tick = -1
         self._loaded: tuple[int, int] | None = None  # the model file's (mtime_ns, size) when loaded
         self._short_history_logged = False
-        self._observed = np.zeros(0, dtype=bool)  # the model's features that are NaN on a tick without data
+        self._observed = np.zeros(0, dtype=bool)  # the model's features that say whether a tick had data
         self._unseen_checked = False
         self._proba: dict[str, float] = {}
         self._proba_ts = float("nan")  # the source time of the window ``_proba`` is of
@@ -109,8 +89,7 @@ class RcaEngine:
             self._disable(why)
             return
         self.model, self.error = model, None
-        rates = np.array([f.endswith(".rate") for f in self.model.features])
-        self._observed = ~rates if (~rates).any() else np.ones_like(rates)
+        self._observed = observed_columns(self.model.features)
         self._unseen_checked = False
         log.info("rca: model %s loaded (%d features, window %d, classes %s)", path, len(self.model.features),
                  self.model.window, ", ".join(self.model.classes))
@@ -169,8 +148,7 @@ class RcaEngine:
         except StoreError as exc:
             self._disable(f"the store cannot compute the model's features: {exc}")
             return
-        # a tick with data: a rate reads 0 without any, so only the other features say whether one came in
-        seen = ~np.isnan(raw[:, self._observed]).all(axis=1)
+        seen = ~np.isnan(raw[:, self._observed]).all(axis=1)  # ticks with data: observed_columns, as in training
         if not seen[-1] or 2 * seen.sum() < len(seen):  # as in training: the last tick seen, at most half missing
             return
         if not self._unseen_checked:  # once per model: a host's series do not go away
@@ -179,6 +157,8 @@ class RcaEngine:
                 log.warning("rca: this host has no series for %d of the model's features (%s): they read as 0 "
                             "or missing, unlike in training, and verdicts may be off; was the model trained for "
                             "another host (its probes, its workload names)?", len(missing), ", ".join(missing[:8]))
+            if (why := other_buckets(self.model, store.layout.edges)) is not None:
+                log.warning("rca: %s", why)
         verdict = self.classify(raw, base, frame.ts, "slo_burn" if burning else "periodic", store)
         self.record(verdict, burning)
 

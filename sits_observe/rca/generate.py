@@ -40,7 +40,7 @@ from . import dataset
 from .dataset import Dataset, Entity, Label
 from .features import FEATURES
 
-__all__ = ["SHIPPED_TRAIN", "GenOptions", "draw_variation", "generate", "simulate"]
+__all__ = ["SHIPPED_TRAIN", "GenOptions", "draw_variation", "generate", "simulated_host", "simulate"]
 
 T0 = 1_700_000_000.0  # source-clock start of every entity (the simulator's clock, not wall time)
 CHUNK = 2048  # ticks simulated between feature reads (the store keeps 2 * CHUNK)
@@ -144,12 +144,18 @@ def _trace_variant(trace: str, seed: int, path: Path, bursty: bool, prompt_scale
     return str(path)
 
 
+def simulated_host(seed: int, opts: GenOptions, layout: BucketLayout, rate: float = 1.0,
+                   trace_path: str | None = None, variation: HostVariation = NOMINAL) -> SimulatedHost:
+    """The simulated host of entity ``seed``, with its random faults and surges, binning into ``layout``."""
+    cfg = SimConfig(topology=opts.topology, trace=opts.trace, seed=seed, rate=rate, trace_path=trace_path)
+    return SimulatedHost(cfg, layout, scenario=_scenario(seed, opts), variation=variation)
+
+
 def simulate(seed: int, opts: GenOptions, name: str, rate: float = 1.0, trace_path: str | None = None,
              variation: HostVariation = NOMINAL) -> tuple[Entity, list[Label]]:
     """One simulated host: its feature grid and the labels from its fault log."""
-    layout = BucketLayout(StoreConfig().snapped())
-    cfg = SimConfig(topology=opts.topology, trace=opts.trace, seed=seed, rate=rate, trace_path=trace_path)
-    host = SimulatedHost(cfg, layout, scenario=_scenario(seed, opts), variation=variation)
+    layout = BucketLayout(StoreConfig().snapped())  # the daemon's default store.buckets (checks.other_buckets)
+    host = simulated_host(seed, opts, layout, rate, trace_path, variation)
     store = SeriesStore(layout, history=2 * CHUNK)
     steps = round(opts.hours * 3600.0 / opts.interval)
     parts, pending = [], 0
@@ -187,7 +193,8 @@ def generate(out: str | Path, opts: GenOptions) -> dict[str, Any]:
     dataset.write(out, ds)
     summary = {
         "out": str(out), "options": asdict(opts), "steps": int(sum(len(e.values) for e in ents)),
-        "features": len(FEATURES), "labels": {c: sum(1 for lab in labels if lab.cause == c) for c in ds.classes()[1:]},
+        "features": len(FEATURES), "buckets": list(StoreConfig().snapped()),  # the layout its quantiles come from
+        "labels": {c: sum(1 for lab in labels if lab.cause == c) for c in ds.classes()[1:]},
         "seconds": round(time.perf_counter() - t0, 1), **({"hosts": hosts} if hosts else {}),
     }
     (Path(out) / "generated.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
