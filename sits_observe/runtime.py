@@ -53,7 +53,8 @@ def register(sub: Any) -> None:
 
 def _check(args: argparse.Namespace) -> int:
     cfg = load(args.file)  # with the environment overrides `run` applies
-    otlp_endpoint(cfg.otlp, os.environ)  # the environment's endpoint, which `run` would refuse
+    if cfg.scheduler.enabled and cfg.gpu.backend in ("sim", "nvml"):  # a daemon with a scheduler (a topology)
+        otlp_endpoint(cfg.otlp, os.environ)  # the environment's endpoint, which its start would refuse
     if cfg.rca.enabled and (why := _model_unusable(cfg, args.file)) is not None:
         # `run` starts without root-cause classification then (one warning line); here it is an error
         raise ConfigError(f"{args.file}: rca.model: {why}; as it is, the daemon would run without root-cause "

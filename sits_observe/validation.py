@@ -13,7 +13,7 @@ from .errors import ConfigError
 
 M = TypeVar("M", bound=BaseModel)
 
-__all__ = ["ELSEWHERE", "elsewhere", "format_errors", "validate"]
+__all__ = ["ELSEWHERE", "elsewhere", "format_errors", "url_origin", "validate"]
 
 # validation context of a config read on another machine (`slo rules` on a CI box): its listen host need not
 # resolve here, nor its command exist
@@ -42,7 +42,7 @@ def _shown(value: Any) -> bool:
         isinstance(v, (int, float)) for v in value))
 
 
-def _origin(url: str) -> str | None:
+def url_origin(url: str) -> str | None:
     """``scheme://host[:port]`` of a URL, for a config error: its path and query may be a credential (a Slack-style
     webhook's path is its token), as ``user:password@`` is; None when the host cannot be told apart from them (no
     ``//host``, an '@' past the host part: a password cut short by a '/' in it)."""
@@ -73,7 +73,7 @@ def format_errors(exc: ValidationError, source: str, origins: Mapping[str, str] 
         if path == "scheduler.command.argv" and isinstance(value, str):
             msg += " (write it as a list: [program, argument, ...])"
         if isinstance(value, str) and (path.endswith(("url", "endpoint")) or "://" in value):  # also a URL
-            value = _origin(value)  # given where a list or section belongs too
+            value = url_origin(value)  # given where a list or section belongs too
             hidden = hidden or value is None
         got = "" if err["type"] == "missing" or hidden else f", got {value!r}"
         if err["type"] == "model_type":  # a scalar or a list where a section belongs

@@ -6,14 +6,15 @@ import os
 import shutil
 from collections.abc import Mapping
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from ..collectors.config import check_url, redact
+from ..collectors.config import check_url
 from ..errors import ConfigError
 from ..section import Section, SigningKey
-from ..validation import elsewhere
+from ..validation import elsewhere, url_origin
 
 __all__ = ["OTLP_EXAMPLE", "STRATEGIES", "ScoreWeights", "ShardSpec", "WebhookActuatorConfig", "CommandActuatorConfig",
            "SchedulerConfig", "OtlpConfig", "otlp_endpoint"]
@@ -195,7 +196,8 @@ class OtlpConfig(Section):
 
 def otlp_endpoint(cfg: OtlpConfig, env: Mapping[str, str]) -> str | None:
     """The OTLP collector's base URL: ``otlp.endpoint`` (checked at load), else ``OTEL_EXPORTER_OTLP_ENDPOINT``
-    (checked here: ConfigError naming the variable, as a bad one would fail every export, quietly), else None."""
+    (checked here: ConfigError naming the variable, as a bad one would fail every export, quietly; for grpc also
+    a bare ``host:port``), else None."""
     if cfg.endpoint:
         return cfg.endpoint
     base = env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
@@ -204,4 +206,16 @@ def otlp_endpoint(cfg: OtlpConfig, env: Mapping[str, str]) -> str | None:
     try:
         return check_url(base, OTLP_EXAMPLE)
     except ValueError as exc:
-        raise ConfigError(f"OTEL_EXPORTER_OTLP_ENDPOINT: {redact(base)[:200]!r} {exc}") from None
+        if cfg.protocol == "grpc" and _host_port(base):  # the OTLP spec's gRPC form without a scheme: TLS unless
+            return base  # OTEL_EXPORTER_OTLP_INSECURE=true, as the gRPC exporter takes it
+        shown = url_origin(base)  # as config errors show a URL: its path and query may be a credential
+        raise ConfigError(f"OTEL_EXPORTER_OTLP_ENDPOINT{f': {shown[:200]!r}' if shown else ''} {exc}") from None
+
+
+def _host_port(target: str) -> bool:
+    """Whether ``target`` is a bare ``host:port`` (``collector:4317``)."""
+    parts = urlsplit("//" + target)
+    try:
+        return bool(parts.hostname) and parts.port is not None and parts.netloc == target and "@" not in target
+    except ValueError:  # a port that is not a number, or past 65535
+        return False

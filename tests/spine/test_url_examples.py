@@ -35,6 +35,26 @@ def test_a_bad_otlp_endpoint_from_the_environment_gets_the_collectors_example() 
     assert "e.g. http://127.0.0.1:4318" in str(err.value), err.value
 
 
+def test_a_grpc_endpoint_without_a_scheme_from_the_environment_is_taken() -> None:
+    """The OTLP spec's gRPC form (host:port, TLS unless OTEL_EXPORTER_OTLP_INSECURE=true), which the gRPC exporter
+    takes and which exported spans before: refused at start, it stopped such a daemon with exit 2."""
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+    from sits_observe.scheduler.config import OtlpConfig
+    from sits_observe.scheduler.tracing import make_exporter
+
+    exporter = make_exporter(OtlpConfig(protocol="grpc"), {"OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4317"})
+    try:
+        assert isinstance(exporter, OTLPSpanExporter)
+    finally:
+        exporter.shutdown()
+    for bad in ("collector", "collector:4317/v1", "user:pw@collector:4317", "collector:99999"):
+        with pytest.raises(ConfigError, match="must be an http"):
+            make_exporter(OtlpConfig(protocol="grpc"), {"OTEL_EXPORTER_OTLP_ENDPOINT": bad})
+    with pytest.raises(ConfigError, match="must be an http"):  # http/protobuf: no request could reach it
+        make_exporter(OtlpConfig(), {"OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4317"})
+
+
 def test_check_config_refuses_the_otlp_endpoint_run_would_refuse(tmp_path: Path) -> None:
     cfg = tmp_path / "c.yaml"
     cfg.write_text("{}\n")
@@ -42,7 +62,19 @@ def test_check_config_refuses_the_otlp_endpoint_run_would_refuse(tmp_path: Path)
     res = subprocess.run([sys.executable, "-m", "sits_observe", "check-config", str(cfg)], env=env,
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
-    assert "OTEL_EXPORTER_OTLP_ENDPOINT: 'collector:4318' must be an http:// or https:// URL" in res.stderr
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT must be an http:// or https:// URL" in res.stderr
+
+
+@pytest.mark.parametrize("text", ["scheduler: {enabled: false}\n", "gpu: {backend: none}\n"])
+def test_check_config_takes_the_otlp_endpoint_a_daemon_without_a_scheduler_ignores(tmp_path: Path, text: str) -> None:
+    """Such a daemon never reads OTEL_EXPORTER_OTLP_ENDPOINT (a value set host-wide for other programs): `run`
+    starts, so check-config must not say exit 2."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(text + "rca: {enabled: false}\n")
+    env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4318"}
+    res = subprocess.run([sys.executable, "-m", "sits_observe", "check-config", str(cfg)], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
 
 
 def test_a_demo_that_cannot_start_leaves_no_state_directory(tmp_path: Path) -> None:
