@@ -150,8 +150,9 @@ class WebhookActuator(_Worker):
     """POSTs the plan JSON to the orchestrator, signed as alert webhooks are (``X-Sits-Timestamp``,
     ``X-Sits-Signature: sha256=HMAC(secret, timestamp + "." + body)``); the step completes when the
     orchestrator acks it through the API.  A 5xx, a 429 or a connection error is retried ``retries`` times,
-    0.5, 1, 2 ... s apart, or after the answer's ``Retry-After`` (seconds, up to ``RETRY_AFTER_MAX_S``).  A
-    redirect is not followed (it would lose the body): it fails the step, naming where it points."""
+    0.5, 1, 2 ... s apart, or after the answer's ``Retry-After`` (seconds, up to ``RETRY_AFTER_MAX_S``); a close
+    ends that wait (the step stays pending).  A redirect is not followed (it would lose the body): it fails the
+    step, naming where it points."""
 
     name = "webhook"
 
@@ -169,7 +170,8 @@ class WebhookActuator(_Worker):
         why, asked = "", 0.0
         for attempt in range(self.retries + 1):
             if attempt:  # no sooner than a Retry-After asked (a rate-limited orchestrator refuses retries before)
-                time.sleep(max(min(0.5 * 2 ** (attempt - 1), 10.0), asked))
+                if self._closing.wait(max(min(0.5 * 2 ** (attempt - 1), 10.0), asked)):
+                    return None  # closing: not sent again now (the step stays pending: resent after a restart)
                 asked = 0.0
                 if not self._waiting(plan):  # acked (or failed) meanwhile: a retry would apply the step again
                     return None

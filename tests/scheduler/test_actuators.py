@@ -330,3 +330,36 @@ def test_a_webhook_retry_waits_as_long_as_retry_after_asks() -> None:
         server.shutdown()
         server.server_close()
     assert answers == [503, 202] and hook.poll() == []  # delivered: the step waits for its ack
+
+
+def test_closing_ends_a_webhook_retry_wait_at_once() -> None:
+    """A Retry-After of up to 60 s was slept through: closing waited its 5 s for the worker, which then lived on and
+    could send the step again after the daemon had closed."""
+    asked = threading.Event()
+    posts: list[str] = []
+
+    class Limited(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers["Content-Length"]))
+            posts.append(self.path)
+            self.send_response(429)
+            self.send_header("Retry-After", "60")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            asked.set()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Limited)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    hook = WebhookActuator(f"http://127.0.0.1:{server.server_address[1]}/plans", None, 2.0, 3)
+    try:
+        assert hook.submit({"placement_id": 3, "step": "launch"}) is None
+        assert asked.wait(10)
+        hook.close()
+        assert not hook._thread.is_alive()  # ended, not left sleeping past close's 5 s join
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert posts == ["/plans"] and hook.poll() == []  # not sent again, not failed: the step stays pending
