@@ -53,28 +53,38 @@ class Floors:
         return f"{self.default:g}" + (f" ({extra})" if extra else "")
 
 
+def _number(value: object) -> float | None:
+    """A floor as every other number of the config is taken (pydantic's lax mode): a number or a string of one
+    (a quoted ``"0.91"``, as templating tools write it); None for anything else."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
 def check_floors(value: object) -> float | dict[str, float]:
     """Validation of ``rca.min_confidence`` (and ``--min-confidence``): ValueError saying what to write."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if not 0.0 <= value <= 1.0:
+    if (one := _number(value)) is not None:
+        if not 0.0 <= one <= 1.0:
             raise ValueError("a floor is a confidence from 0 to 1")
-        return float(value)
+        return one
     if not isinstance(value, Mapping):
         raise ValueError(f"give one floor (0.91) or causes and their floors with a `{DEFAULT}` for the others, "
                          f"e.g. {{{DEFAULT}: 0.91, thermal_throttling: 0.95}}")
-    odd = [f"{k}: {v!r}" for k, v in value.items()
-           if not isinstance(k, str) or not isinstance(v, (int, float)) or isinstance(v, bool)]
-    if odd:
+    floors = {k: f for k, v in value.items() if isinstance(k, str) and (f := _number(v)) is not None}
+    if odd := [f"{k}: {v!r}" for k, v in value.items() if k not in floors]:
         raise ValueError(f"each cause's floor is a number from 0 to 1: {', '.join(odd)}")
     if DEFAULT not in value:
         raise ValueError(f"floors per cause need a `{DEFAULT}` floor for the causes they do not list, e.g. "
                          f"{{{DEFAULT}: 0.91, thermal_throttling: 0.95}}")
     if HEALTHY in value:
         raise ValueError("the floor of `healthy` is rca.healthy_min_confidence; remove `healthy` here")
-    bad = [f"{k}: {v}" for k, v in value.items() if not 0.0 <= v <= 1.0]
+    bad = [f"{k}: {value[k]}" for k, v in floors.items() if not 0.0 <= v <= 1.0]
     if bad:
         raise ValueError(f"floors are confidences from 0 to 1: {', '.join(bad)}")
-    return {k: float(v) for k, v in value.items()}
+    return floors
 
 
 def parse_floors(text: str) -> Floors:

@@ -116,6 +116,16 @@ def test_floors_per_cause_hold_each_cause_to_its_own_floor(tiny_model: RcaModel)
         classes) == ["x"]
 
 
+def test_a_quoted_floor_is_taken_as_every_other_number_of_the_config_is() -> None:
+    """rca.min_confidence was a plain number field, which takes "0.91" (a templated YAML value) as 0.91: the floors
+    per cause refused it, so a config that ran before stopped the daemon with exit 2."""
+    from sits_observe.config import parse
+
+    assert parse({"rca": {"min_confidence": "0.8"}}, env={}).rca.min_confidence == 0.8
+    cfg = parse({"rca": {"min_confidence": {"default": "0.8", "thermal_throttling": 0.9}}}, env={})
+    assert cfg.rca.min_confidence == {"default": 0.8, "thermal_throttling": 0.9}
+
+
 @pytest.mark.parametrize("damage,needle", [
     (lambda b: b[: len(b) // 2], "truncated, corrupt"),
     (lambda b: b"not a model at all\n", "truncated, corrupt"),
