@@ -14,6 +14,7 @@ __all__ = ["Clock", "SIM_CLOCK_FILE", "SimClock", "WallClock"]
 log = logging.getLogger(__name__)
 
 SIM_CLOCK_FILE = "sim-clock"  # under state_dir: where a simulated host's clock stopped
+SAVE_EVERY_S = 10.0  # wall seconds between two saves of the simulated clock while it runs
 
 
 class Clock(Protocol):
@@ -52,30 +53,40 @@ class SimClock:
     It runs ahead of the wall clock (``speed`` times), so a restart from wall time went back from what the last run
     stored in ``state_dir`` (the SLO windows and budgets started afresh, verdicts and decisions lay in the future):
     with ``keep`` (a file) it starts where the last run stopped when that is later than ``start``, and
-    :meth:`save` keeps its time there at close."""
+    :meth:`save` keeps its time there at close and every :data:`SAVE_EVERY_S` wall seconds (a killed run's
+    next start goes on from at most that far back)."""
 
     def __init__(self, interval: float, speed: float, start: float, keep: Path | None = None) -> None:
         self.interval = interval
         self.wall_interval = interval / speed
         self._keep = keep
         self._ts = start if keep is None else max(start, _kept(keep))
+        self._saved_at = time.monotonic()
+        self._failing = False  # the last save failed (said once per run of failures)
 
     def next_ts(self) -> float:
         self._ts += self.interval
+        if self._keep is not None and time.monotonic() - self._saved_at >= SAVE_EVERY_S:
+            self.save()
         return self._ts
 
     def save(self) -> None:
-        """Keep the time reached in the ``keep`` file (replaced whole); a failure is logged, not raised: the next
-        start then begins from wall time."""
+        """Keep the time reached in the ``keep`` file (replaced whole); a failure is logged (once in a row), not
+        raised: the next start then begins from the time last kept, or wall time."""
         if self._keep is None:
             return
+        self._saved_at = time.monotonic()
         tmp = self._keep.with_name(self._keep.name + ".tmp")
         try:
             tmp.write_text(f"{self._ts!r}\n")
             os.replace(tmp, self._keep)
         except OSError as exc:
-            log.warning("cannot keep the simulated clock in %s (%s); the next start begins from wall time",
-                        self._keep, exc.strerror)
+            if not self._failing:
+                log.warning("cannot keep the simulated clock in %s (%s); the next start begins from the time last "
+                            "kept, or wall time", self._keep, exc.strerror)
+            self._failing = True
+        else:
+            self._failing = False
 
     def elapsed(self, ts: float) -> float:
         """Simulated ticks are never late."""

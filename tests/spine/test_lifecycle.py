@@ -361,3 +361,20 @@ def test_a_simulated_clock_with_no_usable_kept_time_starts_from_wall_time(tmp_pa
     assert len(caplog.records) == (kept is not None), caplog.text
     clock.save()
     assert SimClock(1.0, 20.0, start=0.0, keep=keep).next_ts() == 1002.0
+
+
+def test_a_simulated_clock_keeps_its_time_while_it_runs_so_a_killed_run_loses_little(tmp_path, monkeypatch):
+    """Kept only at a clean close, a killed run's next start went back to wall time, behind slo.db: the SLO
+    consumer failed every tick until the wall clock caught up."""
+    from sits_observe import clock as clockmod
+
+    now = [100.0]
+    monkeypatch.setattr(clockmod.time, "monotonic", lambda: now[0])
+    keep = tmp_path / "sim-clock"
+    clock = SimClock(1.0, 20.0, start=5000.0, keep=keep)
+    for _ in range(400):  # 20 wall seconds at speed 20, never closed (the process is killed)
+        now[0] += 0.05
+        ts = clock.next_ts()
+    assert ts == 5400.0
+    assert 5400.0 - clockmod.SAVE_EVERY_S * 20 <= float(keep.read_text()) <= 5400.0  # at most 10 wall s behind
+    assert SimClock(1.0, 20.0, start=0.0, keep=keep).next_ts() > 5200.0
