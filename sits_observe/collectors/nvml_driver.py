@@ -60,11 +60,10 @@ def nvml_status(nvml: Any = None) -> tuple[bool, str]:
     except CollectorError as exc:
         return False, str(exc)
     try:
-        driver, count = nv.nvmlSystemGetDriverVersion(), nv.nvmlDeviceGetCount()
-    except nv.NVMLError as exc:
-        nv.nvmlShutdown()
-        return False, f"nvml: driver loaded but GPUs cannot be listed: {exc}"
-    try:
+        try:
+            driver, count = nv.nvmlSystemGetDriverVersion(), nv.nvmlDeviceGetCount()
+        except nv.NVMLError as exc:
+            return False, f"nvml: driver loaded but GPUs cannot be listed: {exc}"
         names: Counter[str] = Counter()
         failed = []
         for i in range(count):
