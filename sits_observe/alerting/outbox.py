@@ -27,7 +27,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,17 +169,25 @@ class Outbox:
         with self._tx() as db:
             db.executemany("UPDATE outbox SET attempts=attempts+1, last_error=? WHERE id=?", [(error, i) for i in ids])
 
-    def failed(self, ids: Sequence[int], reason: str) -> None:
-        """Give up on messages the receiver refused for good; they move to ``failed`` with the reason.  The
-        alert's state is forgotten as queued for that receiver unless a newer message of it is pending, so
-        the same state announced again (a restart after the receiver was fixed) is sent, not deduplicated."""
+    def failed(self, ids: Sequence[int], reason: str, versions: Sequence[int] | None = None) -> None:
+        """Give up on messages the receiver refused for good; they move to ``failed`` with the reason.  With
+        ``versions`` (those sent), one updated while in flight stays queued: its new content is a new delivery,
+        not yet refused.  The alert's state is forgotten as queued for that receiver unless a newer message of
+        it is pending, so the same state announced again (a restart after the receiver was fixed) is sent, not
+        deduplicated."""
         with self._tx() as db:
-            for i in ids:
-                key = db.execute("SELECT receiver, fingerprint FROM outbox WHERE id=?", (i,)).fetchone()
+            sent: Iterable[tuple[int, int | None]] = zip(ids, versions) if versions is not None else \
+                ((i, None) for i in ids)
+            for i, v in sent:
+                key = db.execute("SELECT receiver, fingerprint FROM outbox WHERE id=? AND (? IS NULL OR version=?)",
+                                 (i, v, v)).fetchone()
+                if key is None:  # updated while in flight (or gone): the refusal shows as its last error
+                    db.execute("UPDATE outbox SET attempts=attempts+1, last_error=? WHERE id=?", (reason, i))
+                    continue
                 db.execute("INSERT OR REPLACE INTO failed SELECT id, receiver, fingerprint, status, alert, ?, ? "
                            "FROM outbox WHERE id=?", (reason, time.time(), i))
                 db.execute("DELETE FROM outbox WHERE id=?", (i,))
-                if key and not db.execute("SELECT 1 FROM outbox WHERE receiver=? AND fingerprint=?", key).fetchone():
+                if not db.execute("SELECT 1 FROM outbox WHERE receiver=? AND fingerprint=?", key).fetchone():
                     db.execute("DELETE FROM last_queued WHERE receiver=? AND fingerprint=?", key)
             db.execute("DELETE FROM failed WHERE id <= (SELECT MAX(id) FROM failed) - ?", (FAILED_KEPT,))
 

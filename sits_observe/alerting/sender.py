@@ -3,7 +3,8 @@
 A receiver's queue is strictly ordered: the head is retried (exponential back-off with jitter) on a
 5xx, 408, 429, timeout or connection error, and later alerts wait behind it.  Any other non-2xx answer
 is final, and so is a URL that http.client refuses (the config check already does): the message
-moves to the outbox's ``failed`` table with the reason.  A kept-alive connection the receiver closed
+moves to the outbox's ``failed`` table with the reason (a batch so refused is sent again one message per
+request, so that only the one refused alone is given up).  A kept-alive connection the receiver closed
 while idle is replaced at once, not counted as a failed attempt.  Webhook and Slack
 receivers get one alert per request; Alertmanager up to ``max_batch`` (its API takes a list; the
 dispatcher (:mod:`.dispatch`) re-queues firing alerts for it every ``resend_interval``, as Prometheus does).
@@ -74,11 +75,12 @@ class Sender(threading.Thread):
         self._path = path + (f"?{parts.query}" if parts.query else "")
         # what a receiver's answer may echo of the request (a proxy's "Cannot POST /hooks/<token>"): the
         # path and query are the secret of many webhooks (Slack's among them), so never kept in a reason
-        self._secrets = echoes(cfg.url, self._path, cfg.secret.get_secret_value() if cfg.secret else "")
+        self._secrets = echoes(cfg.url, self._path, cfg.secret.get_secret_value() if cfg.secret else "", self._auth)
         self._conn: http.client.HTTPConnection | None = None
         self._wake = threading.Event()
         self._halt = threading.Event()
         self.failing: str | None = None  # reason while the head of the queue is failing
+        self._solo = 0  # messages still to send one at a time: those of a batch refused for good
 
     def wake(self) -> None:
         self._wake.set()
@@ -112,8 +114,9 @@ class Sender(threading.Thread):
 
     def _step(self, attempts: int) -> int:
         """Send the head of the queue once; returns the consecutive failed attempts so far."""
-        batch = self.outbox.head(self.cfg.label, self.batch)
+        batch = self.outbox.head(self.cfg.label, 1 if self._solo else self.batch)
         if not batch:
+            self._solo = 0
             self._wake.wait(1.0)
             self._wake.clear()
             return 0
@@ -127,11 +130,18 @@ class Sender(threading.Thread):
             self._halt.wait(self._delay(attempts + 1, exc.after))
             return attempts + 1
         except _Final as exc:
+            if len(batch) > 1:  # which of them? Alertmanager takes the valid ones of a list it answers 400 to,
+                # a proxy's 413 refuses all: each is sent alone next, and only one refused alone is given up
+                log.warning("receiver %s: a batch of %d alerts refused (%s); sending them one at a time",
+                            self.cfg.label, len(batch), exc)
+                self._solo = len(batch)
+                return 0
             self._note(batch, "failed", str(exc))
-            self.outbox.failed([m.id for m in batch], str(exc))
+            self.outbox.failed([m.id for m in batch], str(exc), [m.version for m in batch])
         else:
             self._note(batch, "delivered", None)
             self.outbox.delivered(batch)
+        self._solo = max(0, self._solo - len(batch))
         return 0
 
     def _delay(self, attempts: int, after: float | None) -> float:

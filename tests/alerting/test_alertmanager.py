@@ -143,3 +143,27 @@ def test_a_live_alert_outlives_alertmanagers_resolve_timeout_between_resends(tmp
     # valid for four re-send intervals, as Prometheus sends them
     ends = datetime.fromisoformat(first["endsAt"]).timestamp() - datetime.fromisoformat(first["updatedAt"]).timestamp()
     assert 23 <= ends <= 25
+
+
+def test_one_alert_alertmanager_refuses_fails_alone_not_its_whole_batch(tmp_path, alertmanager):
+    """A batch answered 400 moved every alert of it to ``failed``: Alertmanager had taken the valid ones (and a
+    proxy's 413 takes none), yet all were counted as refused for good. Now each is sent alone after a refusal."""
+    from sits_observe.alerting.config import AlertingConfig
+    from sits_observe.alerting.dispatch import Dispatcher
+    from sits_observe.alerting.formats import Alert
+
+    cfg = AlertingConfig.model_validate({"receivers": [{"type": "alertmanager", "name": "am", "url": alertmanager}],
+                                         "backoff": {"initial": 0.1, "max": 0.5}})
+    d = Dispatcher(cfg, tmp_path)
+    for slo in "abc":  # Alertmanager 0.25 refuses an annotation name that is no Prometheus label name
+        d.notify(Alert({"alertname": "SitsSloBurnRate", "slo": slo}, {"bad-name" if slo == "b" else "ok": "x"},
+                       "firing", time.time()))
+    d.start()
+    try:
+        _wait(lambda: not d.outbox.depth())
+        state = d.state()
+    finally:
+        d.close()
+    assert [(f["status"], f["reason"][:8]) for f in state["failed"]] == [("firing", "HTTP 400")]
+    assert (state["receivers"][0]["delivered"], state["receivers"][0]["failed"]) == (2, 1)
+    assert sorted(a["labels"]["slo"] for a in _get(f"{alertmanager}/api/v2/alerts")) == ["a", "c"]
