@@ -3,19 +3,26 @@ failure's description without its text (which could quote the URL), a ``Retry-Af
 
 from __future__ import annotations
 
+import math
 import re
-from urllib.parse import quote, urlsplit
+import time
+from datetime import UTC
+from email.utils import parsedate_to_datetime
+from urllib.parse import quote, unquote, urlsplit
 
 __all__ = ["echoes", "describe", "retry_after"]
 
 
-def echoes(url: str, path: str, secret: str) -> list[str]:
+def echoes(url: str, path: str, secret: str, auth: str | None = None) -> list[str]:
     """What of a receiver's URL and secret its answer may echo, longest first: the URL, its parts and the
-    password, each also without a leading slash, with JSON's escaped slashes (``hooks\\/<token>``) and
-    percent-encoded, and every piece of 8 or more characters of its path and query (a token alone: "The route
-    hooks/<token> could not be found")."""
+    password (also decoded), each also without a leading slash, with JSON's escaped slashes (``hooks\\/<token>``)
+    and percent-encoded, every piece of 8 or more characters of its path and query (a token alone: "The route
+    hooks/<token> could not be found"), and the credentials of the ``auth`` header (``Basic <base64>``), which
+    a page that quotes the request's headers shows."""
     parts = urlsplit(url)
-    whole = {url, parts.netloc, parts.path, parts.query, path, secret, parts.password or ""}
+    password = parts.password or ""
+    whole = {url, parts.netloc, parts.path, parts.query, path, secret, password, unquote(password),
+             *(auth.split()[-1:] if auth else ())}
     pieces = {p for x in (parts.path, parts.query) for p in re.split(r"[/&=;]", x) if len(p) >= 8}
     out = {v for x in whole | pieces for v in (x, x.lstrip("/"), x.replace("/", "\\/"), quote(x, safe=""), quote(x))}
     return sorted((v for v in out if len(v) > 1), key=len, reverse=True)
@@ -29,8 +36,19 @@ def describe(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def retry_after(value: str | None) -> float | None:
-    try:
-        return float(value) if value else None
-    except ValueError:
+def retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds to wait by a ``Retry-After`` header: delay-seconds or an HTTP date (RFC 9110 allows both; a date
+    is taken against the wall clock ``now``, default the current time); None when absent or unreadable."""
+    if not value:
         return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:  # RFC 9110 dates are GMT: a zone-less one ("-0000") is taken as such
+            when = when.replace(tzinfo=UTC)
+        seconds = when.timestamp() - (time.time() if now is None else now)
+    return max(0.0, seconds) if math.isfinite(seconds) or seconds > 0 else None

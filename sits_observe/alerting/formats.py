@@ -133,14 +133,20 @@ def _webhook_v4(alerts: Sequence[Alert], receiver: str, now: float) -> Any:
     }
 
 
+def _mrkdwn(text: str) -> str:
+    """``text`` as Slack shows it literally: ``&``, ``<`` and ``>`` escaped (else ``<!channel>`` in a description
+    pings the channel, ``<url|x>`` becomes a link and ``p99 < 2s`` loses its text)."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def _slack(alerts: Sequence[Alert], receiver: str, now: float) -> Any:
     lines = []
     for a in alerts:
         mark = ":red_circle: *FIRING*" if a.status == "firing" else ":large_green_circle: *RESOLVED*"
         name = a.labels.get("alertname", "alert")
         rest = " ".join(f"{k}={v}" for k, v in sorted(a.labels.items()) if k != "alertname")
-        lines.append(f"{mark} {name} {rest}")
-        lines += [f"> {k}: {v}" for k, v in sorted(a.annotations.items())]
+        lines.append(_mrkdwn(f"{mark} {name} {rest}").replace("\n", " "))
+        lines += [f"> {k}: " + _mrkdwn(v).replace("\n", "\n> ") for k, v in sorted(a.annotations.items())]
     return {"text": "\n".join(lines)}
 
 

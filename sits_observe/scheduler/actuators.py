@@ -196,7 +196,7 @@ class WebhookActuator(_Worker):
                     break
                 if 400 <= exc.code < 500 and exc.code != 429:
                     break  # the orchestrator refused the plan; retrying will not help
-                wait = retry_after(exc.headers.get("Retry-After"))  # seconds: NaN, < 0 and a date are ignored
+                wait = retry_after(exc.headers.get("Retry-After"))  # seconds or an HTTP date; NaN ignored
                 asked = min(wait, RETRY_AFTER_MAX_S) if wait is not None and wait > 0 else 0.0
             except (urllib.error.URLError, OSError) as exc:
                 why = str(getattr(exc, "reason", exc))

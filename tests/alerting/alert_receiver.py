@@ -3,7 +3,8 @@
 Each request is recorded when it has been read (before the answer), with its delivery id, JSON body
 and whether its HMAC signature verified.  ``script`` lists the answers to the first requests in
 order: an int is an HTTP status, ``"hang"`` sleeps ``hang_s`` before answering 200 (past the sender's
-timeout), ``"hold"`` answers only when :attr:`release` is set (and sets :attr:`holding` meanwhile).
+timeout), ``"hold"`` answers :attr:`hold_status` (200) only when :attr:`release` is set (and sets
+:attr:`holding` meanwhile).
 Later requests get 200.  With ``idle_s`` a kept-alive connection idle that long is closed (as nginx's
 ``keepalive_timeout`` does).
 """
@@ -45,6 +46,7 @@ class Receiver:
         self.deliveries: list[Delivery] = []
         self.holding = threading.Event()
         self.release = threading.Event()
+        self.hold_status = 200
         self._lock = threading.Lock()
         outer = self
 
@@ -61,7 +63,7 @@ class Receiver:
                     elif answer == "hold":
                         outer.holding.set()
                         outer.release.wait(30)
-                    status = answer if isinstance(answer, int) else 200
+                    status = answer if isinstance(answer, int) else outer.hold_status if answer == "hold" else 200
                     self.send_response(status)
                     self.send_header("Content-Length", "2")
                     self.end_headers()

@@ -1,11 +1,17 @@
 """What a receiver answers: an answer that never ends cannot hold a sender, and one that echoes the URL
 cannot carry its secret path into the reason shown in logs and the API."""
 
+import base64
+import shutil
 import socketserver
+import tempfile
 import threading
 import time
+from email.utils import formatdate
+from pathlib import Path
 from urllib.parse import quote
 
+from sits_observe.alerting.answers import retry_after
 from sits_observe.alerting.config import AlertingConfig
 from sits_observe.alerting.dispatch import Dispatcher
 from sits_observe.alerting.formats import Alert
@@ -16,7 +22,8 @@ PATH = "/services/T0/B0/URLTOKEN?sig=QUERYSECRET"
 class RawReceiver:
     """Reads one request per connection, then answers as ``mode`` says: ``endless`` (200, a chunked body
     that never ends), ``dribble`` (200, one byte of a 1 GB body every 0.1 s) or ``echo`` (404 quoting the
-    request line, as a proxy's "Cannot POST ..." page does), ``headers`` (a header line every 0.1 s, never
+    request line, as a proxy's "Cannot POST ..." page does), ``quote-headers`` (401 quoting the credentials sent),
+    ``headers`` (a header line every 0.1 s, never
     their end) or ``slow-ok`` (200 after 0.6 s)."""
 
     def __init__(self, mode: str) -> None:
@@ -36,7 +43,13 @@ class RawReceiver:
                 outer.requests += 1
                 line = head.split(b"\r\n")[0].decode()
                 try:
-                    if mode == "echo":  # the ways servers quote a path: as sent, without its slash, JSON, encoded
+                    if mode == "quote-headers":  # 401 quoting the credentials, as a debugging proxy's page does
+                        auth = [h.split(b":", 1)[1].strip() for h in head.split(b"\r\n")
+                                if h.lower().startswith(b"authorization:")]
+                        body = b"refused: " + b"|".join(auth + [base64.b64decode(a.split()[-1]) for a in auth])
+                        self.request.sendall(b"HTTP/1.1 401 Unauthorized\r\nContent-Length: %d\r\n\r\n" % len(body)
+                                             + body)
+                    elif mode == "echo":  # the ways servers quote a path: as sent, without its slash, JSON, encoded
                         path = line.split()[1]
                         body = (f"Cannot {line}|route {path.lstrip('/')}|{path.replace('/', chr(92) + '/')}"
                                 f"|{quote(path, safe='')}|").encode() * 5
@@ -184,3 +197,41 @@ def test_connecting_has_its_own_time_beside_the_answers(tmp_path, monkeypatch) -
     finally:
         d.close()
         rx.close()
+
+
+def test_an_answer_quoting_the_request_headers_shows_no_credentials(tmp_path) -> None:
+    """The ``Authorization: Basic <base64 of user:password>`` sent for a ``user:password@`` URL was not hidden:
+    a page quoting the request's headers carried the credentials into the reason, logs and API."""
+    rx = RawReceiver("quote-headers")
+    url = rx.url.replace("http://", "http://am%40ops:pa%3As-s3cret@")
+    d, _ = _dispatch(tmp_path, url, 1)
+    try:
+        assert _wait(lambda: d.outbox.recent_failures(), 20)
+        (failure,) = d.outbox.recent_failures()
+        state = str(d.state())
+    finally:
+        d.close()
+        rx.close()
+    token = base64.b64encode(b"am@ops:pa:s-s3cret").decode()
+    assert failure["reason"] == "HTTP 401 Unauthorized: refused: Basic <hidden>|am@ops:<hidden>", failure["reason"]
+    assert token[:12] not in state and "s3cret" not in state
+
+
+def test_retry_after_in_seconds_or_as_an_http_date() -> None:
+    """An HTTP date (RFC 9110 allows it; proxies and some APIs send one) was ignored: retried at the back-off pace."""
+    cfg = AlertingConfig.model_validate({"receivers": [{"type": "webhook", "name": "r", "url": "http://127.0.0.1:9/h"}],
+                                         "backoff": {"initial": 1, "max": 600, "jitter": 0}})
+    tmp = Path(tempfile.mkdtemp())
+    d = Dispatcher(cfg, tmp)
+    try:  # the receiver's wait, not the first back-off step of 1 s
+        assert d.senders["r"]._delay(1, retry_after(formatdate(time.time() + 300, usegmt=True))) > 290
+    finally:
+        d.close()
+        shutil.rmtree(tmp)
+    now = 1_700_000_000.0
+    assert retry_after("120", now) == 120.0
+    assert retry_after(formatdate(now + 90, usegmt=True), now) == 90.0
+    assert retry_after("Tue, 14 Nov 2023 22:14:50 -0000", now) == 90.0  # no zone: GMT, as the RFC has it
+    assert retry_after(formatdate(now - 90, usegmt=True), now) == 0.0  # passed already: no extra wait
+    assert [retry_after(v, now) for v in (None, "", "soon", "nan", "-inf")] == [None] * 5
+    assert retry_after("-3", now) == 0.0

@@ -98,6 +98,27 @@ def test_dedup_coalesce_and_update_while_in_flight(tmp_path):
         rx.close()
 
 
+def test_an_update_made_while_in_flight_is_not_given_up_with_the_refused_message(tmp_path):
+    """A message updated in place while its attempt was in flight moved to ``failed`` with its new content when the
+    receiver refused the old one: the update (the RCA's likely cause) was never sent."""
+    rx = Receiver(script=["hold"])
+    rx.hold_status = 400
+    d = _dispatcher(tmp_path, rx.url)
+    try:
+        d.start()
+        d.notify(_alert("a"))
+        assert rx.holding.wait(10)
+        d.notify(_alert("a", likely_cause="cpu_contention"))
+        rx.release.set()
+        assert _wait(lambda: d.outbox.depth() == {} and d.counts[("r", "failed")] == 1)
+        got = [(x.body["alerts"][0]["annotations"], x.answer) for x in rx.deliveries]
+        assert got == [({}, "hold"), ({"likely_cause": "cpu_contention"}, 200)]
+        assert d.counts[("r", "delivered")] == 1 and d.state()["failed"] == []  # the message was delivered
+    finally:
+        d.close()
+        rx.close()
+
+
 def test_alertmanager_batches_and_resends_firing(tmp_path):
     rx = Receiver()
     d = _dispatcher(tmp_path, f"http://127.0.0.1:{rx.port}", kind="alertmanager", resend_interval=0.2)
@@ -160,6 +181,17 @@ def test_payload_formats():
     slack = json.loads(render("slack", [firing, resolved], "r", 1.0))["text"]
     assert slack.splitlines()[0] == ":red_circle: *FIRING* SitsSloBurnRate slo=a"
     assert "*RESOLVED*" in slack and "> summary: s" in slack
+
+
+def test_slack_text_shows_labels_and_annotations_as_written():
+    """``<``, ``>`` and ``&`` went to Slack raw: ``<!channel>`` in a description pinged the whole channel,
+    ``p99 < 2s`` lost its text, and a second line of an annotation fell out of its quote."""
+    alert = Alert({"alertname": "SitsSloBurnRate", "slo": "a&b"},
+                  {"description": "p99 < 2s & errors > 1%, <!channel>\nsee <https://x|runbook>"}, "firing", 1.0)
+    assert json.loads(render("slack", [alert], "r", 1.0))["text"].splitlines() == [
+        ":red_circle: *FIRING* SitsSloBurnRate slo=a&amp;b",
+        "> description: p99 &lt; 2s &amp; errors &gt; 1%, &lt;!channel&gt;",
+        "> see &lt;https://x|runbook&gt;"]
 
 
 def test_fingerprint():
