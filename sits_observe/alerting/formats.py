@@ -19,7 +19,7 @@ __all__ = ["Alert", "fingerprint", "rfc3339", "render", "sign", "KINDS", "QUIET_
 
 # annotations whose change alone is no new message: they ride on the next one (a verdict every few seconds
 # must not become a chat message every few seconds, nor a restart a copy of every firing alert)
-QUIET_ANNOTATIONS = frozenset({"confidence", "rca_verdict"})
+QUIET_ANNOTATIONS = frozenset({"confidence", "rca_verdict", "scheduler_decision_id"})  # ids and scores
 
 KINDS = ("alertmanager", "webhook", "slack")
 _FNV_OFFSET = 14695981039346656037

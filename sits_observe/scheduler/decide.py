@@ -103,6 +103,7 @@ class Decider:
         p = self.walker.start(view.spec.id, "reshard", d.target_gpus, d.node, t.ts, source=view.serving,
                               decision_id=d.id, reason=t.reason, span=self.tracer.span(d))
         d.placement_id = p.id
+        self._annotate("migrate", f"{t.reason}; moving {view.spec.id} {list(view.gpus)} -> {list(d.target_gpus)}", d)
         return self.record(d)
 
     def _no_action(self, t: Trigger, reason: str, view: ShardView | None = None,
@@ -113,11 +114,18 @@ class Decider:
                           view.gpus if view else ())
         self.tracer.add_span(d)  # no row to go with
         self.record(d)
-        if annotate and self.annotate is not None:
-            try:
-                self.annotate({"scheduler_action": "none", "scheduler_reason": reason, "scheduler_decision_id": d.id})
-            except Exception as exc:  # an alerting hook must not stop decisions
-                log.warning("scheduler: annotate hook failed: %s", exc)
+        if annotate:
+            self._annotate("none", reason, d)
+
+    def _annotate(self, action: str, reason: str, d: Decision) -> None:
+        """What the scheduler did about the firing alerts: a move, or why none (for causes a move cannot fix); a
+        later move replaces an earlier "none" on the alert."""
+        if self.annotate is None:
+            return
+        try:
+            self.annotate({"scheduler_action": action, "scheduler_reason": reason, "scheduler_decision_id": d.id})
+        except Exception as exc:  # an alerting hook must not stop decisions
+            log.warning("scheduler: annotate hook failed: %s", exc)
 
     def decision(self, t: Trigger, name: str, action: str, reason: str, shard_id: str, res: Result | None,
                  source: tuple[int, ...]) -> Decision:

@@ -70,13 +70,17 @@ def test_annotations_ride_on_the_alert(tmp_path, receiver):
     engine = SloEngine.from_config(cfg)
     for _ in range(100):
         engine.on_tick(feed.frame(0.0))
-    engine.annotate("chat-latency", {"likely_cause": "gpu_memory_pressure", "confidence": 0.81})
+    engine.annotate("chat-latency", {"likely_cause": "gpu_memory_pressure", "confidence": 0.81,
+                                     "scheduler_action": "none", "scheduler_reason": "a move cannot help",
+                                     "scheduler_decision_id": "d1"})
     for _ in range(30):
         engine.on_tick(feed.frame(0.5))
     assert wait(lambda: len(receiver.accepted()) == 1)
     for confidence in (0.93, 0.94, 0.95):  # a verdict every few ticks, same cause: no message of its own
         engine.annotate("chat-latency", {"likely_cause": "gpu_memory_pressure", "confidence": confidence,
                                          "rca_verdict": f"v{confidence}"})
+    engine.annotate("chat-latency", {"scheduler_action": "none", "scheduler_reason": "a move cannot help",
+                                     "scheduler_decision_id": "d2"})  # another episode saying the same: quiet
     engine.annotate("chat-latency", {"likely_cause": "thermal_throttling", "confidence": 0.7})  # already
     assert wait(lambda: len(receiver.accepted()) == 2)  # delivered: sent again, updated
     with pytest.raises(Exception, match="unknown SLO 'nope'"):
@@ -89,6 +93,7 @@ def test_annotations_ride_on_the_alert(tmp_path, receiver):
     assert notes[0]["likely_cause"] == "gpu_memory_pressure" and notes[0]["confidence"] == "0.81"
     assert notes[1]["likely_cause"] == "thermal_throttling" and notes[1]["confidence"] == "0.7"
     assert notes[1]["rca_verdict"] == "v0.95" and notes[2] == notes[1]
+    assert notes[1]["scheduler_action"] == "none" and notes[1]["scheduler_decision_id"] == "d2"
     assert [d.body["status"] for d in receiver.accepted()] == ["firing", "firing", "resolved"]
     assert notes[0]["summary"] == "chat-latency: error budget burning over 1.2x in the last 1m and 10s"
 
