@@ -12,7 +12,7 @@ from .placement import GpuLoad, Request
 from .states import ACTIVE, State
 from .store import Placement
 
-__all__ = ["ShardView", "shard_views", "locked_gpus", "in_flight", "gpu_load", "request_for"]
+__all__ = ["ShardView", "shard_views", "locked_gpus", "in_flight", "gpu_load", "request_for", "spec_changes"]
 
 NEW_SHARD_LOAD = 0.25  # utilization a shard with no history is assumed to add per GPU
 
@@ -62,8 +62,9 @@ def shard_views(shards: Iterable[ShardSpec], live: Iterable[Placement]) -> dict[
 
 
 def locked_gpus(views: dict[str, ShardView]) -> set[int]:
-    """GPUs touched by a migration in flight (old and new placements): at most one migration per GPU."""
-    return {g for v in views.values() if v.migrating for p in v.live for g in p.gpus}
+    """GPUs touched by a re-shard in flight (old and new placements): at most one migration per GPU.  The placing
+    of a shard that serves nowhere yet is no migration: its GPUs take other shards (its memory and load count)."""
+    return {g for v in views.values() if v.migrating and v.serving is not None for p in v.live for g in p.gpus}
 
 
 def in_flight(views: dict[str, ShardView]) -> int:
@@ -73,22 +74,26 @@ def in_flight(views: dict[str, ShardView]) -> int:
 
 def gpu_load(views: dict[str, ShardView], util: np.ndarray, mem_used: np.ndarray, healthy: np.ndarray,
              values_ts: float = float("inf"), dry_run: bool = False) -> GpuLoad:
-    """What the planner needs: memory held by placements (placed through draining), memory used by anything
-    else (observed minus what of the held memory the reading ``mem_used``, taken at ``values_ts``, can show),
-    and which GPUs may take a shard (healthy, memory read, no migration in flight)."""
+    """What the planner needs: utilization, with the load of placements the reading cannot show yet on top,
+    memory held by placements (placed through draining), memory used by anything else (observed minus what of
+    the held memory the reading ``mem_used``, taken at ``values_ts``, can show), and which GPUs may take a shard
+    (healthy, memory read, no migration in flight)."""
     reserved, shown = np.zeros(len(util)), np.zeros(len(util))
+    busy = np.nan_to_num(np.asarray(util, dtype=np.float64), nan=0.0)  # not read: idle
     for v in views.values():
         for p in v.live:
             if p.state in ACTIVE:
                 reserved[list(p.gpus)] += v.spec.memory_per_gpu
                 if _loaded(p, values_ts, dry_run):
                     shown[list(p.gpus)] += v.spec.memory_per_gpu
+                if not _serves(p, values_ts, dry_run):  # else the next shard would pile onto the same GPU
+                    busy[list(p.gpus)] += NEW_SHARD_LOAD
     foreign = np.maximum(np.nan_to_num(mem_used, nan=0.0) - shown, 0.0)
     # a GPU whose memory was not read is no candidate: unread, it would look empty (utilization may be never
     # read at all: MIG, some vGPUs, a dcgm page without it; it then counts as idle, as before)
     eligible = np.asarray(healthy, dtype=bool) & ~np.isnan(mem_used)
     eligible[list(locked_gpus(views))] = False
-    return GpuLoad(util, reserved, foreign, eligible)
+    return GpuLoad(busy, reserved, foreign, eligible)
 
 
 SHOWN_AFTER_S = 60.0  # GPU readings lag their frame: NVML is sampled every gpu.sample_interval (5 s), dcgm-exporter
@@ -106,6 +111,15 @@ def _loaded(p: Placement, values_ts: float, dry_run: bool) -> bool:
             and values_ts - p.updated_ts >= SHOWN_AFTER_S)
 
 
+def _serves(p: Placement, values_ts: float, dry_run: bool) -> bool:
+    """Whether ``p``'s load shows in the utilization of a frame at ``values_ts``: one adopted where it runs, one
+    draining (it served until now), or one launched ``SHOWN_AFTER_S`` before; not one placed or staged (it serves
+    nothing yet), nor any the log actuator's dry run placed."""
+    if p.kind == "adopt" or p.state is State.DRAINING:
+        return True
+    return not dry_run and p.state is State.LAUNCHED and values_ts - p.updated_ts >= SHOWN_AFTER_S
+
+
 def request_for(spec: ShardSpec, views: dict[str, ShardView], util: np.ndarray, source: tuple[int, ...] = (),
                 exclude: frozenset[int] = frozenset()) -> Request:
     """A placement request; the shard's load is its share of its GPUs' utilization (shared evenly; GPUs not
@@ -119,3 +133,9 @@ def request_for(spec: ShardSpec, views: dict[str, ShardView], util: np.ndarray, 
     load = float(read.mean()) if read.size else NEW_SHARD_LOAD
     return Request(spec.gpus, float(spec.memory_per_gpu), spec.comm_intensity, spec.numa_node,
                    float(np.clip(load, 0.05, 1.0)), tuple(source), exclude)
+
+
+def spec_changes(old: ShardSpec, new: ShardSpec) -> dict[str, str]:
+    """Field -> "field old -> new" for each field of a shard's spec that differs (its ``placement`` aside)."""
+    return {k: f"{k} {getattr(old, k)!r} -> {getattr(new, k)!r}" for k in type(new).model_fields
+            if k != "placement" and getattr(old, k) != getattr(new, k)}

@@ -69,6 +69,16 @@ def test_sustained_window_with_hysteresis() -> None:
     assert fired == [60, 162]
 
 
+def test_a_value_left_inside_the_band_does_not_fire_again() -> None:
+    """Past the cooldown a window fired again while its value sat between the re-arm level and the level: an
+    imbalance at stddev 0.28 (below the configured 0.30) could start a migration every ``cooldown`` seconds."""
+    s = Sustained(level=0.30, hysteresis=0.05, sustain=60, refire=300)
+    values = [0.4] * 61 + [0.28] * 600 + [0.4] * 10
+    fired = [t for t, v in enumerate(values) if s.update(float(t), v)]
+    assert fired == [60, 661]  # again once above the level, the cooldown long over
+    assert s.repeat is True
+
+
 def test_imbalance_and_saturation_windows() -> None:
     trig = Triggers(SchedulerConfig(imbalance_sustain=30, saturation_sustain=300), 8)
     skewed = np.array([0.95, 0.9, 0.1, 0.1, 0.05, 0.1, 0.1, 0.1])
@@ -105,6 +115,24 @@ def test_non_fixable_cause_records_no_action_and_annotates(make_scheduler: Calla
 
 
 BUSY = [0.6, 0.6, 0.6, 0.6, 0.0, 0.0, 0.0, 0.0]  # shards a and b on GPUs 0-3, the rest idle
+
+
+def test_a_move_is_said_on_the_alerts_after_an_earlier_none(make_scheduler: Callable[..., Scheduler]) -> None:
+    """The alert said "scheduler_action: none" (a cause a move cannot fix) and kept saying it after the scheduler
+    then moved a shard for the same incident."""
+    notes: list[dict[str, str]] = []
+    s = make_scheduler(actuator=PendingActuator(), verdict_consecutive=1)
+    s.decider.annotate = notes.append
+    _place_two(s)
+    s.on_verdict(verdict("network_ingress", 0.9, 1000.0))
+    s.on_tick(frame(1000.0, BUSY))
+    s.on_verdict(verdict("thermal_throttling", 0.9, 1001.0, gpus=(0,)))
+    s.on_tick(frame(1001.0, BUSY))
+    moved = s.decisions_state()["decisions"][0]
+    assert moved["action"] == "migrate"
+    assert [n["scheduler_action"] for n in notes] == ["none", "migrate"]
+    assert notes[-1]["scheduler_decision_id"] == moved["id"]
+    assert f"moving a [0, 1] -> {list(moved['target_gpus'])}" in notes[-1]["scheduler_reason"]
 
 
 def test_cooldown_and_one_migration_per_gpu(make_scheduler: Callable[..., Scheduler]) -> None:
@@ -334,13 +362,15 @@ def test_a_dry_run_places_as_if_its_shards_had_loaded(make_scheduler: Callable[.
 def test_no_movable_shard_names_a_bounded_number_of_shards(make_scheduler: Callable[..., Scheduler]) -> None:
     s = make_scheduler(actuator=PendingActuator(), verdict_consecutive=1)
     s.on_tick(frame(999.0))
-    placing = s.register_shard({"id": "first", "gpus": 1, "memory_per_gpu": 2**30})  # no step acked: in flight
-    gpu = placing["placements"][0]["gpus"]
-    for i in range(30):  # each on the GPU of that placement in flight: none can move
+    s.register_shard({"id": "first", "gpus": 1, "memory_per_gpu": 2**30, "placement": [0]})
+    s.manual_reshard("first", "maintenance")  # no step acked: a re-shard in flight from GPU 0
+    gpu = [0]
+    for i in range(30):  # each on the GPU of that re-shard in flight: none can move
         s.register_shard({"id": f"s{i:02d}", "gpus": 1, "memory_per_gpu": 2**30, "placement": gpu})
     s.on_verdict(verdict("thermal_throttling", 0.9, 1000.0, gpus=tuple(gpu)))
     s.on_tick(frame(1000.0))
     d = s.decisions_state()["decisions"][0]
     assert d["action"] == "no_action" and "no movable shard" in d["reason"]
-    assert d["reason"].count("shares a GPU with a migration in flight") == 8  # decide.WHY_NOT_SHOWN
-    assert d["reason"].endswith("; and 22 more")
+    assert "first is migrating" in d["reason"]  # then 7 of the others: decide.WHY_NOT_SHOWN is 8
+    assert d["reason"].count("shares a GPU with a migration in flight") == 7
+    assert d["reason"].endswith("; and 23 more")
