@@ -74,7 +74,8 @@ class Trigger:
 
 
 class Sustained:
-    """A level that must hold ``sustain`` seconds to fire; re-arms below ``level - hysteresis``."""
+    """A level that must hold ``sustain`` seconds to fire; re-arms below ``level - hysteresis``; fires again after
+    ``refire`` seconds while above the level."""
 
     def __init__(self, level: float, hysteresis: float, sustain: float, refire: float) -> None:
         self.level, self.clear, self.sustain, self.refire = level, level - hysteresis, sustain, refire
@@ -90,7 +91,8 @@ class Sustained:
             self.onset = ts
         if self.onset is None or ts - self.onset < self.sustain:
             return False
-        if self.fired is None or ts - self.fired >= self.refire:
+        # a fire again needs the level itself: a value left inside the band only keeps the episode from re-arming
+        if self.fired is None or (ts - self.fired >= self.refire and value > self.level):
             self.repeat = self.fired is not None
             self.fired = ts
             return True
