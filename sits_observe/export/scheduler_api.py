@@ -4,7 +4,8 @@ GET /api/v1/shards, GET /api/v1/decisions?limit=N, and (behind ``auth``, the bea
 POST /api/v1/shards, POST /api/v1/reshard, POST /api/v1/placements/<id>/ack.  Malformed input (also JSON
 nested past Python's recursion limit, or a string with a lone surrogate that SQLite cannot store) -> 400,
 a body over :data:`MAX_BODY_BYTES` -> 413,
-unknown shard or placement -> 404, a refused transition -> 409; every answer names the reason.
+unknown shard or placement -> 404, a refused transition -> 409, ``scheduler.sqlite`` refusing a read or write
+(a full disk) -> 503 with ``Retry-After``; every answer names the reason.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from flask import Blueprint, Response, jsonify, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from ..errors import ConfigError, SchedulerError
-from ..scheduler.states import NotFound
+from ..scheduler.states import NotFound, StoreFailed
 
 __all__ = ["scheduler_blueprint", "MAX_BODY_BYTES"]
 
 MAX_BODY_BYTES = 1 << 20  # a shard, a re-shard or an ack is well under 1 KiB
+RETRY_AFTER_S = 5  # a 503 for a database that refused a write (a full disk): when to try again
 
 
 def _body() -> Any:
@@ -85,6 +87,10 @@ def scheduler_blueprint(scheduler: Any, auth: Callable[[Callable[..., Any]], Cal
     @bp.errorhandler(NotFound)
     def not_found(exc: NotFound) -> tuple[Response, int]:
         return jsonify({"error": str(exc)}), 404
+
+    @bp.errorhandler(StoreFailed)
+    def store_failed(exc: StoreFailed) -> tuple[Response, int, dict[str, str]]:
+        return jsonify({"error": f"{exc}; try again"}), 503, {"Retry-After": str(RETRY_AFTER_S)}
 
     @bp.errorhandler(SchedulerError)
     def refused(exc: SchedulerError) -> tuple[Response, int]:

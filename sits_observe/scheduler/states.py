@@ -11,7 +11,7 @@ from enum import Enum
 
 from ..errors import SchedulerError
 
-__all__ = ["State", "TRANSITIONS", "ACTIVE", "TERMINAL", "NotFound", "check_transition"]
+__all__ = ["State", "TRANSITIONS", "ACTIVE", "TERMINAL", "NotFound", "StoreFailed", "check_transition"]
 
 
 class State(str, Enum):
@@ -40,6 +40,11 @@ ACTIVE = frozenset({State.PLACED, State.STAGED, State.LAUNCHED, State.DRAINING})
 
 class NotFound(SchedulerError):
     """The shard or placement named does not exist (HTTP 404)."""
+
+
+class StoreFailed(SchedulerError):
+    """``scheduler.sqlite`` refused a read or a write (a full disk, a lock held too long): nothing was refused
+    for what was asked, so the API answers 503 (try again), not 409 (which tells an orchestrator to give up)."""
 
 
 def check_transition(shard_id: str, placement_id: int, current: State, target: State) -> None:

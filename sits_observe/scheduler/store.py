@@ -24,7 +24,7 @@ from typing import Any
 from ..errors import SchedulerError, StateFileError
 from ..statedb import StateFile, read, transaction
 from .config import ShardSpec
-from .states import TERMINAL, NotFound, State, check_transition
+from .states import TERMINAL, NotFound, State, StoreFailed, check_transition
 
 __all__ = ["Placement", "PlacementStore", "SpanRecord", "DB_NAME", "SCHEMA_VERSION"]
 
@@ -121,7 +121,7 @@ class PlacementStore:
         except OSError as exc:
             raise SchedulerError(f"{self.path}: cannot open the scheduler database: {exc}") from exc
         self._file = StateFile(self.path, "the shards, placements and decision spans not yet exported",
-                               SchedulerError)
+                               StoreFailed)
         self._db = self._file.connect(setup=self._setup)
 
     def _setup(self, db: sqlite3.Connection) -> None:
@@ -167,6 +167,13 @@ class PlacementStore:
             if db.execute("SELECT 1 FROM shards WHERE id=?", (spec.id,)).fetchone():
                 raise SchedulerError(f"shard {spec.id}: already registered")
             db.execute("INSERT INTO shards(id, spec, created_ts) VALUES (?, ?, ?)", (spec.id, body, ts))
+
+    def replace_shard(self, spec: ShardSpec) -> None:
+        """Store a changed spec of a registered shard (its placements stay as they are)."""
+        with self._tx() as db:
+            if db.execute("UPDATE shards SET spec=? WHERE id=?", (spec.model_dump_json(exclude={"placement"}),
+                                                                 spec.id)).rowcount != 1:
+                raise NotFound(f"shard {spec.id}: not registered")
 
     def shard(self, shard_id: str) -> ShardSpec:
         row = self._read_one("SELECT spec FROM shards WHERE id=?", (shard_id,))

@@ -465,3 +465,24 @@ def test_a_shard_whose_placing_failed_is_placed_again_by_a_reshard(api: tuple[Fl
     r = client.post("/api/v1/reshard", json={"shard": "new", "reason": "image fixed"}, headers=AUTH)
     assert r.status_code == 202 and (r.get_json()["name"], r.get_json()["action"]) == ("shard.assign", "assign")
     assert sched.store.placement(r.get_json()["placement_id"]).state is State.PLACED  # walking again
+
+
+def test_an_ack_the_database_cannot_store_is_a_503_not_a_refusal(api: tuple[FlaskClient, Scheduler],
+                                                                  orchestrator: Orchestrator) -> None:
+    """A full disk answered an ack with 409, the answer an orchestrator is told to take as the scheduler giving up
+    on the placement (it releases the target it set up) while the placement still waited for that ack."""
+    client, sched = api
+    new = client.post("/api/v1/reshard", json={"shard": "tp2", "reason": "x"}, headers=AUTH).get_json()["placement_id"]
+    orchestrator.wait_for(1)
+    url = f"/api/v1/placements/{new}/ack"
+    sched.store._db.execute("PRAGMA query_only = ON")  # every write fails in SQLite, as on a full disk
+    try:
+        r = client.post(url, json={"step": "stage", "ok": True}, headers=AUTH)
+        assert (r.status_code, r.headers.get("Retry-After")) == (503, "5"), r.get_json()
+        assert "readonly database; try again" in r.get_json()["error"]
+        r = client.post("/api/v1/shards", json={"id": "c", "gpus": 1}, headers=AUTH)
+        assert r.status_code == 503, r.get_json()
+    finally:
+        sched.store._db.execute("PRAGMA query_only = OFF")
+    assert sched.store.placement(new).step == "stage"  # still waiting: the orchestrator's retry is taken
+    assert client.post(url, json={"step": "stage", "ok": True}, headers=AUTH).get_json()["state"] == "staged"
