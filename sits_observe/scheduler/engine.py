@@ -36,7 +36,7 @@ from .states import NotFound, State
 from .store import Placement, PlacementStore
 from .tracing import DecisionTracer
 from .triggers import Trigger, Triggers
-from .view import ShardView, in_flight, locked_gpus, request_for
+from .view import ShardView, in_flight, locked_gpus, request_for, spec_changes
 
 __all__ = ["Scheduler", "AckBody"]
 
@@ -145,11 +145,14 @@ class Scheduler:
     # ---- API -------------------------------------------------------------------------------------
 
     def _ensure(self, spec: ShardSpec, origin: str) -> None:
-        """Start-up registration of a config or simulator shard.  A known shard keeps its state, except that a
+        """Start-up registration of a config or simulator shard.  A known config shard's changed spec is stored (its
+        placements stay where they are until it is re-sharded).  A known shard keeps its state, except that a
         simulator shard runs where the simulator says (it restarts from its own layout) and a shard left with
         no live placement is adopted again where it is said to run, or, given no placement, placed again.  A
         config shard to be placed waits for GPU values (:meth:`_place_deferred`) while they are unknown."""
         v = self.decider.views().get(spec.id)
+        if v is not None and origin == "config":
+            v = self._respec(v, spec)
         if (v is None or not v.live) and spec.placement is None and origin == "config" and self.seen.gpus_unknown():
             self._unplaced[spec.id] = spec  # registered (and placed) when GPU values come
             log.info("scheduler: config shard %s waits for GPU values to be placed", spec.id)
@@ -167,6 +170,22 @@ class Scheduler:
                                            tuple(sorted(spec.placement)))
             self._assign(spec, Trigger("adopt", "none", True, now, f"running on start-up ({origin})"),
                          Result(c, [c], "given", 1))  # recorded and traced as any adoption
+
+    def _respec(self, v: ShardView, spec: ShardSpec) -> ShardView:
+        """Store the changed fields of a registered config shard; not while it migrates (the plans of the steps
+        still to come would describe another shard than the GPUs they carry)."""
+        if not (changed := spec_changes(v.spec, spec)):
+            return v
+        what = ", ".join(changed.values())
+        if v.migrating:
+            log.warning("scheduler: config shard %s changed: %s; not applied while it migrates: reload again when "
+                        "it has finished", spec.id, what)
+            return v
+        self.store.replace_shard(spec.model_copy(update={"placement": None}))
+        resize = v.live and {"gpus", "memory_per_gpu"} & set(changed)
+        log.warning("scheduler: config shard %s changed: %s%s", spec.id, what,
+                    "; re-shard it (POST /api/v1/reshard) to place it for the new spec" if resize else "")
+        return self.decider.views()[spec.id]
 
     def _on_this_host(self, spec: ShardSpec) -> None:
         bad = [g for g in spec.placement or () if not 0 <= g < self.topo.n]  # -1 would index the last GPU

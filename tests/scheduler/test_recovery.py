@@ -282,3 +282,43 @@ def test_a_reloaded_shard_that_fits_nowhere_does_not_keep_the_others_out(
     s.reload(SimpleNamespace(scheduler=new))
     assert "huge" not in live_gpus(s) and live_gpus(s)["fine"][0] == "launched"  # log actuator: at once
     assert "config shard huge not placed: shard huge: fits nowhere" in caplog.text
+
+
+def test_a_changed_config_shard_is_stored_and_re_sharded_to_its_new_size(
+        make_scheduler: Callable[..., Scheduler], caplog: pytest.LogCaptureFixture) -> None:
+    """A SIGHUP (or a restart) with a config shard's gpus or memory changed kept the spec first registered, silently:
+    its placements, the memory counted for it and every later re-shard went by the old one."""
+    from types import SimpleNamespace
+
+    from sched_helpers import GiB, live_gpus
+
+    s = make_scheduler(shards=[{"id": "a", "gpus": 2, "memory_per_gpu": 10 * GiB}])
+    s.on_tick(frame(1000.0))
+    assert live_gpus(s)["a"][0] == "launched" and len(live_gpus(s)["a"][1]) == 2
+    bigger = {"id": "a", "gpus": 4, "memory_per_gpu": 30 * GiB, "model": "llama"}
+    s.reload(SimpleNamespace(scheduler=SchedulerConfig(shards=[bigger])))
+    assert s.store.shard("a").gpus == 4 and s.store.shard("a").memory_per_gpu == 30 * GiB
+    assert "config shard a changed: model '' -> 'llama', gpus 2 -> 4, memory_per_gpu 10737418240 -> 32212254720; " \
+           "re-shard it" in caplog.text
+    assert len(live_gpus(s)["a"][1]) == 2  # placements stay until it is re-sharded
+    s.manual_reshard("a", "new size")
+    assert live_gpus(s)["a"][0] == "launched" and len(live_gpus(s)["a"][1]) == 4
+    s.close()
+    again = make_scheduler(shards=[bigger | {"priority": 5}])  # at a restart too
+    assert again.store.shard("a").priority == 5
+
+
+def test_a_config_shard_changed_while_it_migrates_keeps_its_spec(
+        make_scheduler: Callable[..., Scheduler], caplog: pytest.LogCaptureFixture) -> None:
+    from types import SimpleNamespace
+
+    from sched_helpers import GiB, PendingActuator
+
+    act = PendingActuator()
+    s = make_scheduler(actuator=act, shards=[{"id": "a", "gpus": 2, "memory_per_gpu": 10 * GiB}])
+    s.on_tick(frame(1000.0))  # being placed: its stage step waits for an ack
+    s.reload(SimpleNamespace(scheduler=SchedulerConfig(shards=[{"id": "a", "gpus": 4, "memory_per_gpu": 10 * GiB}])))
+    assert s.store.shard("a").gpus == 2 and "not applied while it migrates" in caplog.text
+    pid = act.plans[-1]["placement_id"]
+    s.ack(pid, {"step": "stage", "ok": True})
+    assert act.plans[-1]["shard"]["gpus"] == len(act.plans[-1]["gpus"]) == 2  # the launch plan: one shard
