@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import ctypes as ct
+import functools
 import os
 import re
 import sys
@@ -18,26 +20,54 @@ from .features import optional_available, prog_run_stats
 from .specs import ProbeSpec, main_text
 from .workloads import FileId
 
-__all__ = ["compile_bpf", "compile_probe", "attach_path", "find_symbols", "Program", "LibraryAttacher"]
+__all__ = ["compile_bpf", "close_bpf", "compile_probe", "attach_path", "find_symbols", "Program", "LibraryAttacher"]
+
+
+@functools.cache
+def _bpf_class() -> type:
+    """bcc's ``BPF``, unloading what it loaded when loading fails.
+
+    bcc loads and attaches the tracepoint programs one by one in its constructor: one that the verifier refuses
+    left those before it attached (running on every event) with their program, map and perf event fds open, held
+    by bcc's own atexit hook for the life of the process; a probe's fallback (``compile_probe``) then loaded a
+    second copy beside them.
+    """
+    from bcc import BPF
+
+    class _BPF(BPF):  # type: ignore[misc,valid-type]
+        def _trace_autoload(self) -> None:
+            try:
+                super()._trace_autoload()
+            except BaseException:
+                close_bpf(self)
+                raise
+
+    return _BPF
+
+
+def close_bpf(bpf: Any) -> None:
+    """Detach and unload ``bpf``, and drop bcc's atexit hook, which would hold it until the process exits."""
+    bpf.cleanup()
+    atexit.unregister(bpf.cleanup)
 
 
 def compile_bpf(path: Path, flags: list[str]) -> Any:
-    """Compile ``path`` (absolute) with bcc and load it; tracepoint programs attach as they load."""
-    from bcc import BPF
-
+    """Compile ``path`` (absolute) with bcc and load it; tracepoint programs attach as they load.  Where one
+    fails to load, none stays loaded."""
     try:
-        return BPF(text=main_text(path).encode(), cflags=flags)
+        return _bpf_class()(text=main_text(path).encode(), cflags=flags)
     except Exception as exc:  # bcc raises bare Exception for compile, verifier and attach failures
         raise ProbeError(f"{path.name}: {exc} (clang/verifier output, if any, is on stderr)") from exc
 
 
-def compile_probe(spec: ProbeSpec, flags: Callable[[tuple[str, ...]], list[str]]) -> tuple[Any, tuple[str, ...]]:
-    """Compile ``spec`` with the optional kernel features this kernel offers; where that fails, again
-    without the first of them, and so on (``optional`` is in order of preference).
+def compile_probe(spec: ProbeSpec, wanted: tuple[str, ...], flags: Callable[[tuple[str, ...]], list[str]]
+                  ) -> tuple[Any, tuple[str, ...]]:
+    """Compile ``spec`` with the optional kernel features of ``wanted`` (``specs.wanted``, in order of preference)
+    this kernel offers; where that fails, again without the first of them, and so on.
 
     ``flags(optional)`` gives the cflags; returns the BPF object and the optional macros it kept.
     """
-    optional = tuple(m for m in spec.optional if optional_available(m))
+    optional = tuple(m for m in wanted if optional_available(m))
     for i in range(len(optional)):
         try:
             return compile_bpf(spec.path, flags(optional[i:])), optional[i:]
@@ -118,7 +148,7 @@ class Program:
         return sum(s[0] for s in got), sum(s[1] for s in got)
 
     def close(self) -> None:
-        self.bpf.cleanup()
+        close_bpf(self.bpf)
 
 
 def find_symbols(path: str, symbols: set[str]) -> dict[str, int]:
@@ -265,8 +295,11 @@ def _forget_probe(bpf: Any) -> None:
     bcc counts the probes open in this process, for its quota (``BCC_PROBE_LIMIT``, 1000 by default: "Number of
     open probes would exceed global quota"), in a global of its module, lowered only by its own ``_del_uprobe_fd``
     (bcc 0.26's ``bcc._num_open_probes``; relied on as that version has it).  Left alone, each such probe would
-    stay counted for the life of the process.  A stand-in object (tests) has no such module global.
+    stay counted for the life of the process.  The module is looked for along the object's classes (compile_bpf's
+    subclass of bcc's BPF; a stand-in of the tests counts in its own module).
     """
-    module = sys.modules.get(type(bpf).__module__)
-    if module is not None and hasattr(module, "_num_open_probes"):
-        module._num_open_probes -= 1
+    for cls in type(bpf).__mro__:  # bcc's BPF, or a subclass of it (compile_bpf's)
+        module = sys.modules.get(cls.__module__)
+        if module is not None and hasattr(module, "_num_open_probes"):
+            module._num_open_probes -= 1
+            return
