@@ -1,7 +1,8 @@
 """``sits-observe bench probes``: the cost the probes add per event, against baselines from the same run.
 
-* tracepoint: zero-byte write(2)s on an accepted TCP socket (the ``syscalls`` probe times each as egress)
-  and on /dev/null (the look-up every other write on the host pays), without and with the probe;
+* tracepoint: zero-byte write(2)s on an accepted TCP socket (the ``syscalls`` probe times each as egress),
+  on /dev/null (the look-up every other write on the host pays) and getppid(2)s (what any other syscall on
+  the host pays), without and with the probe;
 * uprobe: calls of an empty library function, without a probe, with an empty uprobe/uretprobe pair
   (the cost of the trap alone) and with the ``calls`` program the cuda/nccl probes load;
 * naive variant of both: every event to user space through a perf buffer, aggregated in Python;
@@ -32,7 +33,7 @@ from ..histogram import SUB
 from . import specs
 from .bench_timing import Traced, perf_variant, tracepoints_switch, uprobes_switch, variant
 from .features import environment_problem, tracepoint_exists
-from .program import Program, attach_path, compile_bpf, compile_probe
+from .program import Program, attach_path, close_bpf, compile_bpf, compile_probe
 
 __all__ = ["add_arguments", "run"]
 
@@ -46,6 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=POSITIVE_INT, default=9, help="rounds per figure (the best one counts)")
     parser.add_argument("--octaves", type=POSITIVE_INT, default=4,
                         help="full powers of two (16 kernel buckets each) per series in the drain bench")
+    parser.add_argument("--syscalls-attach", choices=("tracepoint", "raw_tracepoint"), default="tracepoint",
+                        help="probes.syscalls.attach for the tracepoint figures (default: the config's default)")
 
 
 def _build_target(tmp: Path) -> tuple[ctypes.CDLL, str]:
@@ -61,15 +64,19 @@ def _build_target(tmp: Path) -> tuple[ctypes.CDLL, str]:
     lib.sits_bench_loop_call.argtypes = [ctypes.c_uint64]
     lib.sits_bench_loop_write.restype = ctypes.c_uint64
     lib.sits_bench_loop_write.argtypes = [ctypes.c_int, ctypes.c_uint64]
+    lib.sits_bench_loop_getppid.restype = ctypes.c_uint64
+    lib.sits_bench_loop_getppid.argtypes = [ctypes.c_uint64]
     return lib, str(out)
 
 
-def _program(name: str, n_workloads: int = 1, extra: dict[str, str] | None = None) -> tuple[Any, str]:
-    """The probe's program as the daemon loads it, and its attach path."""
+def _program(name: str, n_workloads: int = 1, extra: dict[str, str] | None = None,
+             probes: dict[str, Any] | None = None) -> tuple[Any, str]:
+    """The probe's program as the daemon loads it with the ``probes:`` section ``probes``, and its attach path."""
     spec = specs.SPECS[name]
     plan = specs.plan_tracepoints(spec, tracepoint_exists)
-    bpf, kept = compile_probe(spec, lambda opt: specs.cflags(spec, parse({}).probes, n_workloads,
-                                                             plan.macros + opt, extra))
+    cfg = parse({"probes": probes or {}}).probes
+    bpf, kept = compile_probe(spec, specs.wanted(spec, cfg),
+                              lambda opt: specs.cflags(spec, cfg, n_workloads, plan.macros + opt, extra))
     return bpf, attach_path(spec, kept)
 
 
@@ -92,7 +99,7 @@ def _costs(base: float, empty: tuple[float, float], ours: tuple[float, float], t
                 (perf["bpf_run_ns_per_event"] + perf["python_ns_per_event"]) / max(ours[1], 1.0), 2)}
 
 
-def _tracepoint(lib: ctypes.CDLL, n: int, rounds: int) -> dict[str, Any]:
+def _tracepoint(lib: ctypes.CDLL, n: int, rounds: int, attach_as: str) -> dict[str, Any]:
     with socket.socket() as srv, open(os.devnull, "wb") as null:
         srv.bind(("127.0.0.1", 0))
         srv.listen(4)
@@ -106,7 +113,7 @@ def _tracepoint(lib: ctypes.CDLL, n: int, rounds: int) -> dict[str, Any]:
         fd = accepted()
         traced = Traced(lambda: lib.sits_bench_loop_write(fd, n), n, rounds)
         base = traced.best()
-        bpf, attach = _program("syscalls")
+        bpf, attach = _program("syscalls", probes={"syscalls": {"attach": attach_as}})
         prog = Program(bpf, BucketLayout((1e-6,)))
         try:
             # empty programs on the attach path the probe got: what dispatch alone costs
@@ -116,7 +123,7 @@ def _tracepoint(lib: ctypes.CDLL, n: int, rounds: int) -> dict[str, Any]:
             try:
                 empty = variant(bpf, traced, *tracepoints_switch(bpf))
             finally:
-                bpf.cleanup()
+                close_bpf(bpf)
             on()
             prog.set_workloads({os.getpid(): 1})
             timed_fd = accepted()  # accepted while the probe runs: its writes are timed as egress
@@ -125,17 +132,20 @@ def _tracepoint(lib: ctypes.CDLL, n: int, rounds: int) -> dict[str, Any]:
             ours = variant(prog.bpf, ours_traced, on, off)
             timed = sum(s.count for s in prog.drain())
             _, other = Traced(lambda: lib.sits_bench_loop_write(null.fileno(), n), n, rounds).added(on, off)
+            # every syscall of every process pays this on the raw tracepoints, none of the untimed ones on syscalls:*
+            _, syscall = Traced(lambda: lib.sits_bench_loop_getppid(n), n, rounds).added(on, off)
         finally:
             prog.close()
         bpf = _bench_bpf("BENCH_PERF_WRITE")
         try:
             perf = perf_variant(bpf, traced, base)
         finally:
-            bpf.cleanup()
+            close_bpf(bpf)
         for sock in socks:
             sock.close()
     return {"program": "syscalls.bpf.c: egress, zero-byte write(2) on an accepted socket", "attach": attach,
-            **_costs(base, empty, ours, timed, ours_traced, perf), "other_fd_added_ns": round(other, 1)}
+            **_costs(base, empty, ours, timed, ours_traced, perf), "other_fd_added_ns": round(other, 1),
+            "other_syscall_added_ns": round(syscall, 1)}
 
 
 def _uprobe(lib: ctypes.CDLL, lib_path: str, n: int, rounds: int) -> dict[str, Any]:
@@ -145,7 +155,7 @@ def _uprobe(lib: ctypes.CDLL, lib_path: str, n: int, rounds: int) -> dict[str, A
     try:
         empty = variant(bpf, traced, *uprobes_switch(bpf, lib_path, b"empty_enter", b"empty_return"))
     finally:
-        bpf.cleanup()
+        close_bpf(bpf)
     prog = Program(_program("cuda")[0], BucketLayout((1e-6,)))
     try:
         prog.set_workloads({os.getpid(): 1})
@@ -158,7 +168,7 @@ def _uprobe(lib: ctypes.CDLL, lib_path: str, n: int, rounds: int) -> dict[str, A
         uprobes_switch(bpf, lib_path, b"perf_enter", b"perf_return")
         perf = perf_variant(bpf, traced, base)
     finally:
-        bpf.cleanup()
+        close_bpf(bpf)
     return {"program": "calls.bpf.c (as the cuda/nccl probes load it): empty library function",
             **_costs(base, empty, ours, timed, traced, perf)}
 
@@ -211,7 +221,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         with tempfile.TemporaryDirectory(prefix="sits-bench-") as tmp:
             lib, lib_path = _build_target(Path(tmp))
-            tp = _tracepoint(lib, args.writes, args.rounds)
+            tp = _tracepoint(lib, args.writes, args.rounds, args.syscalls_attach)
             up = _uprobe(lib, lib_path, args.calls, args.rounds)
         dr = _drain(16, 64, args.octaves, args.rounds)
     finally:

@@ -53,15 +53,16 @@ def print_bpf(cfg: Config, name: str) -> str:
     features included; the daemon drops them where the kernel refuses them)."""
     spec = specs.SPECS[name]
     plan = specs.plan_tracepoints(spec, tracepoint_exists)
-    flags = specs.cflags(spec, cfg.probes, len(cfg.workloads), plan.macros + spec.optional)
+    flags = specs.cflags(spec, cfg.probes, len(cfg.workloads), plan.macros + specs.wanted(spec, cfg.probes))
     return specs.render_source(spec.path, flags)
 
 
-def _attach(spec: specs.ProbeSpec) -> str:
+def _attach(spec: specs.ProbeSpec, cfg: Config) -> str:
     """The attach path the daemon tries first (a program that then fails to load falls back)."""
     if spec.kind == "uprobe":
         return "uprobe"
-    return "raw_tracepoint" if "USE_RAW_TP" in spec.optional and raw_syscalls_supported() else "tracepoint"
+    return "raw_tracepoint" if "USE_RAW_TP" in specs.wanted(spec, cfg.probes) and raw_syscalls_supported() \
+        else "tracepoint"
 
 
 def list_probes(cfg: Config) -> list[dict[str, Any]]:
@@ -74,7 +75,7 @@ def list_probes(cfg: Config) -> list[dict[str, Any]]:
         pcfg = getattr(cfg.probes, name)
         plan = specs.plan_tracepoints(spec, tracepoint_exists)
         row: dict[str, Any] = {"probe": name, "program": spec.path.name, "stages": list(spec.stages),
-                               "attach": _attach(spec), "missing_tracepoints": list(plan.missing)}
+                               "attach": _attach(spec, cfg), "missing_tracepoints": list(plan.missing)}
         why = off or (None if pcfg.enabled else "disabled in config") or plan.problem
         if spec.kind == "uprobe":
             timed = pcfg.timed()

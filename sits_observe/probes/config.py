@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import re
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -15,6 +15,7 @@ __all__ = [
     "NCCL_STAGES",
     "ProbeToggle",
     "BlockIoProbe",
+    "SyscallsProbe",
     "StageSymbols",
     "UprobeProbe",
     "CudaProbe",
@@ -48,6 +49,12 @@ class ProbeToggle(Section):
 class BlockIoProbe(ProbeToggle):
     unattributed: str | None = Field(
         "host", description="workload label for IO issued by no configured workload; null: do not time it")
+
+
+class SyscallsProbe(ProbeToggle):
+    attach: Literal["tracepoint", "raw_tracepoint"] = Field(
+        "tracepoint", description="syscalls:* tracepoints (only the timed syscalls run a program), or the raw "
+        "raw_syscalls ones (cheaper per timed call, but every syscall on the host runs two programs)")
 
 
 class StageSymbols(Section):
@@ -109,7 +116,7 @@ class ProbesConfig(Section):
         8, ge=1, le=38, description="histogram map slots per (stage, workload): one per power of two of latency "
         "seen, 8 hold a 256x range at full resolution; events that find the map full are dropped and counted")
     runq: ProbeToggle = Field(default_factory=ProbeToggle)
-    syscalls: ProbeToggle = Field(default_factory=ProbeToggle)
+    syscalls: SyscallsProbe = Field(default_factory=SyscallsProbe)
     block_io: BlockIoProbe = Field(default_factory=BlockIoProbe)
     cuda: CudaProbe = Field(default_factory=CudaProbe)
     nccl: NcclProbe = Field(default_factory=NcclProbe)

@@ -112,12 +112,14 @@ class ProbeSource:
             self._report(state, state.problem)
             return
         try:
-            bpf, kept = compile_probe(spec, lambda opt: specs.cflags(spec, self._cfg, n_workloads, plan.macros + opt))
+            wanted = specs.wanted(spec, self._cfg)
+            bpf, kept = compile_probe(spec, wanted,
+                                      lambda opt: specs.cflags(spec, self._cfg, n_workloads, plan.macros + opt))
         except ProbeError as exc:
             state.problem = f"not loaded: {exc}"
             self._report(state, state.problem)
             return
-        skipped = [*plan.missing, *(m for m in spec.optional if m not in kept)]
+        skipped = [*plan.missing, *(m for m in wanted if m not in kept)]
         state.program = Program(bpf, self._layout)
         state.attach = attach_path(spec, kept)
         if spec.kind == "uprobe":

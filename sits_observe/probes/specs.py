@@ -17,7 +17,7 @@ from .. import histogram
 from ..frame import STAGES
 from .config import ProbesConfig
 
-__all__ = ["BPF_DIR", "Feature", "ProbeSpec", "SPECS", "TracepointPlan", "plan_tracepoints", "cflags",
+__all__ = ["BPF_DIR", "Feature", "ProbeSpec", "SPECS", "TracepointPlan", "plan_tracepoints", "wanted", "cflags",
            "source_files", "main_text", "render_source"]
 
 BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
@@ -112,6 +112,14 @@ def plan_tracepoints(spec: ProbeSpec, exists: Callable[[str, str], bool]) -> Tra
             problem = f"missing tracepoint(s): needs {' or '.join(need)}"
             break
     return TracepointPlan(tuple(macros), tuple(missing), problem)
+
+
+def wanted(spec: ProbeSpec, cfg: ProbesConfig) -> tuple[str, ...]:
+    """The optional features of ``spec`` to try, as the config asks: ``USE_RAW_TP`` only with
+    ``probes.syscalls.attach: raw_tracepoint`` (on the raw tracepoints every syscall on the host runs the two
+    programs, where the ``syscalls:*`` ones run them for the timed syscalls alone)."""
+    raw = cfg.syscalls.attach == "raw_tracepoint"
+    return tuple(m for m in spec.optional if m != "USE_RAW_TP" or raw)
 
 
 def cflags(spec: ProbeSpec, cfg: ProbesConfig, n_workloads: int, macros: tuple[str, ...] = (),

@@ -53,3 +53,14 @@ def test_list_says_what_would_attach_and_why_not(tmp_path: Path, capsys: pytest.
     rows = {r["probe"]: r for r in json.loads(_run(["probes", "--list", "--json", "--config", str(cfg)],
                                                     capsys))["probes"]}
     assert rows["block_io"] == {**rows["block_io"], "would_attach": False, "why": "no workloads configured"}
+
+
+def test_list_and_print_bpf_follow_the_syscalls_attach_setting(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    cfg = tmp_path / "c.yaml"
+    for attach, flag in (("tracepoint", False), ("raw_tracepoint", True)):
+        cfg.write_text(f"workloads: [{{name: w, comm: sits-t-none}}]\nprobes: {{syscalls: {{attach: {attach}}}}}\n")
+        rows = {r["probe"]: r for r in json.loads(_run(["probes", "--list", "--json", "--config", str(cfg)],
+                                                        capsys))["probes"]}
+        assert rows["syscalls"]["attach"] == attach
+        flags = _run(["probes", "--print-bpf", "syscalls", "--config", str(cfg)], capsys).splitlines()[1].split()
+        assert ("-DUSE_RAW_TP" in flags) == flag

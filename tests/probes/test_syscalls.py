@@ -19,12 +19,14 @@ PATHS = {"raw_tracepoint": ("USE_RAW_TP", "HAVE_TASK_STORAGE"), "tracepoint": ("
 
 @pytest.fixture(scope="module", params=sorted(PATHS))
 def source(request: pytest.FixtureRequest) -> Iterator[ProbeSource]:
-    """The syscalls probe on raw_syscalls raw tracepoints (the default here), on the syscalls:*
-    tracepoints (the fallback), and there with the pre-5.11 LRU hash for per-thread call state."""
+    """The syscalls probe on the syscalls:* tracepoints (the default), on raw_syscalls raw tracepoints
+    (probes.syscalls.attach: raw_tracepoint), and with the pre-5.11 LRU hash for per-thread call state."""
+    attach = "raw_tracepoint" if request.param == "raw_tracepoint" else "tracepoint"
     with fallback("syscalls", optional=PATHS[request.param]):
         src, _ = make_source({
             "workloads": [{"name": "server", "comm": "sits-t-server"}],
-            "probes": {"runq": OFF, "block_io": OFF, "cuda": OFF, "nccl": OFF, "scan_interval": 3600},
+            "probes": {"runq": OFF, "block_io": OFF, "cuda": OFF, "nccl": OFF, "scan_interval": 3600,
+                       "syscalls": {"attach": attach}},
         })
     assert src.states["syscalls"].attach == request.param.removesuffix("_lru_hash")
     yield src
@@ -87,3 +89,19 @@ def test_the_connections_of_a_process_that_exits_without_closing_them_are_forgot
             server.proc.wait()
     source.rescan()  # the process is gone: so are its connections
     assert not any(k.tgid == pid for k in conns.keys())
+
+
+def test_by_default_only_the_timed_syscalls_run_a_program() -> None:
+    """On the raw tracepoints (the default before) every syscall of every process on the host ran two programs:
+    a getppid(2) paid 173-187 ns there against 67-74 ns on the syscalls:* tracepoints (bench probes,
+    other_syscall_added_ns), far more than the raw path saves on the few socket calls it times."""
+    src, _ = make_source({"workloads": [{"name": "server", "comm": "sits-t-server"}],
+                          "probes": {"runq": OFF, "block_io": OFF, "cuda": OFF, "nccl": OFF}})
+    try:
+        state = src.states["syscalls"]
+        bpf = state.program.bpf
+        assert state.attach == "tracepoint" and not bpf.raw_tracepoint_fds
+        timed = {"accept", "accept4", "read", "recvfrom", "recvmsg", "write", "sendto", "sendmsg", "close"}
+        assert {tp.decode().split(":")[1].split("_", 2)[2] for tp in bpf.tracepoint_fds} == timed
+    finally:
+        src.close()
