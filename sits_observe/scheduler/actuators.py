@@ -150,9 +150,9 @@ class WebhookActuator(_Worker):
     """POSTs the plan JSON to the orchestrator, signed as alert webhooks are (``X-Sits-Timestamp``,
     ``X-Sits-Signature: sha256=HMAC(secret, timestamp + "." + body)``); the step completes when the
     orchestrator acks it through the API.  A 5xx, a 429 or a connection error is retried ``retries`` times,
-    0.5, 1, 2 ... s apart, or after the answer's ``Retry-After`` (seconds, up to ``RETRY_AFTER_MAX_S``); a close
-    ends that wait (the step stays pending).  A redirect is not followed (it would lose the body): it fails the
-    step, naming where it points."""
+    0.5, 1, 2 ... s apart, or after the answer's ``Retry-After`` (seconds or an HTTP date, up to
+    ``RETRY_AFTER_MAX_S``); a close ends that wait (the step stays pending).  A redirect is not followed (it would
+    lose the body): it fails the step, naming where it points."""
 
     name = "webhook"
 

@@ -213,9 +213,12 @@ def otlp_endpoint(cfg: OtlpConfig, env: Mapping[str, str]) -> str | None:
 
 
 def _host_port(target: str) -> bool:
-    """Whether ``target`` is a bare ``host:port`` (``collector:4317``)."""
+    """Whether ``target`` is a bare ``host:port`` (``collector:4317``): ASCII without a space or control character
+    (urlsplit strips a leading one and takes others into the host) and a port in 1-65535."""
+    if not (target.isascii() and target.isprintable()) or " " in target or "@" in target:
+        return False
     parts = urlsplit("//" + target)
     try:
-        return bool(parts.hostname) and parts.port is not None and parts.netloc == target and "@" not in target
+        return bool(parts.hostname) and parts.netloc == target and 1 <= (parts.port or 0) <= 65535
     except ValueError:  # a port that is not a number, or past 65535
         return False

@@ -13,6 +13,7 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -368,8 +369,8 @@ def test_a_simulated_clock_keeps_its_time_while_it_runs_so_a_killed_run_loses_li
     consumer failed every tick until the wall clock caught up."""
     from sits_observe import clock as clockmod
 
-    now = [100.0]
-    monkeypatch.setattr(clockmod.time, "monotonic", lambda: now[0])
+    now = [100.0]  # the clock module's own time (time.monotonic patched would be every thread's, pytest's too)
+    monkeypatch.setattr(clockmod, "time", SimpleNamespace(monotonic=lambda: now[0], time=time.time))
     keep = tmp_path / "sim-clock"
     clock = SimClock(1.0, 20.0, start=5000.0, keep=keep)
     for _ in range(400):  # 20 wall seconds at speed 20, never closed (the process is killed)

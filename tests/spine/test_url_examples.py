@@ -55,6 +55,18 @@ def test_a_grpc_endpoint_without_a_scheme_from_the_environment_is_taken() -> Non
         make_exporter(OtlpConfig(), {"OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4317"})
 
 
+@pytest.mark.parametrize("bad", [" collector:4317", "col lector:4317", "coll\x00ector:4317", "collector:0"])
+def test_a_grpc_host_port_no_channel_could_reach_is_refused(bad: str) -> None:
+    """A space or control character (urlsplit drops a leading one and takes the others into the host name) or port
+    0 was taken as a bare host:port: the exporter was built, and every export failed, quietly, for the daemon's
+    life."""
+    from sits_observe.scheduler.config import OtlpConfig
+    from sits_observe.scheduler.tracing import make_exporter
+
+    with pytest.raises(ConfigError, match="OTEL_EXPORTER_OTLP_ENDPOINT"):
+        make_exporter(OtlpConfig(protocol="grpc"), {"OTEL_EXPORTER_OTLP_ENDPOINT": bad})
+
+
 def test_check_config_refuses_the_otlp_endpoint_run_would_refuse(tmp_path: Path) -> None:
     cfg = tmp_path / "c.yaml"
     cfg.write_text("{}\n")
