@@ -97,6 +97,18 @@ def _dispatch(tmp_path, url: str, n: int) -> tuple[Dispatcher, float]:
     return d, start
 
 
+def _one_failure(tmp_path, rx: RawReceiver, url: str) -> tuple[dict, str]:
+    """One alert sent to ``url`` (served by ``rx``), refused for good: its failure row and the API's state."""
+    d, _ = _dispatch(tmp_path, url, 1)
+    try:
+        assert _wait(lambda: d.outbox.recent_failures(), 20)
+        (failure,) = d.outbox.recent_failures()
+        return failure, str(d.state())
+    finally:
+        d.close()
+        rx.close()
+
+
 def _wait(pred, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and not pred():
@@ -119,14 +131,7 @@ def test_an_answer_that_never_ends_cannot_hold_the_sender(tmp_path) -> None:
 
 def test_an_answer_echoing_the_url_shows_none_of_its_secret_path(tmp_path) -> None:
     rx = RawReceiver("echo")
-    d, _ = _dispatch(tmp_path, rx.url, 1)
-    try:
-        assert _wait(lambda: d.outbox.recent_failures(), 20)
-        (failure,) = d.outbox.recent_failures()
-        state = str(d.state())
-    finally:
-        d.close()
-        rx.close()
+    failure, state = _one_failure(tmp_path, rx, rx.url)
     reason = failure["reason"]
     assert reason.startswith("HTTP 404 No <hidden>: Cannot POST <hidden> HTTP/1.1|route <hidden>|"), reason
     assert "URLTOKEN" not in reason + state and "QUERYSECRET" not in reason + state and len(reason) < 260
@@ -203,15 +208,7 @@ def test_an_answer_quoting_the_request_headers_shows_no_credentials(tmp_path) ->
     """The ``Authorization: Basic <base64 of user:password>`` sent for a ``user:password@`` URL was not hidden:
     a page quoting the request's headers carried the credentials into the reason, logs and API."""
     rx = RawReceiver("quote-headers")
-    url = rx.url.replace("http://", "http://am%40ops:pa%3As-s3cret@")
-    d, _ = _dispatch(tmp_path, url, 1)
-    try:
-        assert _wait(lambda: d.outbox.recent_failures(), 20)
-        (failure,) = d.outbox.recent_failures()
-        state = str(d.state())
-    finally:
-        d.close()
-        rx.close()
+    failure, state = _one_failure(tmp_path, rx, rx.url.replace("http://", "http://am%40ops:pa%3As-s3cret@"))
     token = base64.b64encode(b"am@ops:pa:s-s3cret").decode()
     assert failure["reason"] == "HTTP 401 Unauthorized: refused: Basic <hidden>|am@ops:<hidden>", failure["reason"]
     assert token[:12] not in state and "s3cret" not in state

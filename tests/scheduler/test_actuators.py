@@ -3,13 +3,14 @@ actuator's retries, against a real HTTP server."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -294,6 +295,32 @@ def test_a_shard_adopted_again_at_start_up_is_a_recorded_decision(make_scheduler
     assert s.store.placement(d["placement_id"]).gpus == (3,)
 
 
+@contextlib.contextmanager
+def _orchestrator(answer: Callable[[], tuple[int, str | None]]) -> Iterator[str]:
+    """A real HTTP orchestrator whose every POST gets ``answer()``: (status, Retry-After or None); yields the URL."""
+
+    class Orchestrator(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers["Content-Length"]))
+            status, after = answer()
+            self.send_response(status)
+            if after is not None:
+                self.send_header("Retry-After", after)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Orchestrator)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/plans"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_a_webhook_retry_waits_as_long_as_retry_after_asks() -> None:
     """A rate-limited orchestrator (429/503 with Retry-After) refuses a retry sent sooner: the retries came at 0.5,
     1, 2 s whatever it asked, so the step failed and the migration with it."""
@@ -301,34 +328,22 @@ def test_a_webhook_retry_waits_as_long_as_retry_after_asks() -> None:
     first: list[float] = []
     second = threading.Event()
 
-    class Limited(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802
-            self.rfile.read(int(self.headers["Content-Length"]))
-            early = bool(first) and time.monotonic() - first[0] < 1.5
-            status = 503 if not first or early else 202
-            first[:] = first or [time.monotonic()]
-            answers.append(status)
-            self.send_response(status)
-            if status == 503:
-                self.send_header("Retry-After", "1.5")
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-            if len(answers) == 2:
-                second.set()
+    def answer() -> tuple[int, str | None]:
+        early = bool(first) and time.monotonic() - first[0] < 1.5
+        status = 503 if not first or early else 202
+        first[:] = first or [time.monotonic()]
+        answers.append(status)
+        if len(answers) == 2:
+            second.set()
+        return status, "1.5" if status == 503 else None
 
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Limited)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    hook = WebhookActuator(f"http://127.0.0.1:{server.server_address[1]}/plans", None, 2.0, 1)
-    try:
-        assert hook.submit({"placement_id": 3, "step": "launch"}) is None
-        assert second.wait(10)
-    finally:
-        hook.close()  # after the step it sends
-        server.shutdown()
-        server.server_close()
+    with _orchestrator(answer) as url:
+        hook = WebhookActuator(url, None, 2.0, 1)
+        try:
+            assert hook.submit({"placement_id": 3, "step": "launch"}) is None
+            assert second.wait(10)
+        finally:
+            hook.close()  # after the step it sends
     assert answers == [503, 202] and hook.poll() == []  # delivered: the step waits for its ack
 
 
@@ -336,30 +351,17 @@ def test_closing_ends_a_webhook_retry_wait_at_once() -> None:
     """A Retry-After of up to 60 s was slept through: closing waited its 5 s for the worker, which then lived on and
     could send the step again after the daemon had closed."""
     asked = threading.Event()
-    posts: list[str] = []
+    posts: list[int] = []
 
-    class Limited(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802
-            self.rfile.read(int(self.headers["Content-Length"]))
-            posts.append(self.path)
-            self.send_response(429)
-            self.send_header("Retry-After", "60")
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-            asked.set()
+    def answer() -> tuple[int, str | None]:
+        posts.append(429)
+        asked.set()
+        return 429, "60"
 
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Limited)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    hook = WebhookActuator(f"http://127.0.0.1:{server.server_address[1]}/plans", None, 2.0, 3)
-    try:
+    with _orchestrator(answer) as url:
+        hook = WebhookActuator(url, None, 2.0, 3)
         assert hook.submit({"placement_id": 3, "step": "launch"}) is None
         assert asked.wait(10)
         hook.close()
         assert not hook._thread.is_alive()  # ended, not left sleeping past close's 5 s join
-    finally:
-        server.shutdown()
-        server.server_close()
-    assert posts == ["/plans"] and hook.poll() == []  # not sent again, not failed: the step stays pending
+    assert posts == [429] and hook.poll() == []  # not sent again, not failed: the step stays pending
