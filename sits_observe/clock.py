@@ -23,6 +23,8 @@ class Clock(Protocol):
 
     def next_ts(self) -> float: ...
 
+    def now(self) -> float: ...  # the source time now, between ticks (no tick consumed)
+
     def elapsed(self, ts: float) -> float: ...
 
 
@@ -37,6 +39,9 @@ class WallClock:
 
     def next_ts(self) -> float:
         self._made = time.monotonic()
+        return time.time()
+
+    def now(self) -> float:
         return time.time()
 
     def elapsed(self, ts: float) -> float:
@@ -68,6 +73,10 @@ class SimClock:
         self._ts += self.interval
         if self._keep is not None and time.monotonic() - self._saved_at >= SAVE_EVERY_S:
             self.save()
+        return self._ts
+
+    def now(self) -> float:
+        """The simulated time of the last tick (its start before the first): ahead of the wall clock."""
         return self._ts
 
     def save(self) -> None:

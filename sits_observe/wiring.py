@@ -112,7 +112,7 @@ def _add_consumers(daemon: Daemon) -> None:
 
         daemon.scheduler = Scheduler(cfg.scheduler, cfg.otlp, daemon.topology, cfg.state_dir, sim=daemon.sim,
                                      annotate=lambda notes: _annotate_firing(daemon, notes),
-                                     alerts=lambda: _firing_names(daemon))
+                                     alerts=lambda: _firing_names(daemon), clock=daemon.clock.now)
         daemon.consumers.append(daemon.scheduler)
     if cfg.rca.enabled:
         from .rca.engine import RcaEngine

@@ -379,3 +379,22 @@ def test_a_simulated_clock_keeps_its_time_while_it_runs_so_a_killed_run_loses_li
     assert ts == 5400.0
     assert 5400.0 - clockmod.SAVE_EVERY_S * 20 <= float(keep.read_text()) <= 5400.0  # at most 10 wall s behind
     assert SimClock(1.0, 20.0, start=0.0, keep=keep).next_ts() > 5200.0
+
+
+def test_the_scheduler_of_a_simulated_host_starts_on_the_simulated_clock(tmp_path):
+    """With the simulated clock kept across restarts (hours ahead of the wall clock after a long demo), the scheduler
+    began on the wall clock: steps it sent again at start were stamped hours before the first tick and timed out
+    at it (step_timeout 600 s), failing a migration the restart should have resumed."""
+    from sits_observe.wiring import build_daemon
+
+    (tmp_path / "sim-clock").write_text(f"{time.time() + 7200.0!r}\n")  # two hours ahead
+    data = yaml.safe_load(DEMO_DEFAULTS.read_text())
+    data.update(state_dir=str(tmp_path), rca={"enabled": False})
+    daemon = build_daemon(parse(data, "<test>", env={}))
+    try:
+        assert daemon.scheduler is not None
+        began = daemon.scheduler.seen.now
+        first = daemon.tick().ts
+    finally:
+        daemon.close()
+    assert 0 < first - began <= 1.0, (began, first)
