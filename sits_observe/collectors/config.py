@@ -12,7 +12,7 @@ from pydantic import Field, field_validator
 
 from ..section import Section
 
-__all__ = ["ServerConfig", "basic_auth", "check_url", "redact", "shown_url"]
+__all__ = ["ServerConfig", "basic_auth", "check_url", "redact", "redirect_target", "shown_url"]
 
 _SPACE_OR_CONTROL = re.compile(r"[\x00-\x20\x7f]")
 
@@ -68,6 +68,12 @@ def shown_url(url: str) -> str:
         return url.partition("//")[0] + "//<hidden>"
     parts = urlsplit(redact(url))
     return urlunsplit(parts._replace(query="<hidden>" if parts.query else "", fragment=""))
+
+
+def redirect_target(location: str | None) -> str:
+    """Where a redirect's ``Location`` points, for messages: without ``user:password@``, query or fragment."""
+    parts = urlsplit(redact(location or "?"))._replace(query="", fragment="")
+    return urlunsplit(parts)[:200]
 
 
 def basic_auth(url: str) -> str | None:

@@ -252,10 +252,9 @@ class RcaEngine:
             "validation_macro_f1": m.metrics.get("validation", {}).get("macro_f1"),
             "relative_only": list(m.relative_only), "fallback": m.fallback is not None,
         }
-        return {"enabled": m is not None, "error": self.error, "model": model,
-                "min_confidence": Floors.of(self.cfg.min_confidence).to_json(),  # the healthy floor in force: never
-                "healthy_min_confidence": min(self.cfg.healthy_min_confidence,  # above the default one
-                                              Floors.of(self.cfg.min_confidence).default),
+        floors = Floors.of(self.cfg.min_confidence)
+        return {"enabled": m is not None, "error": self.error, "model": model, "min_confidence": floors.to_json(),
+                "healthy_min_confidence": floors.healthy(self.cfg.healthy_min_confidence),  # the floor in force
                 "latest_probabilities": dict(self._proba), "latest_ts": self._proba_ts if self._proba else None,
                 "verdicts": self.log.recent(limit)}
 

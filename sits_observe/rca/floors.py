@@ -36,9 +36,13 @@ class Floors:
             return cls(float(value[DEFAULT]), {k: float(v) for k, v in value.items() if k != DEFAULT})
         return cls(float(value))
 
+    def healthy(self, floor: float | None = None) -> float:
+        """The floor of ``healthy`` in force: ``floor`` capped at the default (no floor: the default)."""
+        return self.default if floor is None else min(floor, self.default)
+
     def per_class(self, classes: Sequence[str], healthy: float | None = None) -> np.ndarray:
-        """``(C,)`` floor of each class; ``healthy``'s is ``healthy`` capped at the default (default: it)."""
-        hfloor = self.default if healthy is None else min(healthy, self.default)
+        """``(C,)`` floor of each class, ``healthy``'s from :meth:`healthy`."""
+        hfloor = self.healthy(healthy)
         return np.array([hfloor if c == HEALTHY else self.causes.get(c, self.default) for c in classes])
 
     def unknown_causes(self, classes: Sequence[str]) -> list[str]:

@@ -29,7 +29,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from ..alerting.answers import retry_after
 from ..alerting.formats import sign
-from ..collectors.config import basic_auth, redact
+from ..collectors.config import basic_auth, redact, redirect_target
 from ..errors import ConfigError, SimError
 from .config import SchedulerConfig
 
@@ -190,9 +190,8 @@ class WebhookActuator(_Worker):
             except urllib.error.HTTPError as exc:
                 why = f"HTTP {exc.code}"
                 if 300 <= exc.code < 400:
-                    to = urlsplit(redact(exc.headers.get("Location") or "?"))._replace(query="", fragment="")
-                    why += (f" redirect to {urlunsplit(to)[:200]} not followed (a redirected POST loses its body); "
-                            "set scheduler.webhook.url to the URL it points to")
+                    why += (f" redirect to {redirect_target(exc.headers.get('Location'))} not followed (a redirected "
+                            "POST loses its body); set scheduler.webhook.url to the URL it points to")
                     break
                 if 400 <= exc.code < 500 and exc.code != 429:
                     break  # the orchestrator refused the plan; retrying will not help

@@ -21,7 +21,6 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
@@ -31,7 +30,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import SpanContext, TraceFlags
 
 from .. import __version__
-from ..collectors.config import redact
+from ..collectors.config import redirect_target
 from .config import OtlpConfig, otlp_endpoint
 from .placement import Candidate
 from .span_outbox import SpanSender
@@ -147,10 +146,9 @@ class _HttpExporter(SpanExporter):
             return result
         if 300 <= resp.status_code < 400:
             if not self._redirected:
-                to = urlsplit(redact(resp.headers.get("Location") or "?"))._replace(query="", fragment="")
                 log.error("scheduler: OTLP collector answered HTTP %d, a redirect to %s (not followed: it would lose "
                           "the spans); they stay stored; set otlp.endpoint to the base URL it points to",
-                          resp.status_code, urlunsplit(to)[:200])
+                          resp.status_code, redirect_target(resp.headers.get("Location")))
             self._redirected = True
             return SpanExportResult.FAILURE
         self._redirected = False
