@@ -21,9 +21,11 @@ from ..frame import Sample
 from .config import AlertingConfig
 from .formats import Alert
 from .outbox import Outbox
-from .sender import OUTCOMES, Sender
+from .sender import OUTCOMES as SENT, Sender
 
 __all__ = ["Dispatcher"]
+
+OUTCOMES = (*SENT, "folded")  # folded: left out of a flapping alert's queue (outbox.PENDING_PER_ALERT)
 
 log = logging.getLogger("sits_observe.alerting")
 
@@ -34,8 +36,8 @@ class Dispatcher:
     def __init__(self, cfg: AlertingConfig, state_dir: Path, *, clock: Callable[[], float] = time.monotonic,
                  rng: random.Random | None = None) -> None:
         self.cfg = cfg
-        self.outbox = Outbox(Path(state_dir) / "outbox.db")
         self.counts: Counter[tuple[str, str]] = Counter()
+        self.outbox = Outbox(Path(state_dir) / "outbox.db", self.counts)
         # firing alerts re-sent every resend_interval stay valid for four of them, as Prometheus sends them
         self.senders = {r.label: Sender(r, self.outbox, cfg.backoff, cfg.max_batch, self.counts, rng,
                                         hold=4 * cfg.resend_interval) for r in cfg.receivers}
@@ -81,7 +83,8 @@ class Dispatcher:
         for name in self.senders:
             for outcome in OUTCOMES:
                 yield Sample("sits_webhook_deliveries_total", "counter",
-                             "Alert deliveries by receiver and outcome (retried: an attempt that will be retried).",
+                             "Alert deliveries by receiver and outcome (retried: an attempt that will be retried; "
+                             "folded: left out of a flapping alert's queue).",
                              (("receiver", name), ("outcome", outcome)), float(self.counts[(name, outcome)]))
         for name in sorted(self.senders.keys() | depth.keys()):
             yield Sample("sits_webhook_queue_depth", "gauge",

@@ -14,9 +14,16 @@ Deduplication by label fingerprint, per receiver:
   re-announces it with a later start;
 * a change with the same status as a message still pending (new annotations) updates that message in
   place instead of queuing another;
-* a *refresh* (Alertmanager re-send) is queued only when nothing is pending for that alert;
+* a *refresh* (Alertmanager re-send) is queued only when nothing is pending for that alert and its state
+  was not refused for good;
 * a state refused for good is not remembered as queued (unless a newer message is pending), so it goes
   again when it is announced again.
+
+Bounded while a receiver is down: an alert that flaps queues one message per state change, so at most
+:data:`PENDING_PER_ALERT` stay queued per alert and receiver.  Past that, the two oldest after the head (the
+head may be in flight) are folded: one resolve-and-fire cycle the receiver will not see, counted in the
+``unsent_flaps`` annotation of the message after them and as ``(receiver, "folded")`` in ``counts``.  Statuses still
+alternate, so a resolution never arrives without its firing before it.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import sqlite3
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -40,6 +48,8 @@ from .formats import QUIET_ANNOTATIONS, Alert
 __all__ = ["Message", "Outbox"]
 
 FAILED_KEPT = 1000
+PENDING_PER_ALERT = 4  # per alert and receiver: the head (maybe in flight) and three more
+FLAPS = "unsent_flaps"  # the annotation counting the resolve-and-fire cycles folded before a message
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -84,12 +94,29 @@ def _digest(alert: Alert) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
+def _fold(db: sqlite3.Connection, receiver: str, fp: str) -> int:
+    """Fold an alert's queue for one receiver back to :data:`PENDING_PER_ALERT` messages; how many were folded."""
+    rows = db.execute("SELECT id, alert FROM outbox WHERE receiver=? AND fingerprint=? ORDER BY id",
+                      (receiver, fp)).fetchall()
+    if len(rows) <= PENDING_PER_ALERT:
+        return 0
+    # the head may be in flight; the next two are a resolve-and-fire pair (a queued state of the same status
+    # is updated in place, so queued statuses alternate), never in flight (one message per alert is)
+    (_, _), (first, first_body), (second, _), (after, after_body) = rows[:4]
+    before, kept = json.loads(first_body), json.loads(after_body)
+    kept["annotations"][FLAPS] = str(int(before["annotations"].get(FLAPS, "0")) + 1)
+    db.execute("UPDATE outbox SET alert=? WHERE id=?", (json.dumps(kept), after))
+    db.execute("DELETE FROM outbox WHERE id IN (?, ?)", (first, second))
+    return 2
+
+
 class Outbox:
     """Thread-safe; one connection guarded by a lock (every statement is short)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, counts: Counter[tuple[str, str]] | None = None) -> None:
         self.path = Path(path)
         self._lock = threading.Lock()
+        self.counts = Counter() if counts is None else counts  # (receiver, "folded"): messages folded
         self._file = StateFile(self.path, "the alerts not yet delivered",
                                lambda m: AlertingError(f"alert outbox {m}"))
         # FULL: a queued alert survives power loss before the SLO state that says it was announced
@@ -114,20 +141,19 @@ class Outbox:
         with self._tx() as db:
             return self._enqueue(db, receivers, alert, refresh)
 
-    @staticmethod
-    def _enqueue(db: sqlite3.Connection, receivers: Sequence[str], alert: Alert, refresh: bool) -> int:
+    def _enqueue(self, db: sqlite3.Connection, receivers: Sequence[str], alert: Alert, refresh: bool) -> int:
         fp, body, queued = alert.fingerprint, json.dumps(alert.to_json()), 0
         digest = _digest(alert)
         for r in receivers:
             pending = db.execute("SELECT id, status FROM outbox WHERE receiver=? AND fingerprint=? "
                                  "ORDER BY id DESC LIMIT 1", (r, fp)).fetchone()
-            if refresh:
-                if pending is None:
+            last = db.execute("SELECT digest FROM last_queued WHERE receiver=? AND fingerprint=?", (r, fp)).fetchone()
+            if refresh:  # not for a state refused for good (forgotten as queued): it would be refused again
+                if pending is None and last is not None:
                     db.execute("INSERT INTO outbox (receiver, fingerprint, status, refresh, alert, created) "
                                "VALUES (?, ?, ?, 1, ?, ?)", (r, fp, alert.status, body, time.time()))
                     queued += 1
                 continue
-            last = db.execute("SELECT digest FROM last_queued WHERE receiver=? AND fingerprint=?", (r, fp)).fetchone()
             if last is not None and last[0] == digest:
                 continue
             db.execute("INSERT OR REPLACE INTO last_queued VALUES (?, ?, ?)", (r, fp, digest))
@@ -137,6 +163,7 @@ class Outbox:
                 db.execute("INSERT INTO outbox (receiver, fingerprint, status, alert, created) VALUES (?, ?, ?, ?, ?)",
                            (r, fp, alert.status, body, time.time()))
                 queued += 1
+                self.counts[(r, "folded")] += _fold(db, r, fp)
         return queued
 
     def head(self, receiver: str, limit: int = 1) -> list[Message]:

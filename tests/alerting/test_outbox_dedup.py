@@ -70,3 +70,15 @@ def test_a_message_that_cannot_be_read_back_moves_aside_and_the_queue_goes_on(
     (failure,) = box.recent_failures()
     assert failure["reason"].startswith("unreadable message")
     box.close()
+
+
+def test_a_state_refused_for_good_is_not_offered_again_at_every_resend(tmp_path: Path) -> None:
+    box = Outbox(tmp_path / "outbox.db")
+    box.enqueue(["am"], _alert())
+    (msg,) = box.head("am")
+    box.failed([msg.id], "HTTP 400 Bad Request: invalid label value")
+    assert box.enqueue(["am"], _alert(), refresh=True) == 0  # it was refused again at each re-send interval
+    assert box.enqueue(["am"], _alert()) == 1  # announced again (a restart once fixed): sent again
+    box.delivered(box.head("am"))
+    assert box.enqueue(["am"], _alert(), refresh=True) == 1  # and re-sent from then on
+    box.close()
