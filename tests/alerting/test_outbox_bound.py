@@ -64,7 +64,8 @@ def test_an_alert_that_does_not_flap_loses_nothing(tmp_path: Path) -> None:
 
 
 def test_the_folded_messages_show_in_the_delivery_metrics_and_the_api(tmp_path: Path) -> None:
-    cfg = AlertingConfig.model_validate({"receivers": [{"type": "webhook", "name": "ops", "url": "http://127.0.0.1:9/"}]})
+    hook = {"type": "webhook", "name": "ops", "url": "http://127.0.0.1:9/"}
+    cfg = AlertingConfig.model_validate({"receivers": [hook]})
     d = Dispatcher(cfg, tmp_path)  # not started: the receiver is as good as down
     try:
         for k in range(7):
