@@ -240,7 +240,7 @@ def parse(data: Any, source: str = "<config>", env: dict[str, str] | None = None
             origins[key] = var
     cfg = validate(Config, data, source, origins=origins, this_host=this_host)
     if cfg.gpu.backend == "sim" and this_host:  # what the simulator would refuse at start, refused here, file named
-        from .sim.host import check_inputs
+        from .sim.inputs import check_inputs
 
         try:
             check_inputs(cfg.sim, [s.placement for s in cfg.scheduler.shards])

@@ -26,8 +26,9 @@ from . import __version__
 from .clock import Clock
 from .closing import CLOSE_TIMEOUT, close_all
 from .config import Config, restart_only
-from .errors import SitsError, StillDown, StoreError
+from .errors import SitsError, StoreError
 from .frame import BucketLayout, Frame, Sample
+from .health import Health
 from .store import SeriesStore
 from .topology import Topology
 
@@ -54,13 +55,6 @@ class Consumer(Protocol):
 
 
 @dataclass
-class _Health:
-    errors: int = 0
-    last_error: str | None = None
-    ok_ticks: int = 0
-
-
-@dataclass
 class Daemon:
     """Holds the pipeline; subsystems are optional and set by :mod:`sits_observe.wiring`."""
 
@@ -82,7 +76,7 @@ class Daemon:
         self.tick_seconds = Histogram("sits_tick_duration_seconds", "Wall time of one daemon tick.",
                                       buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
                                       registry=self.registry)
-        self.health: dict[str, _Health] = {}
+        self.health = Health()  # per source and consumer, see sits_observe.health
         # intervals on the monotonic clock (a step of the wall clock neither makes a stall nor hides one)
         self.started_at = time.monotonic()
         self.last_tick_at: float | None = None  # when the last tick ended
@@ -110,17 +104,17 @@ class Daemon:
         try:
             self.store.ingest(frame)
         except Exception as exc:  # not one source's data (each part was checked): this tick is lost, no other
-            self._failed("store", exc, frame)
+            self.health.failed("store", exc, frame)
         else:
             if "store" in self.health:  # listed once it has failed
-                self._ok("store")
+                self.health.ok("store")
             if not self._refusal_told and (first := self.store.first_refused) is not None:
                 self._refusal_told = True
                 log.warning("store: max_series (%d) reached: series past it are refused, counted in "
                             "sits_store_series_rejected_total (the first: %s of workload %r); raise store.max_series",
                             self.config.store.max_series, first[0], first[1])
         for con in self.consumers:
-            self._guard(con.name, lambda c=con: c.on_tick(frame, self.store), None)
+            self.health.guard(con.name, lambda c=con: c.on_tick(frame, self.store), None)
         self.tick_seconds.observe(time.perf_counter() - t0)
         self.last_tick_at, self.last_tick_wall = time.monotonic(), time.time()
         return frame
@@ -129,7 +123,7 @@ class Daemon:
         try:
             src.prefetch(self.stop_event)
         except Exception as exc:  # counted like a failed collect, which is still asked (and may recover it)
-            self._failed(src.name, exc, frame)
+            self.health.failed(src.name, exc, frame)
 
     def _collect(self, src: Any, frame: Frame) -> None:
         """Collect ``src`` into a Frame of its own and add that to the tick's when the store can take it:
@@ -147,45 +141,14 @@ class Daemon:
             if bad is not None:
                 raise StoreError(f"malformed data, none of it kept: {bad}")
 
-        self._guard(src.name, collect, part)
+        self.health.guard(src.name, collect, part)
         if bad is None:
             frame.merge(part)
         else:
             frame.errors.update(part.errors)
 
-    def _guard(self, name: str, call: Any, frame: Frame | None) -> None:
-        h = self.health.setdefault(name, _Health())
-        try:
-            call()
-        except StillDown as exc:  # not asked this tick: down since its last error, counted then
-            if frame is not None:
-                frame.errors[name] = h.last_error or str(exc)
-            return
-        except Exception as exc:  # a source or consumer failing must never stop the loop
-            self._failed(name, exc, frame)
-            return
-        self._ok(name)
-
-    def _failed(self, name: str, exc: Exception, frame: Frame | None) -> None:
-        h = self.health.setdefault(name, _Health())
-        msg = f"{type(exc).__name__}: {exc}"
-        h.errors += 1
-        if frame is not None:
-            frame.errors[name] = msg
-        if h.last_error != msg:
-            log.warning("%s failed: %s (counting in sits_source_errors_total; will go on)", name, msg)
-        h.last_error = msg
-
-    def _ok(self, name: str) -> None:
-        h = self.health[name]
-        if h.last_error is not None:
-            log.info("%s recovered", name)
-        h.last_error = None
-        h.ok_ticks += 1
-
     def note_error(self, name: str, exc: BaseException) -> None:
-        h = self.health.setdefault(name, _Health())
-        h.errors += 1
+        self.health.count_error(name)
 
     # ---- loop ----------------------------------------------------------------------------------
 
@@ -284,11 +247,7 @@ class Daemon:
 
     def metrics(self) -> Iterable[Sample]:
         yield Sample("sits_build_info", "gauge", "Build information.", (("version", __version__),), 1.0)
-        for name, h in sorted(self.health.items()):
-            yield Sample("sits_source_errors_total", "counter", "Errors raised by a source or consumer.",
-                         (("source", name),), float(h.errors))
-            yield Sample("sits_source_up", "gauge", "1 when the source's last tick succeeded.",
-                         (("source", name),), 0.0 if h.last_error else 1.0)
+        yield from self.health.samples()
         yield Sample("sits_store_series_rejected_total", "counter",
                      "Series refused because the store's max_series cap was reached (each counted once).", (),
                      float(self.store.rejected_series))
@@ -321,8 +280,5 @@ class Daemon:
             "ticks": self.store.ticks,
             "last_tick": {"ts": self.store.latest_ts if self.store.ticks else None,
                           "wall": self.last_tick_wall},
-            "sources": [
-                {"name": name, "healthy": h.last_error is None, "errors": h.errors, "last_error": h.last_error}
-                for name, h in sorted(self.health.items())
-            ],
+            "sources": self.health.report(),
         }

@@ -13,7 +13,7 @@ from ..config import Config, load
 from ..errors import ProbeError
 from . import specs
 from .features import environment_problem, raw_syscalls_supported, tracepoint_exists
-from .program import find_symbols
+from .uprobes import find_symbols
 from .workloads import WorkloadTracker, library_matcher
 
 __all__ = ["register", "list_probes", "print_bpf"]

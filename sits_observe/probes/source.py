@@ -19,7 +19,8 @@ from ..errors import ProbeError
 from ..frame import STAGES, BucketLayout, Frame, Sample
 from . import specs
 from .features import bpf_stats_enabled, enable_bpf_stats, environment_problem, tracepoint_exists
-from .program import LibraryAttacher, Program, attach_path, compile_probe
+from .program import Program, attach_path, compile_probe
+from .uprobes import LibraryAttacher
 from .workloads import WorkloadTracker, library_matcher
 
 if TYPE_CHECKING:

@@ -17,7 +17,8 @@ import numpy as np
 from sklearn.ensemble import HistGradientBoostingClassifier
 from threadpoolctl import threadpool_limits
 
-from .dataset import Windows, fill_forward
+from .dataset import Windows
+from .steps import fill_forward
 from .verdict import HEALTHY
 
 __all__ = ["ThresholdBaseline", "TreeBaseline", "summaries"]

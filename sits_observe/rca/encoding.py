@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from .dataset import fill_forward
+from .steps import fill_forward
 
 __all__ = ["Normalizer", "encode"]
 

@@ -23,7 +23,7 @@ from ..store.features import unseen
 from ..store.series import SeriesStore
 from .checks import other_buckets, other_step, short_history
 from .config import RcaConfig
-from .dataset import observed_columns
+from .steps import observed_columns
 from .floors import Floors
 from .explain import explain
 from .features import OPTIONAL_FEATURES

@@ -4,7 +4,7 @@ Input encoding (:func:`encode`): each feature is compressed with ``asinh(x / sca
 values, so a 10x latency spike and a 10x throughput change weigh alike), standardised with the training
 mean and deviation, clipped to +-8; NaN is carried forward inside the window.  Per step the network sees
 three groups of ``F`` inputs: that level, the same compressed value minus the host's own baseline
-(:func:`sits_observe.rca.dataset.rolling_baseline`; "high for this host"), and a missing indicator.  The model file is a
+(:func:`sits_observe.rca.steps.rolling_baseline`; "high for this host"), and a missing indicator.  The model file is a
 ``torch.save`` dict of plain values and tensors, loaded with ``weights_only=True``; it records feature
 names, normalization, window, classes, the temperature fitted on validation data and the metrics reached.
 
@@ -18,7 +18,6 @@ which was trained with all features present and leans on them fully.
 from __future__ import annotations
 
 import math
-import zipfile
 from collections.abc import Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -30,11 +29,11 @@ import torch
 from torch import nn
 
 from ..errors import ModelError
-from .config import MAX_WIDTH
-from .dataset import DEFAULT_BASELINE, Baseline
 from .encoding import Normalizer, encode
 from .features import OPTIONAL_FEATURES, optional_columns
 from .floors import Floors
+from .modelfile import archive_damage, check_sizes, check_types
+from .steps import DEFAULT_BASELINE, Baseline
 from .verdict import UNKNOWN
 
 __all__ = ["FORMAT", "Normalizer", "RcaModel", "RcaNet", "encode"]
@@ -211,7 +210,7 @@ class RcaModel:
         except Exception as exc:  # torch raises RuntimeError, UnpicklingError, EOFError, ... for bad files
             raise ModelError(f"{p}: not a readable model file: truncated, corrupt or not made by "
                              f"`sits-observe rca train` (torch said {type(exc).__name__}); {hint}") from exc
-        if (bad := _damage(p)) is not None:  # torch reads the archive without checking its checksums
+        if (bad := archive_damage(p)) is not None:  # torch reads the archive without checking its checksums
             raise ModelError(f"{p}: damaged (a disk or copy error): {bad}; {hint}")
         model = cls._from_blob(blob, p, hint)
         if "fallback" in blob:
@@ -231,15 +230,15 @@ class RcaModel:
             meta = blob["meta"]
             if meta.get("format") != FORMAT:
                 raise ModelError(f"{p}: model format {meta.get('format')!r} is not {FORMAT!r}; {hint}")
-            _check_sizes(meta)  # before any tensor is allocated from them
-            _check_types(meta)
+            check_sizes(meta)  # before any tensor is allocated from them
+            check_types(meta)
             model = cls.new(meta["features"], meta["classes"], meta["window"], meta["hidden"],
                             meta["dropout"], Normalizer.from_dict(meta["norm"]),
                             Baseline(int(meta["baseline"]["horizon"]), int(meta["baseline"]["every"])),
                             int(meta.get("summary", 0)),  # files from before the summary branch have none
                             [str(f) for f in meta.get("relative_only", ())])
             n = len(model.features)
-            if any(len(getattr(model.norm, k)) != n for k in ("scale", "mean", "std")):  # the window: _check_sizes
+            if any(len(getattr(model.norm, k)) != n for k in ("scale", "mean", "std")):  # the window: check_sizes
                 raise ValueError(f"normalisation sizes do not fit {n} features")
             model.net.load_state_dict(blob["state"])
             if bad := [k for k, t in model.net.state_dict().items() if not torch.isfinite(t).all()]:
@@ -258,44 +257,3 @@ class RcaModel:
                              f"{str(exc)[:200]}); {hint}") from exc
         model.net.eval()
         return model
-
-
-def _damage(path: Path) -> str | None:
-    """What in the model file's zip archive fails its checks: the first entry whose CRC does not match, or the
-    archive itself (None: all is well, or the file is no zip archive: torch's legacy format has no checksums)."""
-    if not zipfile.is_zipfile(path):
-        return None
-    try:
-        with zipfile.ZipFile(path) as z:
-            bad = z.testzip()
-    except (zipfile.BadZipFile, OSError, EOFError) as exc:
-        return f"its archive cannot be read back ({exc})"
-    return None if bad is None else f"its entry {bad} fails its checksum"
-
-
-def _check_types(meta: dict[str, Any]) -> None:
-    """Names are strings and the records mappings (a foreign or hand-edited file could hold numbers there, which
-    would fail later, in the daemon's start or an API answer); ValueError naming the first that is not."""
-    for key in ("features", "classes", "relative_only"):
-        if not all(isinstance(x, str) for x in meta.get(key, ())):
-            raise ValueError(f"{key} are not all names")
-    if not isinstance(meta.get("training", {}), dict):
-        raise ValueError("training is not a mapping")
-    metrics = meta.get("metrics", {})
-    if not isinstance(metrics, dict) or not all(isinstance(v, dict) for v in metrics.values()):
-        raise ValueError("metrics is not a mapping of mappings")
-
-
-def _check_sizes(meta: dict[str, Any]) -> None:
-    """The sizes a model file gives, within what a model can be (a damaged or hostile file could ask for
-    tensors of any size, a zero refresh interval or a window of one step); ValueError naming the first."""
-    limits = {"window": (int(meta["window"]), 2, 100_000), "features": (len(meta["features"]), 1, 10_000),
-              "classes": (len(meta["classes"]), 2, 1_000), "summary": (int(meta.get("summary", 0)), 0, MAX_WIDTH),
-              "baseline.horizon": (int(meta["baseline"]["horizon"]), 1, 10_000_000),
-              "baseline.every": (int(meta["baseline"]["every"]), 1, 1_000_000)}
-    limits.update({f"hidden[{i}]": (int(h), 1, MAX_WIDTH) for i, h in enumerate(meta["hidden"])})
-    for name, (value, lo, hi) in limits.items():
-        if not lo <= value <= hi:
-            raise ValueError(f"{name} {value} is outside {lo}..{hi}")
-    if not 0 <= float(meta["dropout"]) < 1:
-        raise ValueError(f"dropout {meta['dropout']} is outside [0, 1)")

@@ -36,10 +36,11 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
-from .dataset import DEFAULT_BASELINE, LABELS, Baseline, Dataset, Windows
+from .dataset import LABELS, Dataset, Windows
 from .features import optional_columns
 from .metrics import expected_calibration_error, scores
 from .model import Normalizer, RcaModel, encode
+from .steps import DEFAULT_BASELINE, Baseline
 
 __all__ = ["TrainOptions", "fit_temperature", "networks", "split", "train"]
 

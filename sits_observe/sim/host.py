@@ -11,20 +11,19 @@ actuator; ``active_faults()`` and ``fault_log()`` are ground truth for labels an
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..config import SimConfig
-from ..errors import ConfigError, SimError
+from ..errors import SimError
 from ..frame import BucketLayout, Frame
-from ..topology import PRESETS, Topology, preset
 from .device import StageSampler
 from .emit import TickOutput
 from .engine import ShardEngine
 from .faults import FaultRecord, FaultSpec, Scenario
 from .gpu import GpuModel
+from .inputs import check_scenario, host_topology
 from .mechanics import Effects, comm_intensity, network_delay, numa_load, pair_link, shard_timing
 from .migration import Migration, check_migration, load_rate
 from .perf import PerfModel, hardware_for
@@ -33,43 +32,11 @@ from .shards import (GPU_MEMORY_UTILIZATION, KV_MIN, Placement, ShardInfo, defau
 from .trace import Trace
 from .variation import NOMINAL, HostVariation
 
-__all__ = ["SimulatedHost", "check_inputs"]
+__all__ = ["SimulatedHost"]
 
 log = logging.getLogger("sits_observe.sim")
 
 REFERENCE_SHARDS = 3  # the trace at rate 1 is spread over this many replicas; more replicas get more load
-
-
-def check_inputs(cfg: SimConfig, placements: Sequence[Sequence[int] | None] = ()) -> None:
-    """Raise ConfigError for what ``SimulatedHost(cfg)`` would refuse (topology, scenario file and targets, trace
-    file), and for config shards' ``placements`` (``scheduler.shards[i].placement``) of GPUs it does not have;
-    config load calls it, so ``check-config`` refuses the same."""
-    topology = _host_topology(cfg.topology)
-    _check_scenario(Scenario.load(cfg.scenario), topology, cfg.scenario)
-    if cfg.trace_path is not None:
-        Trace.load(cfg.trace, cfg.trace_path)
-    for i, gpus in enumerate(placements):
-        if bad := [g for g in gpus or () if not 0 <= g < topology.n]:
-            raise ConfigError(f"scheduler.shards[{i}].placement: GPUs {bad} not on the simulated {cfg.topology} "
-                              f"host (GPUs 0-{topology.n - 1}); give GPUs it has")
-
-
-def _host_topology(name: str) -> Topology:
-    try:
-        topology = preset(name)
-    except ConfigError:  # its list offers fabric-Nx8 as well, which spans several hosts (refused below)
-        raise ConfigError(f"sim.topology: unknown topology {name!r}; choose one of {', '.join(PRESETS)}") from None
-    if len({g.node for g in topology.gpus}) > 1:
-        raise ConfigError(f"sim.topology: the simulator models one host and {name} spans several; "
-                          f"choose one of {', '.join(PRESETS)}")
-    return topology
-
-
-def _check_scenario(scenario: Scenario, topology: Topology, source: str) -> None:
-    """Refuse fault targets the default placement on ``topology`` does not have."""
-    placed = default_placement(topology)
-    scenario.check([p.id for p in placed], topology.n, 1 + max(g.numa_node for g in topology.gpus),
-                   sorted({p.workload for p in placed}), source)
 
 
 @dataclass
@@ -96,7 +63,7 @@ class SimulatedHost:
         self.cfg = cfg
         self.variation = variation
         self.layout = layout
-        self.topology = _host_topology(cfg.topology)
+        self.topology = host_topology(cfg.topology)
         self.scenario = scenario if scenario is not None else Scenario.load(cfg.scenario)
         self.trace = Trace.load(cfg.trace, cfg.trace_path)
         hardware = hardware_for(self.topology.gpus[0].model)
@@ -110,7 +77,7 @@ class SimulatedHost:
         cores = {g.numa_node: len(g.cpu_affinity) for g in self.topology.gpus}
         self._numa_cores = np.array([float(cores.get(n, 1)) for n in range(int(self._numa.max()) + 1)])
         source = cfg.scenario if scenario is None else (scenario.name or "scenario")
-        _check_scenario(self.scenario, self.topology, source)
+        check_scenario(self.scenario, self.topology, source)
         self._pending = sorted(self.scenario.faults, key=lambda f: f.onset)
         net_seed, dev_seed = np.random.SeedSequence(cfg.seed).spawn(2)
         self._net_rng = np.random.default_rng(net_seed)

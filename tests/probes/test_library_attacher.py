@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from sits_observe.errors import ProbeError
-from sits_observe.probes import program
-from sits_observe.probes.program import LibraryAttacher
+from sits_observe.probes import uprobes
+from sits_observe.probes.uprobes import LibraryAttacher
 
 INODE = (2049, 123456)
 LIB = "/usr/lib/libcuda.so.1"
@@ -79,7 +79,7 @@ def test_a_file_read_through_a_process_that_exited_is_tried_again_through_anothe
         monkeypatch: pytest.MonkeyPatch) -> None:
     symbols = Symbols(ProbeError("cannot read its symbols: [Errno 2] No such file or directory"),
                       {"cuStreamSynchronize": 0x1000})
-    monkeypatch.setattr(program, "find_symbols", symbols)
+    monkeypatch.setattr(uprobes, "find_symbols", symbols)
     bpf = FakeBpf()
     attacher = LibraryAttacher(bpf, {"sync": ("cuStreamSynchronize",)})
     assert "cannot read its symbols" in (_offer(attacher, 4242) or "")  # the short-lived worker, gone
@@ -90,7 +90,7 @@ def test_a_file_read_through_a_process_that_exited_is_tried_again_through_anothe
 
 
 def test_a_file_where_every_attach_failed_is_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(program, "find_symbols", Symbols({"cuStreamSynchronize": 0x1000}))
+    monkeypatch.setattr(uprobes, "find_symbols", Symbols({"cuStreamSynchronize": 0x1000}))
     bpf = FakeBpf()
     bpf.refuse = True  # the process exited between reading the symbols and attaching
     attacher = LibraryAttacher(bpf, {"sync": ("cuStreamSynchronize",)})
@@ -101,7 +101,7 @@ def test_a_file_where_every_attach_failed_is_tried_again(monkeypatch: pytest.Mon
 
 def test_a_file_without_the_symbols_is_read_again_less_and_less_often(monkeypatch: pytest.MonkeyPatch) -> None:
     symbols = Symbols({})
-    monkeypatch.setattr(program, "find_symbols", symbols)
+    monkeypatch.setattr(uprobes, "find_symbols", symbols)
     attacher = LibraryAttacher(FakeBpf(), {"sync": ("cuStreamSynchronize",)})
     read_at = []
     for scan in range(40):
@@ -117,7 +117,7 @@ def test_a_file_without_the_symbols_is_read_again_less_and_less_often(monkeypatc
 
 
 def test_a_file_no_process_maps_is_detached_and_a_failed_one_forgotten(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(program, "find_symbols", Symbols({"cuStreamSynchronize": 0x1000}, {}))
+    monkeypatch.setattr(uprobes, "find_symbols", Symbols({"cuStreamSynchronize": 0x1000}, {}))
     bpf = FakeBpf()
     attacher = LibraryAttacher(bpf, {"sync": ("cuStreamSynchronize",)})
     other = (2049, 777)
@@ -132,14 +132,14 @@ def test_a_file_no_process_maps_is_detached_and_a_failed_one_forgotten(monkeypat
     assert attacher.release({}) == [(LIB, None)]
     assert attacher.probes == 0 and attacher.files == {} and bpf.uprobe_fds == {} and attacher.missing == {}
     assert attacher.detached == 1
-    monkeypatch.setattr(program, "find_symbols", Symbols({"cuStreamSynchronize": 0x1000}))
+    monkeypatch.setattr(uprobes, "find_symbols", Symbols({"cuStreamSynchronize": 0x1000}))
     assert _offer(attacher, 4500) is None and attacher.probes == 1  # mapped again: attached afresh
 
 
 def test_a_probe_that_failed_to_detach_is_counted_out_of_bccs_open_probes(monkeypatch: pytest.MonkeyPatch) -> None:
     """bcc closed its fd but kept it counted: dropped from uprobe_fds, it must leave bcc's count too, or each such
     probe brings "Number of open probes would exceed global quota" closer."""
-    monkeypatch.setattr(program, "find_symbols", Symbols({"cuStreamSynchronize": 0x1000}))
+    monkeypatch.setattr(uprobes, "find_symbols", Symbols({"cuStreamSynchronize": 0x1000}))
     bpf = FakeBpf()
     attacher = LibraryAttacher(bpf, {"sync": ("cuStreamSynchronize",)})
     before = _num_open_probes

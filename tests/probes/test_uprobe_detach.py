@@ -19,7 +19,7 @@ import bcc
 import pytest
 
 from probe_helpers import OFF, Workload, drain, kernel_uprobes, make_source
-from sits_observe.probes.program import LibraryAttacher
+from sits_observe.probes.uprobes import LibraryAttacher
 from sits_observe.probes.source import ProbeSource
 
 COMM = "sits-t-churn"

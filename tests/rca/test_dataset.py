@@ -10,7 +10,8 @@ import pytest
 
 from sits_observe.errors import ConfigError
 from sits_observe.rca import dataset
-from sits_observe.rca.dataset import Dataset, fill_forward
+from sits_observe.rca.dataset import Dataset
+from sits_observe.rca.steps import fill_forward
 
 
 def test_round_trip_keeps_values_gaps_and_labels(tmp_path: Path, synth: Callable[..., Dataset]) -> None:

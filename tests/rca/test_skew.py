@@ -17,7 +17,8 @@ from sits_observe.config import DEFAULT_BUCKETS, parse
 from sits_observe.daemon import Daemon
 from sits_observe.frame import GPU_FIELD_INDEX, Frame
 from sits_observe.rca import dataset
-from sits_observe.rca.dataset import Baseline, Dataset, Entity
+from sits_observe.rca.dataset import Dataset, Entity
+from sits_observe.rca.steps import Baseline
 from sits_observe.rca.engine import RcaEngine
 from sits_observe.rca.evaluate import model_proba
 from sits_observe.rca.features import FEATURES, OPTIONAL_GROUPS

@@ -1,0 +1,51 @@
+"""The simulator's inputs, checked before a :class:`~.host.SimulatedHost` is made from them: a topology preset of
+one host (:func:`host_topology`), a scenario whose fault targets the default placement has
+(:func:`check_scenario`), a readable trace file; config load runs the same (:func:`check_inputs`), so
+``check-config`` refuses what the simulator would."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..config import SimConfig
+from ..errors import ConfigError
+from ..topology import PRESETS, Topology, preset
+from .faults import Scenario
+from .shards import default_placement
+from .trace import Trace
+
+__all__ = ["check_inputs", "check_scenario", "host_topology"]
+
+
+def check_inputs(cfg: SimConfig, placements: Sequence[Sequence[int] | None] = ()) -> None:
+    """Raise ConfigError for what ``SimulatedHost(cfg)`` would refuse (topology, scenario file and targets, trace
+    file), and for config shards' ``placements`` (``scheduler.shards[i].placement``) of GPUs it does not have;
+    config load calls it, so ``check-config`` refuses the same."""
+    topology = host_topology(cfg.topology)
+    check_scenario(Scenario.load(cfg.scenario), topology, cfg.scenario)
+    if cfg.trace_path is not None:
+        Trace.load(cfg.trace, cfg.trace_path)
+    for i, gpus in enumerate(placements):
+        if bad := [g for g in gpus or () if not 0 <= g < topology.n]:
+            raise ConfigError(f"scheduler.shards[{i}].placement: GPUs {bad} not on the simulated {cfg.topology} "
+                              f"host (GPUs 0-{topology.n - 1}); give GPUs it has")
+
+
+def host_topology(name: str) -> Topology:
+    """The preset topology ``name``; ConfigError where there is none or it spans several hosts."""
+    try:
+        topology = preset(name)
+    except ConfigError:  # its list offers fabric-Nx8 as well, which spans several hosts (refused below)
+        raise ConfigError(f"sim.topology: unknown topology {name!r}; choose one of {', '.join(PRESETS)}") from None
+    if len({g.node for g in topology.gpus}) > 1:
+        raise ConfigError(f"sim.topology: the simulator models one host and {name} spans several; "
+                          f"choose one of {', '.join(PRESETS)}")
+    return topology
+
+
+def check_scenario(scenario: Scenario, topology: Topology, source: str) -> None:
+    """Refuse fault targets the default placement on ``topology`` does not have."""
+    placed = default_placement(topology)
+    scenario.check([p.id for p in placed], topology.n, 1 + max(g.numa_node for g in topology.gpus),
+                   sorted({p.workload for p in placed}), source)
+
