@@ -79,7 +79,8 @@ def _timed(call: Any, n: int) -> dict[str, float]:
         call()
         wall.append(time.perf_counter() - t0)
         cpu.append(time.thread_time() - c0)
-    return {"median_ms": round(statistics.median(wall) * 1e3, 4), "p99_ms": round(float(np.percentile(wall, 99)) * 1e3, 4),
+    return {"median_ms": round(statistics.median(wall) * 1e3, 4),
+            "p99_ms": round(float(np.percentile(wall, 99)) * 1e3, 4),
             "cpu_median_ms": round(statistics.median(cpu) * 1e3, 4)}
 
 
@@ -97,7 +98,8 @@ def _ours(cfg: Any, events: list[dict], gpu: GpuFrame, layout: BucketLayout, arg
 
 def _baseline(events: list[dict], gpu: GpuFrame, layout: BucketLayout, args: argparse.Namespace) -> dict:
     reg = CollectorRegistry()
-    hist = Histogram("sits_stage_latency_seconds", "per event", ["stage", "workload"], buckets=layout.edges, registry=reg)
+    hist = Histogram("sits_stage_latency_seconds", "per event", ["stage", "workload"], buckets=layout.edges,
+                     registry=reg)
     gauges = [Gauge(f"sits_gpu_{f.name.removesuffix('_total')}", f.help, ["gpu"], registry=reg) for f in GPU_FIELDS]
     ticks = iter(range(args.ticks))
 

@@ -13,7 +13,7 @@ import numpy as np
 from ..frame import GPU_FIELDS, THROTTLE_REASONS, GpuInfo
 from ..store import SeriesStore
 
-__all__ = ["HistogramText", "GpuText", "STAGE_HELP"]
+__all__ = ["HistogramText", "GpuText", "STAGE_HELP", "TAKEN"]
 
 STAGE_HELP = (
     "Per-stage latency in seconds by workload. Request stages are per request; device stages (launch, "
@@ -112,3 +112,8 @@ class GpuText:
                 out.extend(f'sits_gpu_throttle_reasons{{{lab},reason="{reason}"}} 1.0\n'
                            for bit, reason in THROTTLE_REASONS if int(mask) & bit)
         return "".join(out)
+
+
+# every name these render (a GPU family only while some GPU reports it): no other sample may use one
+TAKEN = frozenset({HistogramText.NAME, *(f"{HistogramText.NAME}_{part}" for part in ("bucket", "count", "sum")),
+                   "sits_gpu_healthy", *(f"sits_gpu_{f.name}" for f in GPU_FIELDS)})

@@ -21,7 +21,7 @@ from werkzeug.exceptions import HTTPException
 
 from ..errors import ConfigError, ListenError, SchedulerError, SitsError
 from .api import register_api
-from .fasttext import GpuText, HistogramText
+from .fasttext import TAKEN, GpuText, HistogramText
 from .prometheus import StoreCollector
 
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ def require_token(daemon: Daemon) -> Callable[[Callable[..., Any]], Callable[...
 
 def create_app(daemon: Daemon, *, ui: bool = True) -> Flask:
     app = Flask("sits_observe")
-    collector = StoreCollector(daemon.store, daemon.providers, daemon.config.store.stale_after, daemon.note_error)
+    collector = StoreCollector(daemon.store, daemon.providers, daemon.note_error, TAKEN)
     daemon.registry.register(collector)
     histograms = HistogramText(daemon.store, daemon.config.store.stale_after)
     gpus = GpuText(daemon.store)
@@ -97,7 +97,10 @@ def create_app(daemon: Daemon, *, ui: bool = True) -> Flask:
 
     @app.errorhandler(ApiError)
     def api_error(exc: ApiError) -> tuple[Response, int]:
-        return jsonify({"error": exc.reason}), exc.status
+        resp = jsonify({"error": exc.reason})
+        if exc.status == 401:  # RFC 6750: the scheme the client should send
+            resp.headers["WWW-Authenticate"] = 'Bearer realm="sits-observe"'
+        return resp, exc.status
 
     @app.errorhandler(ConfigError)
     def config_error(exc: ConfigError) -> tuple[Response, int]:
@@ -109,7 +112,11 @@ def create_app(daemon: Daemon, *, ui: bool = True) -> Flask:
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException) -> tuple[Response, int]:
-        return jsonify({"error": exc.description}), exc.code or 500
+        resp = jsonify({"error": exc.description})
+        for name, value in exc.get_headers():  # Allow of a 405, Retry-After: what the status says comes with it
+            if name.lower() != "content-type":
+                resp.headers[name] = value
+        return resp, exc.code or 500
 
     @app.errorhandler(Exception)
     def unexpected(exc: Exception) -> tuple[Response, int]:

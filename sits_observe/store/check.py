@@ -1,10 +1,10 @@
 """What the store can take: the first malformed thing in a source's part of a Frame, named.
 
 The daemon collects each source into a Frame of its own and checks it here before adding it to the
-tick's, so a source writing a wrong-shaped GPU array, a value that is not a finite number or a key of
-the wrong kind fails that source for the tick (``sits_source_errors_total{source}``), never the
-store's ingest, the other sources or a scrape.  NaN is allowed only in GPU arrays (a field not
-available) and in samples (exported as is).
+tick's, so a source writing a wrong-shaped GPU array, a value that is not a finite number, a counter
+increase below 0, a key of the wrong kind or a sample the exposition cannot render fails that source for
+the tick (``sits_source_errors_total{source}``), never the store's ingest, the other sources or a
+scrape.  NaN is allowed only in GPU arrays (a field not available) and in samples (exported as is).
 
 This runs every tick, so each field is first tested in bulk: keys the store already holds (one set
 test), value types as a set and one sum for finiteness, the bucket counts' dtype and length (one cheap
@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from itertools import chain
 from operator import attrgetter
 from typing import Any
 
@@ -26,14 +27,16 @@ import numpy as np
 from ..frame import GPU_FIELDS, Frame, GpuFrame, GpuInfo, Sample
 from .keys import KeyTable
 
-__all__ = ["malformed"]
+__all__ = ["malformed", "malformed_samples"]
 
 _REAL = (float, int, np.floating, np.integer)
 _REAL_TYPES = {float, int, np.float64, np.float32, np.int64, np.int32, np.uint64, np.uint32}
 _U64 = np.dtype(np.uint64)
 TICK_COUNT_MAX = 2**32 - 1  # observations in one bucket in one tick: the history rings keep uint32
+_KINDS = {"gauge", "counter"}  # a Sample's kinds
 _value = attrgetter("value")
 _sum = attrgetter("sum")
+_name, _kind, _help, _labels = attrgetter("name"), attrgetter("kind"), attrgetter("help"), attrgetter("labels")
 
 
 def _real(v: object) -> bool:
@@ -63,15 +66,23 @@ def _all_finite(values: Iterable[object]) -> bool:
         return False
 
 
-def _scalars(field: str, items: Mapping[object, object], pairs: bool, table: KeyTable | None) -> str | None:
+def _scalars(field: str, items: Mapping[object, object], pairs: bool, table: KeyTable | None,
+             increases: bool = False) -> str | None:
+    """``increases``: the values are a counter's increases in the tick, never below 0 (the exported total went
+    down, which Prometheus' rate() reads as a reset: the whole total counted again as new)."""
     known = table.has_all(items.keys()) if table is not None else not pairs and set(map(type, items)) <= {str}
-    if known and _all_finite(items.values()):
+    fine = known and _all_finite(items.values())
+    if fine and increases:
+        fine = min(items.values(), default=0.0) >= 0  # type: ignore[type-var, operator]
+    if fine:
         return None
     for key, value in items.items():
         if not (_pair(key) if pairs else isinstance(key, str)):
             return f"{field} key {key!r} is not {'a (name, workload) pair of strings' if pairs else 'a string'}"
         if not _finite(value):
             return f"{field}[{key!r}] is {_what(value)}, not a finite number"
+        if increases and value < 0:  # type: ignore[operator]
+            return f"{field}[{key!r}] is {value!r}: a counter's increase in one tick cannot be below 0"
     return None
 
 
@@ -144,14 +155,42 @@ def _twice(items: Iterable[Any]) -> list[Any]:
     return [x for x, n in Counter(items).items() if n > 1]
 
 
-def _samples(samples: object) -> str | None:
+def _sample(s: object) -> str | None:
+    """What is wrong with one sample: the exposition renders its name, kind, help and label pairs as given (a
+    label set of None or a help of None failed every scrape while the sample was the latest)."""
+    if not isinstance(s, Sample) or not _real(s.value):
+        return f"sample {s!r} is not a Sample with a number"
+    if type(s.name) is not str or not s.name or s.kind not in _KINDS or type(s.help) is not str:
+        return f"sample {s!r} needs a name, a kind of gauge or counter and a help string"
+    if type(s.labels) is not tuple or not all(_pair(p) for p in s.labels):
+        return f"sample {s.name!r} has labels {s.labels!r}, not a tuple of (name, value) pairs of strings"
+    return None
+
+
+def _samples_fine(samples: list[object]) -> bool:
+    """Fast, and only ever True when every sample is fine (False: look closer): one pass over the types, then a
+    look at each distinct label pair."""
+    try:
+        labels = list(map(_labels, samples)) if set(map(type, samples)) <= {Sample} else None
+        return (labels is not None and set(map(type, labels)) <= {tuple}
+                and set(map(type, map(_value, samples))) <= _REAL_TYPES
+                and set(map(type, map(_name, samples))) <= {str} and set(map(type, map(_help, samples))) <= {str}
+                and set(map(_kind, samples)) <= _KINDS and "" not in set(map(_name, samples))
+                and all(map(_pair, set(chain.from_iterable(labels)))))
+    except TypeError:  # something unhashable where a string belongs
+        return False
+
+
+def malformed_samples(samples: object) -> str | None:
+    """The first sample of ``samples`` (a list) that the exposition could not render as given, named; None when
+    all can be."""
     if type(samples) is not list:
         return f"samples is {_what(samples)}, not a list"
-    if set(map(type, samples)) <= {Sample} and set(map(type, map(_value, samples))) <= _REAL_TYPES:
+    if _samples_fine(samples):
         return None
     for s in samples:
-        if not isinstance(s, Sample) or not _real(s.value):
-            return f"sample {s!r} is not a Sample with a number"
+        if (why := _sample(s)) is not None:
+            return why
     return None
 
 
@@ -165,7 +204,7 @@ def malformed(frame: Frame, buckets: int, tables: tuple[KeyTable, KeyTable, KeyT
         return (_hists(frame, buckets, hists) or _gpu(frame.gpu, gpu_info)
                 or _scalars("host", frame.host, False, None)
                 or _scalars("workload_gauges", frame.workload_gauges, True, gauges)
-                or _scalars("counters", frame.counters, True, counters)
-                or _samples(frame.samples))
+                or _scalars("counters", frame.counters, True, counters, increases=True)
+                or malformed_samples(frame.samples))
     except Exception as exc:  # noqa: BLE001 - e.g. a dict replaced by something else, a value whose test raises
         return f"cannot be checked: {type(exc).__name__}: {exc}"

@@ -4,7 +4,8 @@ Each tick writes one cell of each series in use; the per-tick path allocates not
 only extend a registry, up to ``max_series``; the rings are that wide from the start, mapped as used).
 Readers get copies of windows, oldest first, gathered for the asked series only (never a copy of every
 series: a reader holds the lock that the tick and the scrape need).  Cumulative histogram totals for export
-are kept beside the rings, so a scrape never walks the history.  All methods are thread-safe (one lock; writes hold it briefly).
+are kept beside the rings, so a scrape never walks the history.  All methods are thread-safe (one lock; writes
+hold it briefly).
 """
 
 from __future__ import annotations
@@ -90,7 +91,9 @@ class SeriesStore(SeriesRings):
         return int(counts.sum()), [float(quantile_rows(counts, self._uppers, q)[0]) for q in qs]
 
     def mean_series(self, stage: str, workload: str | None = None, last: int | None = None) -> np.ndarray:
-        return mean_rows(self.hist_sum_window(stage, workload, last), self.hist_window(stage, workload, last))
+        """The mean of each tick (seconds, NaN for ticks without events): sums and counts of the same ticks."""
+        with self._lock:
+            return mean_rows(self.hist_sum_window(stage, workload, last), self.hist_window(stage, workload, last))
 
     def hist_totals(self, stale_after: float = float("inf")) -> list[HistTotal]:
         """Cumulative counts and sums per (stage, workload) for export, skipping stale series."""
