@@ -19,13 +19,20 @@ __all__ = ["register_api", "window_ticks"]
 QUANTILES = (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))
 
 
+def query_arg(param: str) -> str | None:
+    """The query parameter ``param``, or None; given more than once is a 400 (which one was meant?)."""
+    from .http import ApiError
+
+    if len(request.args.getlist(param)) > 1:
+        raise ApiError(400, f"{param}: given more than once; give it once")
+    return request.args.get(param)
+
+
 def window_ticks(daemon: Daemon, param: str = "window", default: float = 300.0) -> int:
     """Parse ``?window=SECONDS`` into a tick count, bounded by the store's history."""
     from .http import ApiError
 
-    if len(request.args.getlist(param)) > 1:  # which one was meant? (the first was taken, the rest ignored)
-        raise ApiError(400, f"{param}: given more than once; give it once")
-    raw = request.args.get(param)
+    raw = query_arg(param)
     limit = daemon.store.history * daemon.clock.interval
     if raw is None:
         seconds = min(default, limit)
@@ -63,7 +70,7 @@ def register_api(app: Flask, daemon: Daemon) -> None:
     @app.get("/api/v1/stages")
     def stages() -> Response:
         last = window_ticks(daemon)
-        workload = request.args.get("workload")
+        workload = query_arg("workload")
         if workload is not None and workload not in daemon.store.workloads():
             raise ApiError(404, f"workload: unknown workload {workload[:40]!r}; known: {daemon.store.workloads()}")
         out = []

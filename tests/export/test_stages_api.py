@@ -1,6 +1,7 @@
 """/api/v1/stages: every figure of an answer from the same ticks, and the span those ticks cover."""
 
 import numpy as np
+import pytest
 
 from sits_observe.clock import WallClock
 from sits_observe.config import parse
@@ -45,11 +46,13 @@ def test_window_seconds_is_the_span_of_the_ticks_held(tmp_path):
     assert client.get("/api/v1/stages?window=3").get_json()["window_seconds"] == 3.0
 
 
-def test_a_window_given_twice_is_refused(tmp_path):
+@pytest.mark.parametrize("param", ["window", "workload"])
+def test_a_parameter_given_twice_is_refused(tmp_path, param):
+    """The first was taken and the rest ignored: ?workload=a&workload=b answered for a alone, saying nothing."""
     daemon = Daemon(config=parse({"state_dir": str(tmp_path)}, env={}), clock=WallClock(1.0))
     daemon.store.ingest(_frame(daemon, 0, 0.1))
-    r = create_app(daemon, ui=False).test_client().get("/api/v1/stages?window=60&window=abc")
-    assert r.status_code == 400 and r.get_json()["error"] == "window: given more than once; give it once"
+    r = create_app(daemon, ui=False).test_client().get(f"/api/v1/stages?{param}=60&{param}=abc")
+    assert r.status_code == 400 and r.get_json()["error"] == f"{param}: given more than once; give it once"
 
 
 def test_metrics_content_type_names_its_charset_once(tmp_path):
