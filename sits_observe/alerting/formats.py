@@ -2,7 +2,8 @@
 
 The label fingerprint is Alertmanager's own (FNV-1a 64 over sorted ``name 0xff value 0xff``), so an
 alert's fingerprint here equals the one Alertmanager shows.  Signed deliveries carry
-``X-Sits-Timestamp`` and ``X-Sits-Signature: sha256=<hex HMAC-SHA256(secret, timestamp + "." + body)>``.
+``X-Sits-Timestamp``, ``X-Sits-Signature: sha256=<hex HMAC-SHA256(secret, timestamp + "." + body)>`` and
+``X-Sits-Delivery-Signature``, the same over ``timestamp + "." + delivery id + "." + body``.
 """
 
 from __future__ import annotations
@@ -161,6 +162,8 @@ def render(kind: str, alerts: Sequence[Alert], receiver: str, now: float, hold: 
     return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
 
 
-def sign(secret: bytes, timestamp: str, body: bytes) -> str:
-    """Value of ``X-Sits-Signature`` for a body sent at ``timestamp`` (unix seconds as text)."""
-    return "sha256=" + hmac.new(secret, timestamp.encode() + b"." + body, hashlib.sha256).hexdigest()
+def sign(secret: bytes, timestamp: str, body: bytes, delivery: str | None = None) -> str:
+    """Value of ``X-Sits-Signature`` for a body sent at ``timestamp`` (unix seconds as text); with ``delivery``,
+    of ``X-Sits-Delivery-Signature``, which also covers the ``X-Sits-Delivery`` id (timestamp.delivery.body)."""
+    signed = timestamp.encode() + b"." + (b"" if delivery is None else delivery.encode() + b".") + body
+    return "sha256=" + hmac.new(secret, signed, hashlib.sha256).hexdigest()

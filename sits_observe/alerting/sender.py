@@ -168,7 +168,9 @@ class Sender(threading.Thread):
         if self.cfg.secret is not None:
             ts = str(int(time.time()))
             headers["X-Sits-Timestamp"] = ts
-            headers["X-Sits-Signature"] = sign(self.cfg.secret.get_secret_value().encode(), ts, body)
+            secret = self.cfg.secret.get_secret_value().encode()
+            headers["X-Sits-Signature"] = sign(secret, ts, body)
+            headers["X-Sits-Delivery-Signature"] = sign(secret, ts, body, headers["X-Sits-Delivery"])
         return headers
 
     def _post(self, batch: Sequence[Message]) -> None:

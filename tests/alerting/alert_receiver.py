@@ -86,7 +86,11 @@ class Receiver:
         if self.secret is not None:
             ts, sig = headers.get("X-Sits-Timestamp", ""), headers.get("X-Sits-Signature", "")
             want = "sha256=" + hmac.new(self.secret.encode(), ts.encode() + b"." + body, hashlib.sha256).hexdigest()
-            signed_ok = hmac.compare_digest(sig, want)
+            # the id a receiver deduplicates by is signed too: a replay with a new id does not verify
+            signed = ts.encode() + b"." + headers.get("X-Sits-Delivery", "").encode() + b"." + body
+            want2 = "sha256=" + hmac.new(self.secret.encode(), signed, hashlib.sha256).hexdigest()
+            signed_ok = hmac.compare_digest(sig, want) and hmac.compare_digest(
+                headers.get("X-Sits-Delivery-Signature", ""), want2)
         with self._lock:
             answer = self.script.pop(0) if self.script else 200
             self.deliveries.append(Delivery(headers.get("X-Sits-Delivery", ""), json.loads(body), signed_ok, answer,
