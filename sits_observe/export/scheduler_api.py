@@ -2,8 +2,8 @@
 
 GET /api/v1/shards, GET /api/v1/decisions?limit=N, and (behind ``auth``, the bearer-token decorator)
 POST /api/v1/shards, POST /api/v1/reshard, POST /api/v1/placements/<id>/ack.  Malformed input (also JSON
-nested past Python's recursion limit, or a string with a lone surrogate that SQLite cannot store) -> 400,
-a body over :data:`MAX_BODY_BYTES` -> 413,
+nested past Python's recursion limit, or a string with a lone surrogate that SQLite cannot store) -> 400 (a value
+it echoes cut short), a body over :data:`MAX_BODY_BYTES` -> 413,
 unknown shard or placement -> 404, a refused transition -> 409, ``scheduler.sqlite`` refusing a read or write
 (a full disk) -> 503 with ``Retry-After``; every answer names the reason.
 """
@@ -18,6 +18,8 @@ from flask import Blueprint, Response, jsonify, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from ..errors import ConfigError, SchedulerError
+from ..scheduler.bodies import clip, shorten
+from ..scheduler.config import MAX_ID_CHARS
 from ..scheduler.states import NotFound, StoreFailed
 
 __all__ = ["scheduler_blueprint", "MAX_BODY_BYTES"]
@@ -70,7 +72,12 @@ def scheduler_blueprint(scheduler: Any, auth: Callable[[Callable[..., Any]], Cal
     def reshard() -> tuple[Response, int]:
         body = _body()
         if not isinstance(body, dict) or not isinstance(body.get("shard"), str):
-            raise ConfigError('reshard: body must be {"shard": "<id>", "reason": "<why>"}, got ' + repr(body)[:200])
+            raise ConfigError('reshard: body must be {"shard": "<id>", "reason": "<why>"}, got ' + clip(body))
+        if unknown := sorted(set(body) - {"shard", "reason"}):  # e.g. target GPUs: it picks them itself
+            raise ConfigError(f"reshard: {shorten(unknown[0])}: unknown field; send shard and reason only")
+        if len(body["shard"]) > MAX_ID_CHARS:  # no shard has it; not echoed whole in a 404
+            raise ConfigError(f"reshard: shard: a shard id has at most {MAX_ID_CHARS} characters, got "
+                              f"{clip(body['shard'])}")
         return jsonify(scheduler.manual_reshard(body["shard"], body.get("reason"))), 202
 
     @bp.post("/api/v1/placements/<int:placement_id>/ack")

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from ..collectors.config import check_url
@@ -16,8 +16,8 @@ from ..errors import ConfigError
 from ..section import Section, SigningKey
 from ..validation import elsewhere, url_origin
 
-__all__ = ["OTLP_EXAMPLE", "STRATEGIES", "ScoreWeights", "ShardSpec", "WebhookActuatorConfig", "CommandActuatorConfig",
-           "SchedulerConfig", "OtlpConfig", "otlp_endpoint"]
+__all__ = ["MAX_ID_CHARS", "OTLP_EXAMPLE", "STRATEGIES", "ScoreWeights", "ShardSpec", "WebhookActuatorConfig",
+           "CommandActuatorConfig", "SchedulerConfig", "OtlpConfig", "otlp_endpoint"]
 
 OTLP_EXAMPLE = "http://127.0.0.1:4318"  # an OTLP/HTTP collector's base URL (the port of gRPC: 4317)
 
@@ -48,14 +48,21 @@ STRATEGIES: dict[str, ScoreWeights] = {
 }
 
 
+MAX_ID_CHARS = 63  # a shard id's length, at most
+
 # 1 PiB: far above any GPU, and exact as a float (the placement maths is float64; a larger int overflows it)
 MAX_MEMORY_PER_GPU = 2**50
 
 
 class ShardSpec(Section):
-    """A unit of a model deployment placed on a set of GPUs (a replica or a tensor-parallel group)."""
+    """A unit of a model deployment placed on a set of GPUs (a replica or a tensor-parallel group).
 
-    id: str = Field(pattern=r"^[a-zA-Z0-9_][a-zA-Z0-9_.:-]{0,62}$")
+    Strict (as the simulator's fault targets): a value of another JSON/YAML type is refused, not converted (lax,
+    ``true``, ``"2"`` and ``2.0`` were all taken for a number of GPUs, ``true`` for GPU 1); an integer is taken
+    where a fraction belongs."""
+
+    model_config = ConfigDict(strict=True)
+    id: str = Field(pattern=rf"^[a-zA-Z0-9_][a-zA-Z0-9_.:-]{{0,{MAX_ID_CHARS - 1}}}$")
     model: str = ""
     workload: str = "default"
     gpus: int = Field(1, ge=1, le=64, description="GPUs needed")

@@ -6,7 +6,9 @@ each make a "no action" decision saying why; otherwise the migration starts.  Ev
 too, is recorded: a log line, ``sits_scheduler_decisions_total``, its span (stored with the decision's
 rows, or alone for a "no action": one the database refuses then is logged and counted as dropped, and the
 decision stands) and the tracer's ring.  A decision that wrote a row then prunes old placements; a prune the
-database refuses is logged and retried at the next such decision: housekeeping fails no decision.
+database refuses is logged and retried at the next such decision: housekeeping fails no decision.  A decision
+that starts a placement (a move, a registration, the API's re-shard) records the state the steps done at once
+left it in; one the actuator refused at once is told as failed (decision, span status, log, alert annotation).
 """
 
 from __future__ import annotations
@@ -20,14 +22,15 @@ from typing import Any
 from ..errors import SchedulerError
 from ..topology import Topology
 from .choose import avoid, pick_shard
-from .config import SchedulerConfig
+from .config import SchedulerConfig, ShardSpec
 from .migrate import Walker
 from .observed import Observed
-from .placement import Planner, Result
-from .store import PlacementStore
+from .placement import Candidate, Planner, Result
+from .states import State
+from .store import Placement, PlacementStore, SpanRecord
 from .tracing import Decision, DecisionTracer
 from .triggers import Trigger, culprits
-from .view import ShardView, in_flight, request_for, shard_views
+from .view import ShardView, in_flight, locked_gpus, request_for, shard_views
 
 __all__ = ["Decider", "HISTORY_PER_SHARD"]
 
@@ -100,11 +103,69 @@ class Decider:
     def migrate(self, t: Trigger, view: ShardView, res: Result) -> dict[str, Any]:
         """Start moving ``view``'s shard to ``res.best``; returns the recorded decision."""
         d = self.decision(t, "shard.reshard", "migrate", t.reason, view.spec.id, res, view.gpus)
+        span = self.tracer.span(d)
         p = self.walker.start(view.spec.id, "reshard", d.target_gpus, d.node, t.ts, source=view.serving,
-                              decision_id=d.id, reason=t.reason, span=self.tracer.span(d))
-        d.placement_id = p.id
-        self._annotate("migrate", f"{t.reason}; moving {view.spec.id} {list(view.gpus)} -> {list(d.target_gpus)}", d)
+                              decision_id=d.id, reason=t.reason, span=span)
+        moving = f"{t.reason}; moving {view.spec.id} {list(view.gpus)} -> {list(d.target_gpus)}"
+        self._started(d, p, span)
+        if d.failure:  # the alert must not say the shard moved
+            self._annotate("failed", f"{moving} failed: {d.failure}", d)
+        else:
+            self._annotate("migrate", moving, d)
         return self.record(d)
+
+    def manual(self, t: Trigger, view: ShardView) -> dict[str, Any]:
+        """``POST /api/v1/reshard`` of a launched shard: to its best other placement now (no cooldown)."""
+        shard_id, views = view.spec.id, self.views()
+        if view.state is not State.LAUNCHED or view.migrating:
+            actual = view.state.value if view.state is not None else "unplaced"
+            raise SchedulerError(f"shard {shard_id}: cannot re-shard: expected state launched, actual {actual}")
+        if why := self.seen.gpus_unknown():  # the target could be full (as triggers refuse)
+            raise SchedulerError(f"shard {shard_id}: cannot re-shard: {why}; try again when it reports")
+        if in_flight(views) >= self.cfg.max_migrations:
+            raise SchedulerError(f"shard {shard_id}: cannot re-shard: {self.cfg.max_migrations} migrations "
+                                 "already in flight (scheduler.max_migrations)")
+        if busy := sorted(set(view.gpus) & locked_gpus(views)):
+            raise SchedulerError(f"shard {shard_id}: cannot re-shard: GPUs {busy} are in a migration in "
+                                 "flight (one migration per GPU); try again when it has finished")
+        req = request_for(view.spec, views, self.seen.util, view.gpus)
+        res = self.planner.place(req, self.seen.load(views))
+        others: list[Candidate] = [c for c in res.candidates if c.gpus != view.gpus]
+        if not others:
+            raise SchedulerError(f"shard {shard_id}: cannot re-shard: no other placement fits "
+                                 f"({res.reason or 'it is on the only one'})")
+        return self.migrate(t, view, Result(others[0], others, res.method, res.evaluated))
+
+    def assign(self, spec: ShardSpec, t: Trigger, res: Result) -> dict[str, Any]:
+        """Adopt ``spec`` where its ``placement`` says, or start placing it on ``res.best``; the recorded decision."""
+        d = self.decision(t, "shard.assign", t.kind if spec.placement else "assign", t.reason, spec.id, res, ())
+        span = self.tracer.span(d)
+        if spec.placement is not None:
+            p = self.walker.adopt(spec.id, d.target_gpus, d.node, t.ts, t.reason, span)
+        else:
+            p = self.walker.start(spec.id, "assign", d.target_gpus, d.node, t.ts, decision_id=d.id,
+                                  reason=t.reason, span=span)
+        self._started(d, p, span)
+        return self.record(d)
+
+    def place_again(self, spec: ShardSpec, t: Trigger) -> dict[str, Any]:
+        """Place anew a registered shard without a live placement (its placing failed, was refused or timed out),
+        as at its registration."""
+        if why := self.seen.gpus_unknown():
+            raise SchedulerError(f"shard {spec.id}: cannot place: {why}; try again when it reports")
+        views = self.views()
+        res = self.planner.place(request_for(spec, views, self.seen.util), self.seen.load(views))
+        if res.best is None:
+            raise SchedulerError(f"shard {spec.id}: fits nowhere: {res.reason}")
+        return self.assign(spec.model_copy(update={"placement": None}), t, res)
+
+    def _started(self, d: Decision, p: Placement, span: SpanRecord | None) -> None:
+        """Note on ``d`` the placement it started as the steps done at once left it; one that failed then (the
+        actuator refused its first step) is told by the decision (``failure``) and its span (status ERROR)."""
+        d.placement_id, d.outcome = p.id, p.state.value
+        if p.state is State.FAILED:
+            d.failure = p.reason
+            self.tracer.failed(span, p.reason)
 
     def _no_action(self, t: Trigger, reason: str, view: ShardView | None = None,
                    annotate: bool = False) -> None:
@@ -142,8 +203,9 @@ class Decider:
     def record(self, d: Decision) -> dict[str, Any]:
         """Log and count ``d`` and keep it in the ring (its span is stored already)."""
         self.counts[(d.trigger, d.action)] += 1
-        log.info("scheduler: %s %s shard=%s gpus=%s->%s: %s", d.name, d.action, d.shard_id or "-",
-                 list(d.source_gpus), list(d.target_gpus), d.reason)
+        log.log(logging.WARNING if d.failure else logging.INFO, "scheduler: %s %s shard=%s gpus=%s->%s: %s%s", d.name,
+                d.action, d.shard_id or "-", list(d.source_gpus), list(d.target_gpus), d.reason,
+                f"; its placement failed at once: {d.failure}" if d.failure else "")
         if d.placement_id is not None:
             try:
                 self.store.prune(HISTORY_PER_SHARD)

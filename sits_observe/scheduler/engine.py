@@ -25,18 +25,18 @@ from ..rca.verdict import HEALTHY, Verdict
 from ..snapshot import Snapshot
 from ..topology import Topology
 from .actuators import Actuator, StepOutcome, build_actuator
-from .bodies import AckBody, parse_body
+from .bodies import AckBody, clip, parse_body
 from .config import OtlpConfig, SchedulerConfig, ShardSpec
 from .decide import Decider
 from .migrate import Walker
 from .metrics import samples
 from .observed import Observed
-from .placement import Candidate, Result
+from .placement import Result
 from .states import NotFound, State
 from .store import Placement, PlacementStore
 from .tracing import DecisionTracer
 from .triggers import Trigger, Triggers
-from .view import ShardView, in_flight, locked_gpus, request_for, spec_changes
+from .view import ShardView, in_flight, request_for, spec_changes
 
 __all__ = ["Scheduler", "AckBody"]
 
@@ -58,6 +58,8 @@ class Scheduler:
                  annotate: Callable[[Mapping[str, str]], None] | None = None,
                  alerts: Callable[[], Iterable[str]] | None = None, clock: Callable[[], float] = time.time) -> None:
         self.cfg, self.topo = cfg, topology
+        for spec in cfg.shards:  # refused before anything is opened, as at a SIGHUP
+            self._on_this_host(spec)
         self.store = PlacementStore(state_dir)
         self.actuator = actuator or build_actuator(cfg, sim, self._step_pending)
         self.walker = Walker(self.store, self.actuator, self._choose, cfg.step_timeout)
@@ -159,7 +161,7 @@ class Scheduler:
         elif v is None:
             self.register_shard(spec.model_dump(), origin)
         elif not v.live and spec.placement is None and origin == "config":  # its placing failed before a restart
-            self._place_again(v, Trigger("register", "none", True, self.seen.now, "placed again (config)"))
+            self.decider.place_again(v.spec, Trigger("register", "none", True, self.seen.now, "placed again (config)"))
         elif spec.placement is not None and tuple(sorted(spec.placement)) != v.gpus and (
                 origin == "simulator" or not v.live):
             self._on_this_host(spec)
@@ -168,8 +170,8 @@ class Scheduler:
                 self.store.update(p, now, State.FAILED, step=None, reason=f"{origin} runs it on {spec.placement}")
             c = self.decider.planner.score(request_for(spec, views, self.seen.util), self.seen.load(views),
                                            tuple(sorted(spec.placement)))
-            self._assign(spec, Trigger("adopt", "none", True, now, f"running on start-up ({origin})"),
-                         Result(c, [c], "given", 1))  # recorded and traced as any adoption
+            self.decider.assign(spec, Trigger("adopt", "none", True, now, f"running on start-up ({origin})"),
+                                Result(c, [c], "given", 1))  # recorded and traced as any adoption
 
     def _respec(self, v: ShardView, spec: ShardSpec) -> ShardView:
         """Store the changed fields of a registered config shard; not while it migrates (the plans of the steps
@@ -188,13 +190,21 @@ class Scheduler:
         return self.decider.views()[spec.id]
 
     def _on_this_host(self, spec: ShardSpec) -> None:
+        """Refuse a shard whose ``placement`` or ``numa_node`` the topology lacks: a NUMA node without a GPU would
+        score every GPU set the same (none on it), dropping the NUMA preference silently.  With no GPU's NUMA
+        node known (NVML could not read them) any node is taken."""
         bad = [g for g in spec.placement or () if not 0 <= g < self.topo.n]  # -1 would index the last GPU
         if bad:
             raise ConfigError(f"shard {spec.id}: placement: GPUs {bad} not on this host (0-{self.topo.n - 1})")
+        nodes = sorted(self.topo.numa_nodes())
+        if spec.numa_node is not None and nodes and spec.numa_node not in nodes:
+            raise ConfigError(f"shard {spec.id}: numa_node: no GPU of this host is on NUMA node {spec.numa_node} "
+                              f"(its GPUs are on nodes {nodes}); leave it unset for CPUs on a node without GPUs")
 
     def register_shard(self, body: Any, origin: str = "api") -> dict[str, Any]:
         """``POST /api/v1/shards``: validate, place (or adopt ``placement``), then store; refused -> unchanged."""
         spec: ShardSpec = parse_body(ShardSpec, body, "shard")
+        self._on_this_host(spec)
         with self._changing():
             now, planner, views = self.seen.now, self.decider.planner, self.decider.views()
             if spec.id in views:
@@ -205,7 +215,6 @@ class Scheduler:
             req, load = request_for(spec, views, self.seen.util), self.seen.load(views)
             t = Trigger("adopt" if spec.placement else "register", "none", True, now, f"registered by {origin}")
             if spec.placement is not None:
-                self._on_this_host(spec)
                 c = planner.score(req, load, tuple(sorted(spec.placement)))
                 res = Result(c, [c], "given", 1)
             else:
@@ -213,64 +222,21 @@ class Scheduler:
                 if res.best is None:
                     raise SchedulerError(f"shard {spec.id}: fits nowhere: {res.reason}")
             self.store.add_shard(spec, now)
-            d = self._assign(spec, t, res)
-            return self.decider.views()[spec.id].to_dict() | {"decision_id": d["id"]}
-
-    def _assign(self, spec: ShardSpec, t: Trigger, res: Result) -> dict[str, Any]:
-        """Adopt ``spec`` where its ``placement`` says, or start placing it on ``res.best``; the recorded decision."""
-        d = self.decider.decision(t, "shard.assign", t.kind if spec.placement else "assign", t.reason, spec.id,
-                                  res, ())
-        span = self.tracer.span(d)
-        if spec.placement is not None:
-            p = self.walker.adopt(spec.id, d.target_gpus, d.node, t.ts, t.reason, span)
-        else:
-            p = self.walker.start(spec.id, "assign", d.target_gpus, d.node, t.ts, decision_id=d.id,
-                                  reason=t.reason, span=span)
-        d.placement_id = p.id
-        return self.decider.record(d)
+            d = self.decider.assign(spec, t, res)
+            return self.decider.views()[spec.id].to_dict() | {k: d[k] for k in ("outcome", "failure")} | {
+                "decision_id": d["id"]}
 
     def manual_reshard(self, shard_id: str, reason: Any) -> dict[str, Any]:
         """``POST /api/v1/reshard``: move a launched shard to its best other placement now (no cooldown), or
         place again a shard that serves nowhere (its placing failed)."""
         if not isinstance(reason, str) or not reason.strip():
-            raise ConfigError(f"reshard: reason: must be a non-empty string saying why, got {reason!r}")
+            raise ConfigError(f"reshard: reason: must be a non-empty string saying why, got {clip(reason)}")
         with self._changing():
-            views = self.decider.views()
-            view = views.get(shard_id)
+            view = self.decider.views().get(shard_id)
             if view is None:
                 raise NotFound(f"shard {shard_id}: not registered")
-            t = Trigger("manual", "none", True, self.seen.now, f"manual: {reason.strip()[:200]}")
-            if view.state is None:
-                return self._place_again(view, t)
-            if view.state is not State.LAUNCHED or view.migrating:
-                actual = view.state.value if view.state else "unplaced"
-                raise SchedulerError(f"shard {shard_id}: cannot re-shard: expected state launched, actual {actual}")
-            if why := self.seen.gpus_unknown():  # the target could be full (as triggers refuse)
-                raise SchedulerError(f"shard {shard_id}: cannot re-shard: {why}; try again when it reports")
-            if in_flight(views) >= self.cfg.max_migrations:
-                raise SchedulerError(f"shard {shard_id}: cannot re-shard: {self.cfg.max_migrations} migrations "
-                                     "already in flight (scheduler.max_migrations)")
-            if busy := sorted(set(view.gpus) & locked_gpus(views)):
-                raise SchedulerError(f"shard {shard_id}: cannot re-shard: GPUs {busy} are in a migration in "
-                                     "flight (one migration per GPU); try again when it has finished")
-            req = request_for(view.spec, views, self.seen.util, view.gpus)
-            res = self.decider.planner.place(req, self.seen.load(views))
-            others: list[Candidate] = [c for c in res.candidates if c.gpus != view.gpus]
-            if not others:
-                raise SchedulerError(f"shard {shard_id}: cannot re-shard: no other placement fits "
-                                     f"({res.reason or 'it is on the only one'})")
-            return self.decider.migrate(t, view, Result(others[0], others, res.method, res.evaluated))
-
-    def _place_again(self, view: ShardView, t: Trigger) -> dict[str, Any]:
-        """A registered shard without a live placement (its first placing failed, was refused or timed out) is
-        placed anew, as at its registration."""
-        if why := self.seen.gpus_unknown():
-            raise SchedulerError(f"shard {view.spec.id}: cannot place: {why}; try again when it reports")
-        views = self.decider.views()
-        res = self.decider.planner.place(request_for(view.spec, views, self.seen.util), self.seen.load(views))
-        if res.best is None:
-            raise SchedulerError(f"shard {view.spec.id}: fits nowhere: {res.reason}")
-        return self._assign(view.spec.model_copy(update={"placement": None}), t, res)
+            t = Trigger("manual", "none", True, self.seen.now, f"manual: {' '.join(reason.split())[:200]}")  # 1 line
+            return self.decider.place_again(view.spec, t) if view.state is None else self.decider.manual(t, view)
 
     def ack(self, placement_id: int, body: Any) -> dict[str, Any]:
         """``POST /api/v1/placements/{id}/ack`` from the orchestrator (webhook actuator)."""

@@ -12,9 +12,9 @@ Every candidate GPU set gets five terms in [0, 1] (higher is better) and a weigh
 GPUs where the shard's memory does not fit while its old placement still holds memory (make before
 break), unhealthy GPUs and GPUs in an in-flight migration are never candidates; the terms describe the
 state after the old placement has drained.  Search is exhaustive when the number of k-subsets is at
-most ``exact_limit``; otherwise greedy growth from each of ``seeds`` seed GPUs (the best single GPU of each NUMA node first),
-adding at each step the GPU that scores best, then local improvement by single-GPU swaps on the best
-few sets until no swap helps.  One vectorized scoring function serves both.
+most ``exact_limit``; otherwise greedy growth from each of ``seeds`` seed GPUs (the best single GPU of
+each NUMA node first), adding at each step the GPU that scores best, then local improvement by
+single-GPU swaps on the best few sets until no swap helps.  One vectorized scoring function serves both.
 """
 
 from __future__ import annotations

@@ -272,6 +272,11 @@ class PlacementStore:
         with self._tx() as db:
             self._insert_span(db, span)
 
+    def replace_span(self, span: SpanRecord) -> None:
+        """Store a decision's span anew, if it still waits for export (its placement failed at once)."""
+        with self._tx() as db:
+            db.execute("UPDATE spans SET body=? WHERE decision_id=?", (json.dumps(span.body), span.decision_id))
+
     def pending_spans(self, limit: int, newest: bool = False) -> list[tuple[int, str]]:
         """The oldest (or newest) ``limit`` spans stored (none is exported yet), as (seq, JSON body)."""
         order = "DESC" if newest else "ASC"

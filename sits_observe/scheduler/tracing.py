@@ -31,6 +31,7 @@ from opentelemetry.trace import SpanContext, TraceFlags
 
 from .. import __version__
 from ..collectors.config import redirect_target
+from ..errors import SchedulerError
 from .config import OtlpConfig, otlp_endpoint
 from .placement import Candidate
 from .span_outbox import SpanSender
@@ -67,6 +68,8 @@ class Decision:
     verdict_id: str | None = None
     alerts: tuple[str, ...] = ()
     candidates: list[Candidate] = field(default_factory=list)
+    outcome: str = ""                # its placement's state once the steps done at once are ("" without one)
+    failure: str = ""                # why that placement failed, when it failed at once
 
     def attributes(self) -> dict[str, Any]:
         return {
@@ -183,6 +186,7 @@ class DecisionTracer:
         resource = Resource.create({"service.name": "sits-observe", "service.version": __version__,
                                     "host.name": host_name})
         self.resource = dict(resource.attributes)
+        self.store = store
         self.ring: deque[dict[str, Any]] = deque(maxlen=keep)
         self._http = exporter if isinstance(exporter, _HttpExporter) else None
         self.sender = None if exporter is None else SpanSender(store, exporter, cfg)
@@ -208,6 +212,17 @@ class DecisionTracer:
         and counted as dropped, and the decision stands."""
         if self.sender is not None:
             self.sender.add(self._span(d))
+
+    def failed(self, span: SpanRecord | None, why: str) -> None:
+        """Mark the stored span of a decision whose placement failed at once (status ERROR, ``why``), unless it is
+        gone already (exported, trimmed); one the database refuses to rewrite is logged and stays as stored."""
+        if span is None:
+            return
+        span.body["status"] = {"code": "ERROR", "description": why}
+        try:
+            self.store.replace_span(span)
+        except SchedulerError as exc:
+            log.error("scheduler: span of decision %s not marked failed: %s", span.decision_id, exc)
 
     def _span(self, d: Decision) -> SpanRecord:
         now = time.time_ns()

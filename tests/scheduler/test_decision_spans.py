@@ -93,6 +93,39 @@ def test_reshard_span_after_a_simulated_migration(receiver: Receiver, tmp_path: 
         "chat-0", "chat-1", "chat-2"]  # the simulator's shards, adopted at start-up
 
 
+def test_a_decision_whose_first_step_fails_at_once_says_so(receiver: Receiver, tmp_path: Path) -> None:
+    """The simulator refuses to launch a shard it does not run: the placement failed within the decision, yet the
+    decision, its span, the API answer and the alert said ``migrate`` / ``assign`` as if it were under way."""
+    layout = BucketLayout(parse({}).store.snapped())
+    sim = SimulatedHost(SimConfig(topology="nvswitch-8", scenario="quiet"), layout)
+    notes: list[dict[str, str]] = []
+    sched = Scheduler(SchedulerConfig(actuator="sim"), OtlpConfig(endpoint=receiver.url, schedule_delay=60),
+                      sim.topology, tmp_path, sim=sim, annotate=lambda n: notes.append(dict(n)), clock=lambda: 1000.0)
+    why = "launch failed: unknown shard 'extra'; shards are chat-0, chat-1, chat-2"
+    try:
+        f = Frame(1001.0, 1.0)
+        sim.collect(f)
+        sched.on_tick(f)
+        shard = sched.register_shard({"id": "extra", "gpus": 1, "memory_per_gpu": 2**30})
+        assert (shard["state"], shard["outcome"], shard["failure"]) == ("unplaced", "failed", why)
+        sched.register_shard({"id": "extra-2", "gpus": 1, "memory_per_gpu": 2**30, "placement": [6]})
+        moved = sched.manual_reshard("extra-2", "maintenance")
+        assert (moved["action"], moved["outcome"]) == ("migrate", "failed")
+        assert moved["failure"] == why.replace("'extra'", "'extra-2'")
+        assert notes[-1]["scheduler_action"] == "failed" and notes[-1]["scheduler_reason"].endswith(
+            f"moving extra-2 [6] -> {list(moved['target_gpus'])} failed: {moved['failure']}")
+        ring = {d["id"]: d for d in sched.decisions_state()["decisions"]}
+        assert ring[shard["decision_id"]]["outcome"] == "failed" and ring[moved["id"]]["failure"] == moved["failure"]
+        assert {d["outcome"] for d in ring.values() if d["shard_id"].startswith("chat")} == {"launched"}
+        assert sched.tracer.flush()
+    finally:
+        sched.close()
+    status = {attributes(s)["decision.id"]: (s.status.code, s.status.message) for _, s in receiver.spans()}
+    assert status[shard["decision_id"]] == (2, why)  # STATUS_CODE_ERROR
+    assert status[moved["id"]] == (2, moved["failure"])
+    assert {status[d][0] for d in ring if d not in (shard["decision_id"], moved["id"])} == {0}  # UNSET
+
+
 def test_collector_down_never_blocks_keeps_spans_and_counts_drops(tmp_path: Path, receiver: Receiver) -> None:
     hung = socket.socket()
     hung.bind(("127.0.0.1", 0))

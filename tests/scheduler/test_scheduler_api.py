@@ -8,11 +8,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -187,7 +189,8 @@ def test_bad_registrations_and_reshards(api: tuple[FlaskClient, Scheduler]) -> N
             "placement: must list 2 distinct GPU indices")
     for bad in ("0", "\u00b2", "9" * 5000):  # a superscript two is a digit to isdigit, not to int(); int() caps digits
         r = client.get(f"/api/v1/decisions?limit={bad}")
-        assert r.status_code == 400 and f"limit: must be an integer from 1 to 10000, got {bad[:40]!r}" in r.get_json()["error"]
+        want = f"limit: must be an integer from 1 to 10000, got {bad[:40]!r}"
+        assert r.status_code == 400 and want in r.get_json()["error"]
     r = client.post("/api/v1/shards", json={"id": "fits", "gpus": 2, "memory_per_gpu": 10 * GiB}, headers=AUTH)
     assert r.status_code == 201 and r.get_json()["state"] == "placed"  # waiting for the orchestrator's stage ack
 
@@ -486,3 +489,91 @@ def test_an_ack_the_database_cannot_store_is_a_503_not_a_refusal(api: tuple[Flas
         sched.store._db.execute("PRAGMA query_only = OFF")
     assert sched.store.placement(new).step == "stage"  # still waiting: the orchestrator's retry is taken
     assert client.post(url, json={"step": "stage", "ok": True}, headers=AUTH).get_json()["state"] == "staged"
+
+
+def test_a_huge_bad_value_is_named_and_cut_short_in_the_400(api: tuple[FlaskClient, Scheduler]) -> None:
+    """A 400 repeated a bad value whole: a 900 kB id came back in a 900 kB error (and into the client's log)."""
+    client, sched = api
+    huge = "x" * 900_000
+    for url, body, field in (
+            ("/api/v1/shards", {"id": huge}, "shard: id: String should match pattern"),
+            ("/api/v1/shards", {"id": "a", "gpus": 2, "placement": [0] * 100_000}, "shard: placement: must list 2"),
+            ("/api/v1/shards", {"id": "a", huge: 1}, "shard: xxxxxxxx"),
+            ("/api/v1/placements/1/ack", {"step": "stage", "ok": True, "reason": huge}, "ack: reason: String should"),
+            ("/api/v1/reshard", {"shard": "tp2", "reason": [1] * 100_000}, "reshard: reason: must be a non-empty"),
+            ("/api/v1/reshard", {"shard": huge, "reason": "x"}, "reshard: shard: a shard id has at most 63")):
+        refused(client, sched, url, body, 400, field)
+        error = client.post(url, json=body, headers=AUTH).get_json()["error"]
+        assert len(error) < 300 and " characters)" in error, error[:300]
+
+
+def test_shard_and_ack_fields_take_no_other_json_type(api: tuple[FlaskClient, Scheduler]) -> None:
+    """Lax validation took ``true``, ``"2"`` and ``2.0`` for 1 or 2 GPUs, ``[true]`` for GPU 1, ``"0.5"`` for a
+    fraction and ``"yes"`` for an ack's ``ok``: a client's mistake placed a shard it did not mean."""
+    client, sched = api
+    for field, bad in (("gpus", True), ("gpus", "2"), ("gpus", 2.0), ("placement", [True]), ("numa_node", "0"),
+                       ("comm_intensity", "0.5"), ("priority", False), ("memory_per_gpu", 1e9), ("model", 7)):
+        refused(client, sched, "/api/v1/shards", {"id": "typed", field: bad}, 400, f"shard: {field}")
+    pid = sched.store.placements("tp2")[0].id
+    for ok in ("yes", 1):
+        refused(client, sched, f"/api/v1/placements/{pid}/ack", {"step": "stage", "ok": ok}, 400, "ack: ok: Input")
+    r = client.post("/api/v1/shards", json={"id": "typed", "gpus": 1, "comm_intensity": 1}, headers=AUTH)
+    assert (r.status_code, r.get_json()["shard"]["comm_intensity"]) == (201, 1.0)  # an integer is a number
+
+
+def test_a_config_shard_takes_no_other_yaml_type() -> None:
+    """The config's shards share the model: ``gpus: "2"`` is refused there too, naming the file and field."""
+    from sits_observe.config import parse
+    from sits_observe.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"c.yaml: scheduler.shards\[0\].gpus: Input should be a valid integer, "
+                                          "got '2'"):
+        parse({"scheduler": {"shards": [{"id": "a", "gpus": "2"}]}}, "c.yaml", env={})
+
+
+def test_a_numa_node_without_a_gpu_is_refused(api: tuple[FlaskClient, Scheduler],
+                                              make_scheduler: Callable[..., Scheduler], tmp_path: Path) -> None:
+    """``numa_node: 7`` on a 2-node host was taken and did nothing: every GPU set scored 0 on it, so the shard's
+    NUMA preference was dropped without a word."""
+    from sits_observe.config import parse
+    from sits_observe.errors import ConfigError
+    from sits_observe.scheduler.config import OtlpConfig, SchedulerConfig
+    from sits_observe.topology import Topology, preset
+
+    client, sched = api
+    why = "shard far: numa_node: no GPU of this host is on NUMA node 7 (its GPUs are on nodes [0, 1])"
+    refused(client, sched, "/api/v1/shards", {"id": "far", "numa_node": 7}, 400, why)
+    assert client.post("/api/v1/shards", json={"id": "near", "numa_node": 1}, headers=AUTH).status_code == 201
+    shards = [{"id": "far", "gpus": 1, "numa_node": 7}]
+    with pytest.raises(ConfigError, match=re.escape(why)):
+        make_scheduler(shards=shards, state="start")  # at start-up, before it waits for GPU values
+    cooldown = sched.cfg.cooldown
+    with pytest.raises(ConfigError, match=re.escape(why)):
+        sched.reload(parse({"gpu": {"backend": "none"}, "scheduler": {"cooldown": 1, "shards": shards}}, env={}))
+    assert sched.cfg.cooldown == cooldown
+    unread = preset("pcie-8").to_dict()  # NVML could not read any GPU's NUMA node: any node is taken
+    for g in unread["gpus"]:
+        g["numa_node"] = None
+    Scheduler(SchedulerConfig(shards=shards), OtlpConfig(), Topology.from_dict(unread), tmp_path / "unread").close()
+
+
+def test_a_reshard_reason_is_one_line_in_the_log(api: tuple[FlaskClient, Scheduler],
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """A reason with a newline wrote a second, forged line into the daemon's log (``...\nERROR ...``)."""
+    import logging
+
+    client, sched = api
+    body = {"shard": "tp2", "reason": "maintenance\n2026-12-02 ERROR sits_observe: disk on fire"}
+    with caplog.at_level(logging.INFO, logger="sits_observe.scheduler"):
+        r = client.post("/api/v1/reshard", json=body, headers=AUTH)
+    assert r.status_code == 202 and r.get_json()["reason"] == "manual: maintenance 2026-12-02 ERROR sits_observe: " \
+                                                              "disk on fire"
+    assert all("\n" not in rec.getMessage() for rec in caplog.records)
+
+
+def test_a_reshard_naming_its_target_is_a_400(api: tuple[FlaskClient, Scheduler]) -> None:
+    """Fields a re-shard does not take were ignored: ``"gpus": [6, 7]`` answered 202 and moved the shard wherever
+    the search chose, as if the client's target had been taken."""
+    client, sched = api
+    refused(client, sched, "/api/v1/reshard", {"shard": "tp2", "reason": "x", "gpus": [6, 7]}, 400,
+            "reshard: gpus: unknown field; send shard and reason only")
