@@ -243,7 +243,7 @@ def parse(data: Any, source: str = "<config>", env: dict[str, str] | None = None
         from .sim.inputs import check_inputs
 
         try:
-            check_inputs(cfg.sim, [s.placement for s in cfg.scheduler.shards])
+            check_inputs(cfg.sim, cfg.scheduler.shards)
         except ConfigError as exc:  # a scenario file's own errors already name that file
             raise ConfigError("\n".join(f"{source}: {line}" if line.startswith(("sim.", "scheduler.")) else line
                                          for line in str(exc).splitlines())) from None

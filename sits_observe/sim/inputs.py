@@ -6,6 +6,7 @@ one host (:func:`host_topology`), a scenario whose fault targets the default pla
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from ..config import SimConfig
 from ..errors import ConfigError
@@ -14,21 +15,28 @@ from .faults import Scenario
 from .shards import default_placement
 from .trace import Trace
 
+if TYPE_CHECKING:
+    from ..scheduler.config import ShardSpec
+
 __all__ = ["check_inputs", "check_scenario", "host_topology"]
 
 
-def check_inputs(cfg: SimConfig, placements: Sequence[Sequence[int] | None] = ()) -> None:
+def check_inputs(cfg: SimConfig, shards: Sequence[ShardSpec] = ()) -> None:
     """Raise ConfigError for what ``SimulatedHost(cfg)`` would refuse (topology, scenario file and targets, trace
-    file), and for config shards' ``placements`` (``scheduler.shards[i].placement``) of GPUs it does not have;
-    config load calls it, so ``check-config`` refuses the same."""
+    file), and for config ``shards`` the scheduler would refuse on it (a ``placement`` of GPUs it does not have, a
+    ``numa_node`` no GPU is on); config load calls it, so ``check-config`` refuses the same."""
     topology = host_topology(cfg.topology)
     check_scenario(Scenario.load(cfg.scenario), topology, cfg.scenario)
     if cfg.trace_path is not None:
         Trace.load(cfg.trace, cfg.trace_path)
-    for i, gpus in enumerate(placements):
-        if bad := [g for g in gpus or () if not 0 <= g < topology.n]:
+    nodes = sorted(topology.numa_nodes())
+    for i, spec in enumerate(shards):
+        if bad := [g for g in spec.placement or () if not 0 <= g < topology.n]:
             raise ConfigError(f"scheduler.shards[{i}].placement: GPUs {bad} not on the simulated {cfg.topology} "
                               f"host (GPUs 0-{topology.n - 1}); give GPUs it has")
+        if spec.numa_node is not None and spec.numa_node not in nodes:
+            raise ConfigError(f"scheduler.shards[{i}].numa_node: no GPU of the simulated {cfg.topology} host is on "
+                              f"NUMA node {spec.numa_node} (its GPUs are on nodes {nodes}); leave it unset")
 
 
 def host_topology(name: str) -> Topology:

@@ -253,3 +253,15 @@ def test_a_config_shard_placed_off_the_simulated_host_is_refused_at_load(tmp_pat
     with pytest.raises(ConfigError, match=rf"^{cfg}: scheduler.shards\[0\].placement: GPUs \[99\] not on the "
                                           r"simulated nvswitch-8 host \(GPUs 0-7\)"):
         load(str(cfg), env={})
+
+
+def test_a_config_shard_on_a_numa_node_the_simulated_host_lacks_is_refused_at_load(tmp_path):
+    """check-config said ok; `run` then stopped with exit 2 (the scheduler checks it against the topology)."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("gpu: {backend: sim}\nsim: {topology: pcie-8}\nscheduler:\n  shards:\n"
+                   "    - {id: s1, gpus: 2, memory_per_gpu: 1000, numa_node: 7}\n")
+    with pytest.raises(ConfigError, match=rf"^{cfg}: scheduler.shards\[0\].numa_node: no GPU of the simulated pcie-8 "
+                                          r"host is on NUMA node 7 \(its GPUs are on nodes \[0, 1\]\)"):
+        load(str(cfg), env={})
+    cfg.write_text(cfg.read_text().replace("numa_node: 7", "numa_node: 1"))
+    assert load(str(cfg), env={}).scheduler.shards[0].numa_node == 1
