@@ -74,9 +74,11 @@ def _check_callback_body(body: Any, callbacks: Mapping[str, Any]) -> None:
             raise BadRequest(f"callback: {key} must be a list of objects")
         if _ids(items) != _ids(declared.get(key, [])):  # one missing or another's: a 500 inside Dash, and a traceback
             raise BadRequest(f"callback: {key} must be {_ids(declared.get(key, []))} for output {output[:80]!r}")
-    outputs = body.get("outputs", [])
-    if not isinstance(outputs, (dict, list)) or not isinstance(body.get("changedPropIds", []), list):
-        raise BadRequest("callback: outputs must be an object or a list, changedPropIds a list")
+    outputs, changed = body.get("outputs", []), body.get("changedPropIds", [])
+    # Dash splits each changed id to find the trigger: a number or null there was a 500, and a traceback
+    changed_ok = isinstance(changed, list) and all(isinstance(c, str) for c in changed)
+    if not isinstance(outputs, (dict, list)) or not changed_ok:
+        raise BadRequest("callback: outputs must be an object or a list, changedPropIds a list of strings")
     want = declared["output"] if isinstance(declared["output"], list) else [declared["output"]]
     got = outputs if isinstance(outputs, list) else [outputs]
     if not all(isinstance(o, dict) for o in got) or _ids(got) != [(o.component_id, o.component_property) for o in want]:

@@ -9,6 +9,7 @@ with the columns a browser lacks.  All browsers share one cache per (series, bin
 
 from __future__ import annotations
 
+import secrets
 import threading
 import warnings
 from collections import OrderedDict
@@ -56,6 +57,9 @@ class ColumnCache:
         # no page draws more than MAX_COLUMNS columns: a cache of 1-tick bins kept every tick of the history
         self.history = min(int(history), MAX_COLUMNS * self.bin) // self.bin * self.bin
         self.incremental = incremental
+        # which cache, of which daemon process, a browser's columns came from: a restarted daemon counts ticks
+        # from 0 again, and a browser holding tick 10 of the last run was sent ticks 10-30 of this one to append
+        self.run = secrets.token_hex(8)
         self._lock = threading.Lock()
         self._tick = 0
         self._ts = np.zeros(0)

@@ -23,8 +23,9 @@ __all__ = ["DARK_LOW", "HeatSpec", "SeriesSpec", "series_update", "time_range", 
            "fmt_count", "significant"]
 
 FONT = {"family": "system-ui, -apple-system, 'Segoe UI', sans-serif", "size": 12, "color": "#222"}
-# plotly.js draws these sequential scales dark at the low end; reversed, high values are the dark ones
-DARK_LOW = frozenset({"Blues", "Greens", "Reds", "Greys", "YlOrRd", "YlGnBu", "Hot"})
+# plotly.js draws these sequential scales dark at the low end; reversed, high values are the dark ones ("Reds"
+# is light at the low end: reversed, no foreign use was drawn dark red and a co-tenant's 100 % light grey)
+DARK_LOW = frozenset({"Blues", "Greens", "Greys", "YlOrRd", "YlGnBu", "Hot"})
 SLACK = 1.5  # a browser holds at most SLACK windows of columns before it gets a new figure
 
 
@@ -72,7 +73,7 @@ class HeatSpec:
     ticks: Sequence[float] = ()  # colour-bar ticks in data units (log scales)
     tick_text: Callable[[float], str] = str
     colorscale: str = "Viridis"
-    zmin: float | None = None
+    zmin: float | None = None  # in data units (log scales too); None: the colours span the data drawn
     zmax: float | None = None
     digits: int = 3
     height: int = 420
@@ -100,6 +101,7 @@ class HeatSpec:
         if self.log:
             vals = [t for t in self.ticks if t > 0]
             trace["colorbar"].update(tickvals=[math.log10(t) for t in vals], ticktext=[self.tick_text(t) for t in vals])
+            trace.update(zmin=_log(self.zmin), zmax=_log(self.zmax))
         else:
             trace.update(zmin=self.zmin, zmax=self.zmax)
         layout = base_layout(self.title, self.height,
@@ -118,6 +120,10 @@ class HeatSpec:
         return p
 
 
+def _log(v: float | None) -> float | None:
+    return None if v is None else math.log10(v)
+
+
 def time_range(cols: Columns, window_s: float) -> list[float] | None:
     if not len(cols.ts):
         return None
@@ -125,9 +131,10 @@ def time_range(cols: Columns, window_s: float) -> list[float] | None:
     return [end - window_s * 1000.0, end]
 
 
-def _held(held: Any, rows: list[str], limit: int) -> tuple[int | None, int]:
-    """(tick, columns) a browser says it holds; (None, 0) when it holds another figure or sends junk."""
-    if not isinstance(held, dict) or held.get("rows") != rows or held.get("limit") != limit:
+def _held(held: Any, rows: list[str], limit: int, run: str) -> tuple[int | None, int]:
+    """(tick, columns) a browser says it holds; (None, 0) when it holds another figure (of another cache or daemon
+    run) or sends junk."""
+    if not isinstance(held, dict) or held.get("rows") != rows or held.get("limit") != limit or held.get("run") != run:
         return None, 0
     tick, n = held.get("tick"), held.get("n")
     if not (isinstance(tick, int) and isinstance(n, int) and 0 <= n <= SLACK * limit):
@@ -144,14 +151,15 @@ class SeriesSpec(Protocol):
 
 
 def series_update(spec: SeriesSpec, cache: ColumnCache, held: Any, w: Window) -> tuple[Any, dict[str, Any]]:
-    """Figure or patch for a browser holding ``held`` (``{"tick", "n", "rows", "limit"}``) -> (output, new held)."""
+    """Figure or patch for a browser holding ``held`` (``{"tick", "n", "rows", "limit", "run"}``) -> (output, new
+    held)."""
     rows = list(cache.rows)
     limit = w.columns
-    tick, n = _held(held, rows, limit)
+    tick, n = _held(held, rows, limit, cache.run)
     cols = cache.columns(tick, limit)
     if not cols.full and n + len(cols.ts) > SLACK * limit:
         cols = cache.columns(None, limit)
-    state = {"tick": cols.tick, "rows": rows, "limit": limit}
+    state = {"tick": cols.tick, "rows": rows, "limit": limit, "run": cache.run}
     if cols.full:
         return spec.figure(rows, cols, w.seconds), {**state, "n": len(cols.ts)}
     if not len(cols.ts):

@@ -150,7 +150,11 @@ def test_crafted_callback_inputs_are_refused(client: Any) -> None:
     for change, says in (({"state": []}, "callback: state must be [('load-held', 'data')]"),
                          ({"inputs": load["inputs"][:1]}, "callback: inputs must be [('load-tick', 'n_intervals'), "),
                          ({"inputs": [{}, {}]}, "callback: inputs must be"),
-                         ({"outputs": {}}, "callback: outputs do not match output '..load-heat.figure")):
+                         ({"outputs": {}}, "callback: outputs do not match output '..load-heat.figure"),
+                         ({"changedPropIds": [1]}, "callback: outputs must be an object or a list, changedPropIds a "
+                                                   "list of strings"),
+                         ({"changedPropIds": [None]}, "callback: outputs must be"),
+                         ({"changedPropIds": [{"id": "load-field"}]}, "callback: outputs must be")):
         r = client.post("/_dash-update-component", json={**load, **change})
         assert r.status_code == 400 and r.get_json()["error"].startswith(says), (change, r.get_data(as_text=True))
     assert client.post("/_dash-update-component", json=load).status_code == 200
@@ -259,3 +263,18 @@ def test_the_live_strip_matches_store_rows_to_gpus_by_index() -> None:
         latest.values[r, GPU_FIELD_INDEX["memory_total_bytes"]] = 100
     ctx = SimpleNamespace(store=SimpleNamespace(gpu_latest=lambda: latest))
     assert strip_values(ctx, topo, order(topo)) == [[None, None]] + [[10.0 * i, float(i)] for i in range(1, 8)]
+
+
+def test_a_page_open_across_a_daemon_restart_gets_a_new_figure(make_daemon: Callable[..., Daemon]) -> None:
+    """A restarted daemon counts ticks from 0 again: a browser holding tick 10 of the last run was sent ticks 10-30
+    of the new one to append to the old run's figure (the new run's first 10 ticks never drawn)."""
+    before = make_daemon(ticks=10)
+    held = find(page(create_app(before).test_client(), "/load"), "load-held")["data"]
+    after = make_daemon(ticks=30)
+    client = create_app(after).test_client()
+    r = dash_call(client, ["load-heat.figure", "load-held.data"],
+                  [("load-tick.n_intervals", 1), ("load-field.value", "utilization")], [("load-held.data", held)])
+    assert r.status_code == 200, r.get_data(as_text=True)
+    fig = r.get_json()["response"]["load-heat"]["figure"]
+    assert "operations" not in fig
+    assert fig["data"][0]["x"] == find(page(client, "/load"), "load-heat")["figure"]["data"][0]["x"]

@@ -162,3 +162,66 @@ def test_a_topology_update_on_a_host_without_one_is_a_404(bare: Daemon) -> None:
                   ["topo-links.figure", "topo-strip.figure", "topo-moves.children"],
                   [("topo-tick.n_intervals", 1)], [("topo-held.data", {})])
     assert r.status_code == 404 and r.get_json()["error"] == "no GPU topology on this host: nothing to update"
+
+
+class Gpus:
+    """A GPU source reporting the GPUs ``indices``: GPU i uses 10 (i + 1) % of its memory."""
+
+    name = "dcgm"
+
+    def __init__(self, indices: tuple[int, ...]) -> None:
+        self.indices = indices
+
+    def collect(self, frame: Any) -> None:
+        info = tuple(GpuInfo(i, f"GPU-{i}", "H100", f"00000000:{i:02X}:00.0") for i in self.indices)
+        values = np.full((len(info), len(GPU_FIELDS)), np.nan)
+        values[:, GPU_FIELD_INDEX["memory_used_bytes"]] = [1e9 * (i + 1) for i in self.indices]
+        values[:, GPU_FIELD_INDEX["memory_total_bytes"]] = 1e10
+        frame.gpu = GpuFrame(info, values, np.ones(len(info), dtype=bool))
+
+
+def test_a_gpu_appearing_while_a_load_update_reads_keeps_each_gpu_in_its_row(bare: Daemon,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The page chose its rows (GPUs 0, 1, 3) and the cache read the store after the tick thread had added GPU 2:
+    4 columns into 3 rows was a 500. The tick runs inside the page's read of the GPU list, so the interleaving
+    is the same on every run."""
+    source = Gpus((0, 1, 3))
+    bare.sources.append(source)
+    client = create_app(bare).test_client()
+    for _ in range(10):
+        bare.tick()
+    window = find(page(client, "/load", "?field=memory"), "load-held")["data"]["window"]
+    listed = bare.store.gpu_info
+
+    def listed_then_ticked() -> Any:
+        gpus = listed()
+        monkeypatch.setattr(bare.store, "gpu_info", listed)
+        source.indices = (0, 1, 2, 3)
+        for _ in range(5):  # a whole column of ticks with GPU 2
+            bare.tick()
+        return gpus
+
+    monkeypatch.setattr(bare.store, "gpu_info", listed_then_ticked)
+
+    def update() -> Any:  # a whole figure (the browser holds none)
+        r = dash_call(client, ["load-heat.figure", "load-held.data"], [("load-tick.n_intervals", 1),
+                      ("load-field.value", "memory")], [("load-held.data", {"window": window})])
+        assert r.status_code == 200, r.get_data(as_text=True)
+        return r.get_json()["response"]["load-heat"]["figure"]["data"][0]
+
+    trace = update()
+    assert trace["y"] == ["GPU 0", "GPU 1", "GPU 3"]
+    assert [row[-1] for row in trace["z"]] == [10.0, 20.0, 40.0]
+    trace = update()  # the next update draws GPU 2 too
+    assert trace["y"] == ["GPU 0", "GPU 1", "GPU 2", "GPU 3"]
+    assert [row[-1] for row in trace["z"]] == [10.0, 20.0, 30.0, 40.0]
+
+
+def test_the_decision_log_says_when_no_scheduler_runs(bare: Daemon, make_daemon: Any) -> None:
+    """A host without a scheduler was told "No scheduler decision yet.", as if one were coming."""
+    bare.tick()
+    log = find(page(create_app(bare).test_client(), "/causes"), "causes-decisions")["children"]
+    assert log["props"]["children"] == "The scheduler is not enabled (scheduler.enabled): it makes no decisions."
+    d = make_daemon(ticks=1, scheduler={"enabled": False})
+    assert d.scheduler is None
+    assert "not enabled" in str(find(page(create_app(d).test_client(), "/causes"), "causes-decisions")["children"])

@@ -23,6 +23,7 @@ def test_range_accepts(raw: str | None, seconds: float) -> None:
     ("abc", "expected a duration"), ("-5m", "expected a duration"), ("1e9", "expected a duration"),
     ("0", "more than 0"), ("0s", "more than 0"), ("2h", "keeps 1h of history"), ("99999999999999d", "keeps 1h"),
     ("inf", "expected a duration"), ("nan", "expected a duration"), ("1y", "expected a duration"), ("", "expected"),
+    ("1" + "0" * 400 + "d", "keeps 1h of history"),  # too many digits for a float: it said "must be more than 0"
 ])
 def test_range_refuses(raw: str, says: str) -> None:
     with pytest.raises(BadRequest) as e:

@@ -165,7 +165,7 @@ def _update(ctx: UiContext, w: Window, held: dict[str, Any] | None, shown: str =
     if shown == "moves":
         decisions = [d for d in decisions if d.get("action") != "no_action"]
     fresh = changed or not held or newest_d != held.get("decision")
-    table = decision_table(decisions[:DECISIONS_SHOWN]) if fresh else no_update
+    table = decision_table(decisions[:DECISIONS_SHOWN], ctx.part("scheduler") is not None) if fresh else no_update
     return fig, table, {**timeline_held, "decision": newest_d, "window": w.seconds}
 
 
@@ -173,9 +173,11 @@ def _gpus(g: Any) -> str:
     return ",".join(str(x) for x in g) if g else "-"
 
 
-def decision_table(decisions: list[dict[str, Any]]) -> Any:
+def decision_table(decisions: list[dict[str, Any]], scheduling: bool) -> Any:
+    """``scheduling``: the daemon runs a scheduler (without one there is no decision to wait for)."""
     if not decisions:
-        return html.P("No scheduler decision yet.", className="note")
+        return html.P("No scheduler decision yet." if scheduling else
+                      "The scheduler is not enabled (scheduler.enabled): it makes no decisions.", className="note")
     head = html.Tr([html.Th(h) for h in ("time (source clock)", "action", "trigger", "shard", "from → to GPUs",
                                          "score", "cause (confidence)", "reason", "span id")])
     rows = []

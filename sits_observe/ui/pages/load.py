@@ -34,7 +34,7 @@ def _scaled(field: str, factor: float) -> Callable[[Any, int], np.ndarray]:
 
 
 def _memory(store: Any, k: int) -> np.ndarray:
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with store.reading(), np.errstate(divide="ignore", invalid="ignore"):  # both of the same ticks and GPUs
         return 100.0 * store.gpu_window("memory_used_bytes", k) / store.gpu_window("memory_total_bytes", k)
 
 
@@ -58,9 +58,27 @@ def options(ctx: UiContext, q: Mapping[str, str]) -> dict[str, Any]:
     return {"field": parse_choice("field", q.get("field"), FIELDS, "utilization"), "window": ctx.window(q)}
 
 
-def _gpu_rows(ctx: UiContext) -> tuple[str, ...]:
-    """One row per GPU the source reports, named by its index (DCGM may skip one: rows 0, 1, 3)."""
-    return tuple(f"GPU {g.index}" for g in ctx.store.gpu_info())
+def _gpu_indices(ctx: UiContext) -> tuple[int, ...]:
+    """One row per GPU the source reports, by its index (DCGM may skip one: rows 0, 1, 3)."""
+    return tuple(g.index for g in ctx.store.gpu_info())
+
+
+def _by_index(read: Callable[[Any, int], np.ndarray], indices: tuple[int, ...]) -> Callable[[Any, int], np.ndarray]:
+    """``read`` with its columns put in the rows of the GPUs ``indices`` (NaN for a GPU the store no longer has).
+
+    The rows are chosen before the cache reads, and the tick thread may change the store's GPUs in between (a
+    GPU appears, one is renumbered): the store's columns are matched to the rows by GPU index under its lock,
+    not by position (a read of 4 GPUs into the rows of 3 was a 500)."""
+    def cols(store: Any, k: int) -> np.ndarray:
+        with store.reading():
+            vals, at = read(store, k), {g.index: c for c, g in enumerate(store.gpu_info())}
+        out = np.full((len(vals), len(indices)), np.nan)
+        for row, gpu in enumerate(indices):
+            if (c := at.get(gpu)) is not None:
+                out[:, row] = vals[:, c]
+        return out
+
+    return cols
 
 
 def _spec(name: str, n_gpus: int) -> HeatSpec:
@@ -72,8 +90,8 @@ def _spec(name: str, n_gpus: int) -> HeatSpec:
 
 def _update(ctx: UiContext, name: str, seconds: float, held: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
     w = ctx.held_window(seconds)
-    read, store = FIELDS[name].read, ctx.store
-    rows = _gpu_rows(ctx)
+    store, indices = ctx.store, _gpu_indices(ctx)
+    read, rows = _by_index(FIELDS[name].read, indices), tuple(f"GPU {g}" for g in indices)
     cache = ctx.cache(("gpu", name), rows, lambda t, k, b: binned_mean(lambda n: read(store, n), t, k, b), w.bin)
     fig, heat_held = series_update(_spec(name, len(rows)), cache, held, w)
     return fig, {"heat": heat_held, "field": name, "window": w.seconds}

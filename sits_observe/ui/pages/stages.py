@@ -22,7 +22,7 @@ PARAMS = ("stage", "range")
 P99 = HeatSpec(
     title="p99 latency by stage (merged histogram of each column)", ytitle="stage", colorbar="p99 latency",
     hover="p99 %{customdata:.3s}s", log=True, ticks=(1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1.0, 10.0, 100.0),
-    tick_text=fmt_seconds, colorscale="YlOrRd", height=440)
+    tick_text=fmt_seconds, colorscale="YlOrRd", zmin=1e-6, zmax=100.0, height=440)  # one colour, one latency
 HIST = HeatSpec(
     title="latency histogram", ytitle="latency bucket (upper edge)", colorbar="events per tick",
     hover="%{customdata:,} events", log=True, ticks=(1, 10, 100, 1e3, 1e4, 1e5, 1e6), tick_text=fmt_count,
