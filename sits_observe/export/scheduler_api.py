@@ -1,11 +1,12 @@
 """Scheduler routes under /api/v1 as a Flask blueprint: ``app.register_blueprint(scheduler_blueprint(...))``.
 
 GET /api/v1/shards, GET /api/v1/decisions?limit=N, and (behind ``auth``, the bearer-token decorator)
-POST /api/v1/shards, POST /api/v1/reshard, POST /api/v1/placements/<id>/ack.  Malformed input (also JSON
-nested past Python's recursion limit, or a string with a lone surrogate that SQLite cannot store) -> 400 (a value
-it echoes cut short), a body over :data:`MAX_BODY_BYTES` -> 413,
-unknown shard or placement -> 404, a refused transition -> 409, ``scheduler.sqlite`` refusing a read or write
-(a full disk) -> 503 with ``Retry-After``; every answer names the reason.
+POST /api/v1/shards, DELETE /api/v1/shards/<id>, POST /api/v1/reshard, POST /api/v1/placements/<id>/ack.
+Malformed input (also JSON nested past Python's recursion limit, or a string with a lone surrogate that SQLite
+cannot store) -> 400 (a value it echoes cut short), a body over :data:`MAX_BODY_BYTES` -> 413, unknown shard or
+placement -> 404, a refused transition (or removal, or registration past ``scheduler.max_shards``) -> 409,
+``scheduler.sqlite`` refusing a read or write (a full disk) -> 503 with ``Retry-After``; every answer names the
+reason.
 """
 
 from __future__ import annotations
@@ -66,6 +67,13 @@ def scheduler_blueprint(scheduler: Any, auth: Callable[[Callable[..., Any]], Cal
     @auth
     def register() -> tuple[Response, int]:
         return jsonify(scheduler.register_shard(_body())), 201
+
+    @bp.delete("/api/v1/shards/<shard_id>")
+    @auth
+    def remove(shard_id: str) -> Response:
+        if len(shard_id) > MAX_ID_CHARS:  # no shard has it; not echoed whole in a 404
+            raise ConfigError(f"remove: a shard id has at most {MAX_ID_CHARS} characters, got {clip(shard_id)}")
+        return jsonify(scheduler.remove_shard(shard_id))
 
     @bp.post("/api/v1/reshard")
     @auth

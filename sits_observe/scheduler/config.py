@@ -141,6 +141,8 @@ class SchedulerConfig(Section):
                              description="candidate sets up to which placement searches exhaustively")
     seeds: int = Field(32, ge=1, le=4096, description="seed GPUs for the greedy search on large topologies")
     decisions_kept: int = Field(256, ge=16, le=100000, description="decisions kept in memory for the API/UI")
+    max_shards: int = Field(256, ge=1, le=4096,  # each decision, registration and read sees every shard
+                            description="shards tracked at once; an API registration past it is refused")
     shards: list[ShardSpec] = Field(default_factory=list, description="shards registered at start-up")
 
     @field_validator("actuator")
@@ -177,6 +179,15 @@ class SchedulerConfig(Section):
         dup = sorted({i for i in ids if ids.count(i) > 1})
         if dup:
             raise ValueError(f"duplicate shard ids {dup}")
+        return v
+
+    @field_validator("shards")
+    @classmethod
+    def _within_cap(cls, v: list[ShardSpec], info: ValidationInfo) -> list[ShardSpec]:
+        cap = info.data.get("max_shards")  # absent: refused itself
+        if cap is not None and len(v) > cap:
+            raise ValueError(f"{len(v)} shards, more than scheduler.max_shards ({cap}); raise max_shards or list "
+                             "fewer shards")
         return v
 
     def score_weights(self) -> ScoreWeights:

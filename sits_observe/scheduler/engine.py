@@ -2,7 +2,7 @@
 
 ``on_tick`` reads the frame (source clock ``frame.ts`` for every duration), applies actuator outcomes,
 fails steps past their timeout, and hands fired triggers to the :class:`~.decide.Decider`.  The API methods
-(``register_shard``, ``manual_reshard``, ``ack``) raise :class:`ConfigError` for malformed input and
+(``register_shard``, ``remove_shard``, ``manual_reshard``, ``ack``) raise :class:`ConfigError` for malformed input and
 :class:`SchedulerError` (:class:`NotFound` for unknown ids) for refused requests, changing nothing then.
 """
 
@@ -32,6 +32,7 @@ from .migrate import Walker
 from .metrics import samples
 from .observed import Observed
 from .placement import Result
+from .registry import on_this_host, register, remove
 from .states import NotFound, State
 from .store import Placement, PlacementStore
 from .tracing import DecisionTracer
@@ -59,7 +60,7 @@ class Scheduler:
                  alerts: Callable[[], Iterable[str]] | None = None, clock: Callable[[], float] = time.time) -> None:
         self.cfg, self.topo = cfg, topology
         for spec in cfg.shards:  # refused before anything is opened, as at a SIGHUP
-            self._on_this_host(spec)
+            on_this_host(spec, topology)
         self.store = PlacementStore(state_dir)
         self.actuator = actuator or build_actuator(cfg, sim, self._step_pending)
         self.walker = Walker(self.store, self.actuator, self._choose, cfg.step_timeout)
@@ -75,6 +76,7 @@ class Scheduler:
         self._tallies: Snapshot[tuple[dict[State, int], int]] = Snapshot(self.store.lock, ({}, 0))
         self._verdicts: deque[Verdict] = deque(maxlen=256)
         self._unplaced: dict[str, ShardSpec] = {}  # config shards waiting for GPU values to be placed
+        self._simulated = frozenset(s.id for s in sim.shards()) if sim is not None else frozenset()
         with self._changing():
             self.walker.resume(self.seen.now)
             for spec in cfg.shards:
@@ -164,7 +166,7 @@ class Scheduler:
             self.decider.place_again(v.spec, Trigger("register", "none", True, self.seen.now, "placed again (config)"))
         elif spec.placement is not None and tuple(sorted(spec.placement)) != v.gpus and (
                 origin == "simulator" or not v.live):
-            self._on_this_host(spec)
+            on_this_host(spec, self.topo)
             now, views = self.seen.now, self.decider.views()
             for p in v.live:
                 self.store.update(p, now, State.FAILED, step=None, reason=f"{origin} runs it on {spec.placement}")
@@ -189,42 +191,18 @@ class Scheduler:
                     "; re-shard it (POST /api/v1/reshard) to place it for the new spec" if resize else "")
         return self.decider.views()[spec.id]
 
-    def _on_this_host(self, spec: ShardSpec) -> None:
-        """Refuse a shard whose ``placement`` or ``numa_node`` the topology lacks: a NUMA node without a GPU would
-        score every GPU set the same (none on it), dropping the NUMA preference silently.  With no GPU's NUMA
-        node known (NVML could not read them) any node is taken."""
-        bad = [g for g in spec.placement or () if not 0 <= g < self.topo.n]  # -1 would index the last GPU
-        if bad:
-            raise ConfigError(f"shard {spec.id}: placement: GPUs {bad} not on this host (0-{self.topo.n - 1})")
-        nodes = sorted(self.topo.numa_nodes())
-        if spec.numa_node is not None and nodes and spec.numa_node not in nodes:
-            raise ConfigError(f"shard {spec.id}: numa_node: no GPU of this host is on NUMA node {spec.numa_node} "
-                              f"(its GPUs are on nodes {nodes}); leave it unset for CPUs on a node without GPUs")
-
     def register_shard(self, body: Any, origin: str = "api") -> dict[str, Any]:
         """``POST /api/v1/shards``: validate, place (or adopt ``placement``), then store; refused -> unchanged."""
         spec: ShardSpec = parse_body(ShardSpec, body, "shard")
-        self._on_this_host(spec)
+        on_this_host(spec, self.topo)
         with self._changing():
-            now, planner, views = self.seen.now, self.decider.planner, self.decider.views()
-            if spec.id in views:
-                raise SchedulerError(f"shard {spec.id}: already registered; re-shard it instead")
-            if spec.placement is None and (why := self.seen.gpus_unknown()):  # as a re-shard: the target could be full
-                raise SchedulerError(f"shard {spec.id}: cannot place: {why}; try again when it reports, or give "
-                                     "the placement it runs on")
-            req, load = request_for(spec, views, self.seen.util), self.seen.load(views)
-            t = Trigger("adopt" if spec.placement else "register", "none", True, now, f"registered by {origin}")
-            if spec.placement is not None:
-                c = planner.score(req, load, tuple(sorted(spec.placement)))
-                res = Result(c, [c], "given", 1)
-            else:
-                res = planner.place(req, load)
-                if res.best is None:
-                    raise SchedulerError(f"shard {spec.id}: fits nowhere: {res.reason}")
-            self.store.add_shard(spec, now)
-            d = self.decider.assign(spec, t, res)
-            return self.decider.views()[spec.id].to_dict() | {k: d[k] for k in ("outcome", "failure")} | {
-                "decision_id": d["id"]}
+            return register(self.decider, spec, origin)
+
+    def remove_shard(self, shard_id: str) -> dict[str, Any]:
+        """``DELETE /api/v1/shards/<id>``: stop tracking a shard; refused (in flight, declared by the config or the
+        simulator) -> unchanged (see :mod:`.registry`)."""
+        with self._changing():
+            return remove(self.decider, shard_id, self._simulated)
 
     def manual_reshard(self, shard_id: str, reason: Any) -> dict[str, Any]:
         """``POST /api/v1/reshard``: move a launched shard to its best other placement now (no cooldown), or
@@ -282,7 +260,7 @@ class Scheduler:
                         "command.timeout (%g s)", new.step_timeout, self.cfg.step_timeout, self.cfg.command.timeout)
             keep["step_timeout"] = self.cfg.step_timeout
         for spec in new.shards:  # refused before anything is swapped: a bad shard leaves all settings as they were
-            self._on_this_host(spec)
+            on_this_host(spec, self.topo)
         with self._changing():
             self.cfg = new = new.model_copy(update=keep)
             self.decider.configure(new)

@@ -7,7 +7,7 @@ actual state.  Each call is one transaction, so a crash leaves the last committe
 A decision's ShardDecisionSpan is written in the transaction that writes the decision's row (or alone
 for a decision without one) and stays until the collector has accepted it, so no crash loses it; then
 it is deleted.
-The schema is versioned (``PRAGMA user_version``); opening a file applies the migrations it lacks.
+The schema is versioned (``PRAGMA user_version``, :mod:`.schema`); opening a file applies the migrations it lacks.
 """
 
 from __future__ import annotations
@@ -24,51 +24,12 @@ from typing import Any
 from ..errors import SchedulerError, StateFileError
 from ..statedb import StateFile, read, transaction
 from .config import ShardSpec
+from .schema import MIGRATIONS, SCHEMA_VERSION
 from .states import TERMINAL, NotFound, State, StoreFailed, check_transition
 
 __all__ = ["Placement", "PlacementStore", "SpanRecord", "DB_NAME", "SCHEMA_VERSION"]
 
 DB_NAME = "scheduler.sqlite"
-# migration n (1-based) takes a file from user_version n - 1 to n; files made before versioning are at 0
-# and have the tables of migration 1 already (hence IF NOT EXISTS there)
-_MIGRATIONS: tuple[tuple[str, ...], ...] = ((
-    """CREATE TABLE IF NOT EXISTS shards (
-    id TEXT PRIMARY KEY, spec TEXT NOT NULL, created_ts REAL NOT NULL)""",
-    """CREATE TABLE IF NOT EXISTS placements (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    shard_id TEXT NOT NULL REFERENCES shards(id),
-    kind TEXT NOT NULL,                 -- assign | reshard | adopt
-    source_id INTEGER,                  -- the placement a re-shard replaces
-    gpus TEXT NOT NULL DEFAULT '[]',
-    node TEXT NOT NULL DEFAULT '',
-    state TEXT NOT NULL,
-    version INTEGER NOT NULL,
-    step TEXT,                          -- actuator step sent and not acked yet
-    step_ts REAL,
-    decision_id TEXT NOT NULL DEFAULT '',
-    reason TEXT NOT NULL DEFAULT '',
-    created_ts REAL NOT NULL,
-    updated_ts REAL NOT NULL)""",
-    "CREATE INDEX IF NOT EXISTS placements_shard ON placements(shard_id, state)",
-), (
-    """CREATE TABLE spans (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,  -- export order, oldest first
-    decision_id TEXT NOT NULL,
-    body TEXT NOT NULL,                     -- JSON: ids, times, attributes, events, links, status, resource
-    created_ts REAL NOT NULL,               -- wall clock
-    exported_ts REAL)                       -- NULL until the collector accepted it""",
-    "CREATE INDEX spans_exported ON spans(exported_ts, seq)",
-), (  # exported spans are deleted, not kept: the table without exported_ts (no DROP COLUMN before SQLite 3.35)
-    """CREATE TABLE spans_unsent (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,  -- export order, oldest first
-    decision_id TEXT NOT NULL,
-    body TEXT NOT NULL,                     -- JSON: ids, times, attributes, events, links, status, resource
-    created_ts REAL NOT NULL)               -- wall clock""",
-    "INSERT INTO spans_unsent SELECT seq, decision_id, body, created_ts FROM spans WHERE exported_ts IS NULL",
-    "DROP TABLE spans",
-    "ALTER TABLE spans_unsent RENAME TO spans",
-))
-SCHEMA_VERSION = len(_MIGRATIONS)
 _COLUMNS = ("id", "shard_id", "kind", "source_id", "gpus", "node", "state", "version", "step", "step_ts",
             "decision_id", "reason", "created_ts", "updated_ts")
 _MUTABLE = frozenset({"gpus", "node", "step", "step_ts", "reason"})
@@ -142,7 +103,7 @@ class PlacementStore:
                         f"({SCHEMA_VERSION}); run the version that wrote it, or move the file away")
                 if version == SCHEMA_VERSION:
                     return
-                for statement in _MIGRATIONS[version]:
+                for statement in MIGRATIONS[version]:
                     db.execute(statement)
                 db.execute(f"PRAGMA user_version={version + 1}")
 
@@ -174,6 +135,23 @@ class PlacementStore:
             if db.execute("UPDATE shards SET spec=? WHERE id=?", (spec.model_dump_json(exclude={"placement"}),
                                                                  spec.id)).rowcount != 1:
                 raise NotFound(f"shard {spec.id}: not registered")
+
+    def remove_shard(self, shard_id: str, live: list[Placement], span: SpanRecord | None = None) -> None:
+        """Forget a shard and all its placements (the retired and failed ones too: the history of a shard gone would
+        be kept for good), with the span of the decision that removed it; refused, changing nothing, if its live
+        placements are no longer ``live`` as read (someone moved one since)."""
+        with self._tx() as db:
+            found = db.execute(f"SELECT id, version FROM placements WHERE shard_id=? AND state NOT IN "
+                             f"({', '.join('?' * len(TERMINAL))}) ORDER BY id",
+                             (shard_id, *[s.value for s in TERMINAL])).fetchall()
+            if found != [(p.id, p.version) for p in live]:
+                raise SchedulerError(f"shard {shard_id}: lost a race removing it: its live placements (id, version) "
+                                     f"were {[(p.id, p.version) for p in live]}, now {found}")
+            db.execute("DELETE FROM placements WHERE shard_id=?", (shard_id,))
+            if db.execute("DELETE FROM shards WHERE id=?", (shard_id,)).rowcount != 1:
+                raise NotFound(f"shard {shard_id}: not registered")
+            if span is not None:
+                self._insert_span(db, span)
 
     def shard(self, shard_id: str) -> ShardSpec:
         row = self._read_one("SELECT spec FROM shards WHERE id=?", (shard_id,))

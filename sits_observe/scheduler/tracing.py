@@ -45,13 +45,13 @@ log = logging.getLogger("sits_observe.scheduler")
 
 @dataclass(slots=True)
 class Decision:
-    """What the scheduler decided and why; ``name`` is ``shard.assign`` or ``shard.reshard``."""
+    """What the scheduler decided and why; ``name`` is ``shard.assign``, ``shard.reshard`` or ``shard.remove``."""
 
     id: str
     ts: float                        # source clock
     name: str
-    action: str                      # migrate | assign | adopt | no_action
-    trigger: str                     # verdict | imbalance | saturation | manual | register | adopt
+    action: str                      # migrate | assign | adopt | no_action | remove
+    trigger: str                     # verdict | imbalance | saturation | manual | register | adopt | unregister
     reason: str
     strategy: str
     shard_id: str = ""

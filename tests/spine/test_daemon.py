@@ -509,7 +509,7 @@ def test_the_scheduler_api_says_why_no_scheduler_runs(tmp_path, caplog, schedule
     try:
         client = create_app(daemon, ui=False).test_client()
         for r in (client.get("/api/v1/shards"), client.get("/api/v1/decisions"),
-                  client.post("/api/v1/placements/3/ack", json={})):
+                  client.post("/api/v1/placements/3/ack", json={}), client.delete("/api/v1/shards/chat-0")):
             assert r.status_code == 404 and r.get_json()["error"].startswith(f"the scheduler is not running: {why}")
         said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("scheduler: off")]
         assert said == ([f"scheduler: off: {why}; set scheduler.enabled: false where no scheduler is wanted"]

@@ -81,12 +81,12 @@ def test_the_daemon_refuses_to_start_on_a_damaged_state_file_with_exit_2(tmp_pat
 def test_scheduler_damage_that_quick_check_misses_is_found_by_its_migration_as_damage(tmp_path):
     """An index with entries for rows its table lacks passes quick_check (integrity_check would see it); the
     migration to schema 3 reads the spans through that index and meets the damage: exit 2, not 1."""
-    from sits_observe.scheduler import store
+    from sits_observe.scheduler import schema
 
     path = tmp_path / DB_NAME
     db = sqlite3.connect(path, isolation_level=None)
     db.execute("PRAGMA journal_mode=WAL")  # as the daemon made it
-    for migration in store._MIGRATIONS[:2]:  # a file of schema 2, with 3 spans not yet exported
+    for migration in schema.MIGRATIONS[:2]:  # a file of schema 2, with 3 spans not yet exported
         for statement in migration:
             db.execute(statement)
     db.execute("PRAGMA user_version=2")
