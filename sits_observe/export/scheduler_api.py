@@ -22,6 +22,7 @@ from ..errors import ConfigError, SchedulerError
 from ..scheduler.bodies import clip, shorten
 from ..scheduler.config import MAX_ID_CHARS
 from ..scheduler.states import NotFound, StoreFailed
+from .api import query_arg
 
 __all__ = ["scheduler_blueprint", "MAX_BODY_BYTES"]
 
@@ -58,7 +59,7 @@ def scheduler_blueprint(scheduler: Any, auth: Callable[[Callable[..., Any]], Cal
 
     @bp.get("/api/v1/decisions")
     def decisions() -> Response:
-        raw = request.args.get("limit", "100")
+        raw = query_arg("limit") or "100"
         if not (raw.isascii() and raw.isdigit() and len(raw) <= 5) or not 1 <= int(raw) <= 10000:
             raise ConfigError(f"limit: must be an integer from 1 to 10000, got {raw[:40]!r}")
         return jsonify(scheduler.decisions_state(int(raw)))

@@ -191,6 +191,8 @@ def test_bad_registrations_and_reshards(api: tuple[FlaskClient, Scheduler]) -> N
         r = client.get(f"/api/v1/decisions?limit={bad}")
         want = f"limit: must be an integer from 1 to 10000, got {bad[:40]!r}"
         assert r.status_code == 400 and want in r.get_json()["error"]
+    r = client.get("/api/v1/decisions?limit=5&limit=10000")  # the first was taken, the rest ignored
+    assert r.status_code == 400 and r.get_json()["error"] == "limit: given more than once; give it once"
     r = client.post("/api/v1/shards", json={"id": "fits", "gpus": 2, "memory_per_gpu": 10 * GiB}, headers=AUTH)
     assert r.status_code == 201 and r.get_json()["state"] == "placed"  # waiting for the orchestrator's stage ack
 
