@@ -29,35 +29,20 @@ class Clock(Protocol):
 
 
 class WallClock:
-    """Real time: one tick per ``interval`` wall seconds.
-
-    Tick times never go back: after the wall clock steps back (NTP, an operator), they go on from the last one at
-    the real rate until the wall clock catches up, so the store's history, the SLO windows and the pages' time axes
-    stay in order (a step back of an hour drew the ticks after it off the axis' left end, out of order)."""
+    """Real time: one tick per ``interval`` wall seconds."""
 
     def __init__(self, interval: float) -> None:
         self.interval = interval
         self.wall_interval = interval
         self._made: float | None = None  # monotonic time at which the latest ts was made
         self._last: float | None = None  # monotonic time of the ts the previous elapsed() was of
-        self._ts = -math.inf  # the latest ts
-        self._behind = False  # the wall clock is behind the tick times (said once per step)
 
     def next_ts(self) -> float:
-        made, wall = time.monotonic(), time.time()
-        if wall <= self._ts and self._made is not None:
-            expected = self._ts + max(made - self._made, 1e-6)
-            if not self._behind:
-                log.warning("the wall clock went back %.3f s; tick times go on from the last one at the real rate "
-                            "until it catches up", expected - wall)
-            self._behind, wall = True, expected
-        else:
-            self._behind = False
-        self._made, self._ts = made, wall
-        return wall
+        self._made = time.monotonic()
+        return time.time()
 
     def now(self) -> float:
-        return max(time.time(), self._ts)
+        return time.time()
 
     def elapsed(self, ts: float) -> float:
         """What the tick at ``ts`` (the latest :meth:`next_ts`) covers: the configured interval, or more after a

@@ -26,27 +26,3 @@ def test_a_tick_covers_the_real_time_since_the_last_one_whatever_the_wall_clock_
     assert tick(300.0) == pytest.approx(300.0)  # a 5-minute hang: its deltas are over 5 minutes (it said 60 s: rates x5)
     assert tick(1.0, step=3600.0) == 1.0  # the wall clock stepped an hour ahead: rates not divided by an hour
     assert tick(1.0, step=-3600.0) == 1.0  # and back
-
-
-def test_tick_times_never_go_back_when_the_wall_clock_does(monkeypatch: pytest.MonkeyPatch,
-                                                          caplog: pytest.LogCaptureFixture) -> None:
-    """A step back of an hour stamped the next ticks an hour before the ones already stored (out of order in the
-    store and off the pages' time axes)."""
-    mono, wall = [1000.0], [1_700_000_000.0]
-    monkeypatch.setattr(clockmod.time, "monotonic", lambda: mono[0])
-    monkeypatch.setattr(clockmod.time, "time", lambda: wall[0])
-    c = WallClock(1.0)
-
-    def tick(step: float = 0.0) -> float:
-        mono[0] += 1.0
-        wall[0] += 1.0 + step
-        return c.next_ts()
-
-    start = tick()
-    assert tick(step=-3600.0) == start + 1.0  # on from the last tick at the real rate
-    assert [tick() for _ in range(3)] == [start + 2.0, start + 3.0, start + 4.0]
-    assert c.now() == start + 4.0 and wall[0] < start  # between ticks too (the scheduler's start reads it)
-    assert sum("went back 3600.000 s" in r.getMessage() for r in caplog.records) == 1  # said once
-    wall[0] += 3600.0  # caught up (and past): wall time again
-    assert tick() == wall[0]
-    assert tick(step=600.0) == wall[0]  # a step ahead is taken as it is
