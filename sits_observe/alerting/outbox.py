@@ -95,19 +95,22 @@ def _digest(alert: Alert) -> str:
 
 
 def _fold(db: sqlite3.Connection, receiver: str, fp: str) -> int:
-    """Fold an alert's queue for one receiver back to :data:`PENDING_PER_ALERT` messages; how many were folded."""
+    """Fold an alert's queue for one receiver back to :data:`PENDING_PER_ALERT` messages; how many were folded.
+    Usually one cycle past the bound; more in an outbox queued before it (a receiver down across the upgrade)."""
     rows = db.execute("SELECT id, alert FROM outbox WHERE receiver=? AND fingerprint=? ORDER BY id",
                       (receiver, fp)).fetchall()
     if len(rows) <= PENDING_PER_ALERT:
         return 0
-    # the head may be in flight; the next two are a resolve-and-fire pair (a queued state of the same status
-    # is updated in place, so queued statuses alternate), never in flight (one message per alert is)
-    (_, _), (first, first_body), (second, _), (after, after_body) = rows[:4]
-    before, kept = json.loads(first_body), json.loads(after_body)
-    kept["annotations"][FLAPS] = str(int(before["annotations"].get(FLAPS, "0")) + 1)
+    # the head may be in flight; the ones after it come in resolve-and-fire pairs (a queued state of the same
+    # status is updated in place, so queued statuses alternate), never in flight (one message per alert is)
+    cycles = (len(rows) - PENDING_PER_ALERT + 1) // 2
+    folded, (after, after_body) = rows[1:1 + 2 * cycles], rows[1 + 2 * cycles]
+    kept = json.loads(after_body)
+    before = sum(int(json.loads(body)["annotations"].get(FLAPS, "0")) for _, body in folded)
+    kept["annotations"][FLAPS] = str(before + cycles)
     db.execute("UPDATE outbox SET alert=? WHERE id=?", (json.dumps(kept), after))
-    db.execute("DELETE FROM outbox WHERE id IN (?, ?)", (first, second))
-    return 2
+    db.executemany("DELETE FROM outbox WHERE id=?", [(i,) for i, _ in folded])
+    return 2 * cycles
 
 
 class Outbox:

@@ -59,7 +59,8 @@ def scheduler_blueprint(scheduler: Any, auth: Callable[[Callable[..., Any]], Cal
 
     @bp.get("/api/v1/decisions")
     def decisions() -> Response:
-        raw = query_arg("limit") or "100"
+        raw = query_arg("limit")
+        raw = "100" if raw is None else raw
         if not (raw.isascii() and raw.isdigit() and len(raw) <= 5) or not 1 <= int(raw) <= 10000:
             raise ConfigError(f"limit: must be an integer from 1 to 10000, got {raw[:40]!r}")
         return jsonify(scheduler.decisions_state(int(raw)))

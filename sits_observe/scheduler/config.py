@@ -49,6 +49,7 @@ STRATEGIES: dict[str, ScoreWeights] = {
 
 
 MAX_ID_CHARS = 63  # a shard id's length, at most
+MAX_SHARD_GPUS = 64  # a shard's GPUs, at most
 
 # 1 PiB: far above any GPU, and exact as a float (the placement maths is float64; a larger int overflows it)
 MAX_MEMORY_PER_GPU = 2**50
@@ -65,7 +66,7 @@ class ShardSpec(Section):
     id: str = Field(pattern=rf"^[a-zA-Z0-9_][a-zA-Z0-9_.:-]{{0,{MAX_ID_CHARS - 1}}}$")
     model: str = ""
     workload: str = "default"
-    gpus: int = Field(1, ge=1, le=64, description="GPUs needed")
+    gpus: int = Field(1, ge=1, le=MAX_SHARD_GPUS, description="GPUs needed")
     memory_per_gpu: int = Field(0, ge=0, le=MAX_MEMORY_PER_GPU,
                                 description="bytes of device memory needed on each GPU")
     comm_intensity: float = Field(0.0, ge=0, le=1, description="0 = independent replicas, 1 = chatty TP group")
@@ -73,6 +74,17 @@ class ShardSpec(Section):
     priority: int = Field(0, ge=0, le=100)
     numa_node: int | None = Field(None, ge=0, description="NUMA node of the workload's CPUs, if pinned")
     placement: list[int] | None = Field(None, description="GPUs it already runs on (adopted as is)")
+
+    @field_validator("placement", mode="before")
+    @classmethod
+    def _placement_length(cls, v: object, info: ValidationInfo) -> object:
+        """A list longer than any shard is refused whole, before its items are checked: each bad item was an error
+        of its own (a 1 MiB body of ``"1"`` answered a 17 MB 400, after seconds of CPU)."""
+        if isinstance(v, list) and len(v) > MAX_SHARD_GPUS:
+            k = info.data.get("gpus")
+            raise ValueError(f"must list {k if isinstance(k, int) else f'at most {MAX_SHARD_GPUS}'} distinct GPU "
+                             "indices (the shard's 'gpus')")
+        return v
 
     @field_validator("placement")
     @classmethod

@@ -75,3 +75,25 @@ def test_the_folded_messages_show_in_the_delivery_metrics_and_the_api(tmp_path: 
         assert d.state()["receivers"][0]["folded"] == 4 and d.state()["receivers"][0]["queue_depth"] == 3
     finally:
         d.close()
+
+
+def test_an_outbox_queued_before_the_bound_is_folded_back_to_it_at_the_next_change(tmp_path: Path,
+                                                                                  monkeypatch) -> None:
+    """A receiver down across the upgrade: the outbox already holds every cycle (as the version before queued
+    them); the next state change folds them all, not one cycle per change."""
+    from sits_observe.alerting import outbox
+
+    counts: Counter[tuple[str, str]] = Counter()
+    box = Outbox(tmp_path / "outbox.db", counts)
+    monkeypatch.setattr(outbox, "PENDING_PER_ALERT", 1000)  # unbounded, as before
+    for k in range(20):
+        box.enqueue(["hook"], _state(k))
+    assert box.depth()["hook"] == 20
+    monkeypatch.undo()
+    box.enqueue(["hook"], _state(20))
+    assert box.depth()["hook"] <= PENDING_PER_ALERT
+    sent = _drain(box, "hook")
+    assert [a.status for a in sent] == ["firing", "resolved", "firing"]
+    assert sent[0].starts_at == 1000.0 and sent[-1].starts_at == 1000.0 + 600 * 10
+    assert sent[1].annotations[FLAPS] == "9" and counts[("hook", "folded")] == 18
+    box.close()

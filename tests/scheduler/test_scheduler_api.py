@@ -187,7 +187,7 @@ def test_bad_registrations_and_reshards(api: tuple[FlaskClient, Scheduler]) -> N
     refused(client, sched, "/api/v1/reshard", {"reason": "x"}, 400, 'body must be {"shard": "<id>"')
     refused(client, sched, "/api/v1/shards", {"id": "x", "gpus": 2, "placement": [1, 1, 2]}, 400,
             "placement: must list 2 distinct GPU indices")
-    for bad in ("0", "\u00b2", "9" * 5000):  # a superscript two is a digit to isdigit, not to int(); int() caps digits
+    for bad in ("0", "", "\u00b2", "9" * 5000):  # a superscript two is a digit to isdigit, not to int(); int() caps digits
         r = client.get(f"/api/v1/decisions?limit={bad}")
         want = f"limit: must be an integer from 1 to 10000, got {bad[:40]!r}"
         assert r.status_code == 400 and want in r.get_json()["error"]
@@ -507,6 +507,19 @@ def test_a_huge_bad_value_is_named_and_cut_short_in_the_400(api: tuple[FlaskClie
         refused(client, sched, url, body, 400, field)
         error = client.post(url, json=body, headers=AUTH).get_json()["error"]
         assert len(error) < 300 and " characters)" in error, error[:300]
+
+
+def test_a_long_list_of_bad_gpus_is_one_short_error(api: tuple[FlaskClient, Scheduler]) -> None:
+    """Each bad item of a ``placement`` was an error of its own: a 1 MiB body of ``"1"`` (or ``true``, ``1.5``)
+    answered a 17 MB 400 after seconds of CPU in an HTTP worker."""
+    client, sched = api
+    before = snapshot(sched)
+    for item in ("1", True, 1.5):
+        r = client.post("/api/v1/shards", json={"id": "a", "gpus": 2, "placement": [item] * 150_000}, headers=AUTH)
+        error = r.get_json()["error"]
+        assert len(error) < 300, (len(error), error[:300])
+        assert r.status_code == 400 and error.startswith("shard: placement: must list 2 distinct GPU indices"), error
+    assert snapshot(sched) == before
 
 
 def test_shard_and_ack_fields_take_no_other_json_type(api: tuple[FlaskClient, Scheduler]) -> None:
