@@ -137,12 +137,22 @@ def _status(ctx: UiContext) -> list[Any]:
     if v:
         items.append(html.Span(f"likely cause: {v.get('cause')} ({float(v.get('confidence', 0)):.2f})",
                                className="item"))
-    moves = [d for d in parts.decisions(ctx, 64) if d.get("action") == "migrate"]  # not a start-up adopt
-    if moves:
-        m = moves[0]
-        gpus = ",".join(map(str, m.get("source_gpus") or [])) + " → " + ",".join(map(str, m.get("target_gpus") or []))
-        items.append(html.Span(f"last move: {m.get('action')} {m.get('shard_id') or ''} {gpus}", className="item"))
+    move = last_move(parts.decisions(ctx, 64))
+    if move:
+        items.append(html.Span(move, className="item warn" if move.endswith("(failed)") else "item"))
     return items
+
+
+def last_move(decisions: list[dict[str, Any]]) -> str:
+    """The status line's ``last move: ...`` from the decisions (newest first), or ``""``: a migration, not a
+    start-up adopt; one whose first step failed at once says so (it moved nothing)."""
+    moves = [d for d in decisions if d.get("action") == "migrate"]
+    if not moves:
+        return ""
+    m = moves[0]
+    gpus = ",".join(map(str, m.get("source_gpus") or [])) + " → " + ",".join(map(str, m.get("target_gpus") or []))
+    failed = " (failed)" if m.get("outcome") == "failed" else ""
+    return f"last move: migrate {m.get('shard_id') or ''} {gpus}{failed}"
 
 
 def _sources_down(ctx: UiContext) -> str:

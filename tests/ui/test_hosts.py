@@ -225,3 +225,20 @@ def test_the_decision_log_says_when_no_scheduler_runs(bare: Daemon, make_daemon:
     d = make_daemon(ticks=1, scheduler={"enabled": False})
     assert d.scheduler is None
     assert "not enabled" in str(find(page(create_app(d).test_client(), "/causes"), "causes-decisions")["children"])
+
+
+def test_a_move_whose_first_step_failed_at_once_is_not_shown_as_a_move() -> None:
+    """The API and the alerts said 'failed'; the decision log showed a highlighted 'migrate' and the status line
+    'last move: migrate ...' for a shard that never moved."""
+    from sits_observe.ui.app import last_move
+    from sits_observe.ui.pages.causes import decision_table
+
+    failed = {"ts": 1.0, "action": "migrate", "trigger": "verdict", "shard_id": "chat-0", "source_gpus": [0, 1],
+              "target_gpus": [2, 3], "reason": "p99 burn", "outcome": "failed", "failure": "actuator queue full"}
+    moved = failed | {"outcome": "launched", "failure": None, "shard_id": "chat-1"}
+    assert last_move([failed, moved]) == "last move: migrate chat-0 0,1 → 2,3 (failed)"
+    assert last_move([moved, failed]) == "last move: migrate chat-1 0,1 → 2,3"
+    assert last_move([{"action": "adopt", "shard_id": "x"}]) == ""
+    cells = [[td.children for td in tr.children] for tr in decision_table([failed, moved], True).children[1].children]
+    assert cells[0][1] == "migrate (failed)" and cells[0][7] == "p99 burn; failed: actuator queue full"
+    assert cells[1][1] == "migrate" and cells[1][7] == "p99 burn"

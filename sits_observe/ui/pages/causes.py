@@ -184,14 +184,16 @@ def decision_table(decisions: list[dict[str, Any]], scheduling: bool) -> Any:
     for d in decisions:
         ts = d.get("ts")
         when = time.strftime("%H:%M:%S", time.gmtime(ts)) if isinstance(ts, (int, float)) and math.isfinite(ts) else "-"
-        cause = d.get("cause") or "none"
+        cause, failed = d.get("cause") or "none", d.get("outcome") == "failed"  # its first step failed at once
+        action = d.get("action", "?") + (" (failed)" if failed else "")
+        reason = (d.get("reason") or "") + (f"; failed: {d.get('failure')}" if failed else "")
         rows.append(html.Tr([
-            html.Td(when), html.Td(d.get("action", "?"), className="hot" if d.get("action") == "migrate" else ""),
+            html.Td(when), html.Td(action, className="hot" if d.get("action") == "migrate" and not failed else ""),
             html.Td(d.get("trigger", "?")), html.Td(d.get("shard_id") or "-"),
             html.Td(f"{_gpus(d.get('source_gpus'))} → {_gpus(d.get('target_gpus'))}"),
             html.Td(f"{float(d.get('score') or 0):.3f}"),
             html.Td(f"{cause} ({float(d.get('confidence') or 0):.2f})" if cause != "none" else "-"),
-            html.Td(d.get("reason") or ""), html.Td(d.get("span_id") or "-", className="mono")],
+            html.Td(reason), html.Td(d.get("span_id") or "-", className="mono")],
             className="decision", **{"data-shard": d.get("shard_id") or "", "data-span": d.get("span_id") or ""}))
     return html.Table([html.Thead(head), html.Tbody(rows)], className="grid")
 
