@@ -21,7 +21,7 @@ from . import specs
 from .features import bpf_stats_enabled, enable_bpf_stats, environment_problem, tracepoint_exists
 from .program import Program, attach_path, compile_probe
 from .uprobes import LibraryAttacher
-from .workloads import WorkloadTracker, library_matcher
+from .workloads import Mapping, WorkloadTracker, library_matcher
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -135,6 +135,7 @@ class ProbeSource:
         detach them from libraries no workload process maps any more."""
         self._last_scan = self._clock()
         tgids = self._tracker.scan()
+        maps: dict[int, list[Mapping]] = {}  # each process's mapped files, read once for every uprobe's library
         for state in self.states.values():
             if state.program is None:
                 continue
@@ -143,11 +144,11 @@ class ProbeSource:
             except Exception as exc:  # bcc map writes raise bare Exception
                 self._report(state, f"cannot update the workload map: {exc}")
             if state.attacher is not None:
-                self._attach_libraries(state, tgids)
+                self._attach_libraries(state, tgids, maps)
 
-    def _attach_libraries(self, state: ProbeState, tgids: dict[int, int]) -> None:
+    def _attach_libraries(self, state: ProbeState, tgids: dict[int, int], maps: dict[int, list[Mapping]]) -> None:
         assert state.attacher is not None and state.library is not None
-        files, held = self._tracker.libraries(tgids, library_matcher(state.library))
+        files, held = self._tracker.libraries(tgids, library_matcher(state.library), maps)
         for shown, problem in state.attacher.release(files, held):
             log.info("probe %s: detached from %s: no workload process maps it any more", state.spec.name, shown)
             if problem:

@@ -152,8 +152,11 @@ class WorkloadTracker:
             return mapping.file, False
         return (st.st_dev, st.st_ino), True
 
-    def libraries(self, pids: Iterable[int], matches: Callable[[str], bool]) -> Libraries:
-        """The files standing for one library (``matches``) that the processes ``pids`` map.
+    def libraries(self, pids: Iterable[int], matches: Callable[[str], bool],
+                  maps: dict[int, list[Mapping]] | None = None) -> Libraries:
+        """The files standing for one library (``matches``) that the processes ``pids`` map; ``maps``: each pid's
+        :meth:`mapped_files`, filled as read, so one scan for several libraries reads each /proc/PID/maps once (a
+        CUDA process maps thousands of areas).
 
         A mapped file is offered for attaching through /proc/PID/root/<path> only where that path still names
         it (the same ``(st_dev, st_ino)``; the same inode where the device is not sure); a deleted one, or one
@@ -161,8 +164,11 @@ class WorkloadTracker:
         mapped (:meth:`LibraryAttacher.release` holds by inode number)."""
         files: dict[FileId, tuple[str, str]] = {}
         held = set()
+        maps = {} if maps is None else maps
         for pid in pids:
-            for mapping in self.mapped_files(pid):
+            if pid not in maps:
+                maps[pid] = self.mapped_files(pid)
+            for mapping in maps[pid]:
                 if not matches(mapping.path):
                     continue
                 file, sure = self._file_of(pid, mapping)

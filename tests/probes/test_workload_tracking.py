@@ -187,3 +187,16 @@ def test_a_non_root_daemon_names_another_users_mapped_library(caps: str, sure: b
         st = os.stat(f.name)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == {"files": [[st.st_dev, st.st_ino]], "sure": sure}
+
+
+def test_one_scan_reads_each_process_maps_once_for_every_library(proc: Path) -> None:
+    """The cuda and nccl probes each read every workload process's /proc/PID/maps at every scan (thousands of
+    lines for a CUDA process): one scan now shares what it read."""
+    tracker, maps = WorkloadTracker([], proc=proc), {}
+    first = tracker.libraries([200], library_matcher("libcuda.so.1"), maps)
+    assert first.held  # the two libcuda files it maps (no root to open them through here)
+    (proc / "200" / "maps").write_text("")  # a second read would find nothing mapped
+    assert tracker.libraries([200], library_matcher("libcuda.so.1"), maps) == first
+    assert [m.path for m in maps[200]][:2] == ["/usr/lib/x86_64-linux-gnu/libcuda.so.535.104.05",
+                                               "/usr/lib/libcudart.so.12"]
+    assert tracker.libraries([200], library_matcher("libcuda.so.1")).held == set()  # without: read afresh, empty
