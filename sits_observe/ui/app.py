@@ -6,6 +6,7 @@ page is served, so a bad one is answered 400 (unknown page 404) with the reason,
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -135,12 +136,21 @@ def _status(ctx: UiContext) -> list[Any]:
     ctx.verdicts.refresh(ctx)  # every open page polls the classifier, so the causes timeline misses none
     v = ctx.verdicts.latest()
     if v:
-        items.append(html.Span(f"likely cause: {v.get('cause')} ({float(v.get('confidence', 0)):.2f})",
-                               className="item"))
+        items.append(html.Span(likely_cause(v, store.latest_ts), className="item"))
     move = last_move(parts.decisions(ctx, 64))
     if move:
         items.append(html.Span(move, className="item warn" if move.endswith("(failed)") else "item"))
     return items
+
+
+def likely_cause(v: dict[str, Any], now: float) -> str:
+    """The status line's newest verdict with its age on the source clock (one from an hour ago, the classifier
+    since turned off or quiet, read as current)."""
+    ts = v.get("ts")
+    age = now - ts if isinstance(ts, (int, float)) and math.isfinite(ts) else math.nan
+    when = "" if not age >= 0 else f", {age:.0f} s ago" if age < 120 else f", {age / 60:.0f} min ago" \
+        if age < 7200 else f", {age / 3600:.0f} h ago"
+    return f"likely cause: {v.get('cause')} ({float(v.get('confidence', 0)):.2f}{when})"
 
 
 def last_move(decisions: list[dict[str, Any]]) -> str:

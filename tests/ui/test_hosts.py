@@ -242,3 +242,14 @@ def test_a_move_whose_first_step_failed_at_once_is_not_shown_as_a_move() -> None
     cells = [[td.children for td in tr.children] for tr in decision_table([failed, moved], True).children[1].children]
     assert cells[0][1] == "migrate (failed)" and cells[0][7] == "p99 burn; failed: actuator queue full"
     assert cells[1][1] == "migrate" and cells[1][7] == "p99 burn"
+
+
+@pytest.mark.parametrize("ts, said", [(995.0, "likely cause: scheduler_stall (0.93, 5 s ago)"),
+                                      (1000.0 - 1800, "likely cause: scheduler_stall (0.93, 30 min ago)"),
+                                      (1000.0 - 3 * 3600, "likely cause: scheduler_stall (0.93, 3 h ago)"),
+                                      (None, "likely cause: scheduler_stall (0.93)")])
+def test_the_status_lines_likely_cause_says_how_old_it_is(ts: float | None, said: str) -> None:
+    """An hour-old verdict (the classifier turned off at a SIGHUP, or no burn since) read as the current cause."""
+    from sits_observe.ui.app import likely_cause
+
+    assert likely_cause({"cause": "scheduler_stall", "confidence": 0.93, "ts": ts}, 1000.0) == said
