@@ -95,7 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     except OSError as exc:  # e.g. an output file that cannot be written
-        print(f"sits-observe: error: {exc.filename or ''}: {exc.strerror}", file=sys.stderr)
+        where = f"{exc.filename}: " if exc.filename else ""  # stdout on a full disk has none: ": No space ..."
+        print(f"sits-observe: error: {where}{exc.strerror or exc}", file=sys.stderr)
         return 2 if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError)) else 1
 
 

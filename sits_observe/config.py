@@ -28,6 +28,7 @@ from .rca.config import RcaConfig
 from .scheduler.config import OtlpConfig, SchedulerConfig
 from .section import Section
 from .slo.spec import SloList
+from .topology import one_host
 from .ui.config import UiConfig
 from .validation import elsewhere, format_errors, validate
 from .yamlfile import parse_yaml
@@ -101,7 +102,10 @@ class SimConfig(Section):
 
 class GpuConfig(Section):
     backend: Literal["sim", "nvml", "dcgm", "none"] = "sim"
-    sample_interval: float = Field(5.0, gt=0, description="seconds between NVML / DCGM samples; ticks reuse the last")
+    # at most a minute: .inf took one sample and showed it as current for ever; the scheduler takes a reading to be
+    # at most a minute old (scheduler.view.SHOWN_AFTER_S)
+    sample_interval: float = Field(5.0, gt=0, le=60, description="seconds between NVML / DCGM samples; ticks reuse "
+                                   "the last")
     dcgm_url: str | None = Field(None, description="dcgm-exporter page, e.g. http://127.0.0.1:9400/metrics")
     dcgm_timeout: float = Field(2.0, gt=0, le=30, description="seconds to wait for the dcgm-exporter page")
     nvml_timeout: float = Field(2.0, gt=0, le=5, description="seconds a tick waits for an NVML sample; a call hung "
@@ -124,7 +128,8 @@ class Config(Section):
     state_dir: str = DEFAULT_STATE_DIR
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     api_token: SecretStr | None = None
-    tick_interval: float = Field(1.0, gt=0, le=60)
+    # from 1 ms: at 1e-300 the ticks' times (unix seconds) could not move on, and every tick failed without data
+    tick_interval: float = Field(1.0, ge=0.001, le=60)
     store: StoreConfig = Field(default_factory=StoreConfig)
     workloads: list[WorkloadConfig] = Field(default_factory=list)
     gpu: GpuConfig = Field(default_factory=GpuConfig)
@@ -170,8 +175,21 @@ class Config(Section):
             path = Path(v).expanduser()
         except RuntimeError:  # ~nosuchuser, or ~ with no HOME and no passwd entry
             raise ValueError(f"{v!r}: cannot tell which home directory ~ means here; give an absolute path") from None
-        if not elsewhere(info) and path.exists() and not path.is_dir():
+        if elsewhere(info):
+            return str(path)
+        if path.exists() and not path.is_dir():
             raise ValueError(f"{str(path)!r} is a file, not a directory; name a directory (it is created when missing)")
+        # what the daemon's start would refuse whoever runs it (check-config passed them): a file where a directory
+        # must be made, a read-only mount (another user's permissions are left to the start)
+        first = next(p for p in (path, *path.parents) if p.exists())
+        if not first.is_dir():
+            raise ValueError(f"{str(path)!r} cannot be created: {str(first)!r} is a file; name a directory")
+        try:
+            read_only = bool(os.statvfs(first).f_flag & os.ST_RDONLY)
+        except OSError:  # a mount this user may not look into: the daemon's start decides
+            read_only = False
+        if read_only:
+            raise ValueError(f"{str(path)!r} is on a read-only file system ({str(first)!r}); name a writable directory")
         return str(path)
 
     @field_validator("log_level", mode="before")
@@ -196,6 +214,17 @@ class Config(Section):
                 return v  # boot): no mistake in the file; the bind decides (runtime.serve)
             raise ValueError(f"host {host!r} does not resolve ({getattr(exc, 'strerror', None) or exc}); use an "
                              "IP address of this host, e.g. 127.0.0.1 or 0.0.0.0") from None
+        return v
+
+    @field_validator("sim")
+    @classmethod
+    def _one_host(cls, v: SimConfig) -> SimConfig:
+        """Here, not in SimConfig, whose own users (the simulator) say ConfigError; also for another host's config."""
+        try:
+            one_host(v.topology)
+        except ValueError as exc:
+            raise ValidationError.from_exception_data("sim", [InitErrorDetails(
+                type=PydanticCustomError("one_host", str(exc)), loc=("topology",), input=v.topology)]) from None
         return v
 
     @field_validator("workloads")

@@ -43,12 +43,19 @@ def register(sub: Any) -> None:
     d.add_argument("--duration", type=POSITIVE_FLOAT, help="stop after this many wall seconds")
     d.add_argument("--seed", type=NON_NEGATIVE_INT, help="random seed (default 1)")
     d.add_argument("--topology", help="nvswitch-8 or pcie-8")
-    d.add_argument("--listen", help="host:port (default 127.0.0.1:9477)")
+    d.add_argument("--listen", type=_host_port, help="host:port (default 127.0.0.1:9477)")
     d.set_defaults(func=_demo)
 
     c = sub.add_parser("check-config", help="validate a config file; exit 2 listing every error")
     c.add_argument("file")
     c.set_defaults(func=_check)
+
+
+def _host_port(text: str) -> str:
+    """--listen: "" (an unset variable in `--listen "$ADDR"`) took the default port without a word."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty; give host:port, e.g. 127.0.0.1:9477, or leave --listen out")
+    return text
 
 
 def _check(args: argparse.Namespace) -> int:

@@ -15,7 +15,7 @@ import numpy as np
 
 from .errors import ConfigError
 
-__all__ = ["LinkKind", "Gpu", "Link", "Topology", "NUMA_UNKNOWN", "PRESETS", "preset"]
+__all__ = ["LinkKind", "Gpu", "Link", "Topology", "NUMA_UNKNOWN", "PRESETS", "one_host", "preset"]
 
 GB = 1e9
 
@@ -205,6 +205,16 @@ def synthetic(boxes: int) -> Topology:
 
 
 PRESETS = {"nvswitch-8": _nvswitch8, "pcie-8": _pcie8}
+
+
+def one_host(topology: str) -> str:
+    """``topology`` unless it is ``fabric-Nx8`` with N > 1, which the simulator refuses (it models one host): refused
+    by its name, before the N x 8 GPUs' link matrices are built (fabric-99999x8 took 11 GB and minutes)."""
+    boxes = topology[7:-2] if topology.startswith("fabric-") and topology.endswith("x8") else ""
+    if boxes.isdigit() and int(boxes) > 1:
+        raise ValueError(f"the simulator models one host and {topology} spans several; choose one of "
+                         f"{', '.join(PRESETS)}")
+    return topology
 
 
 def preset(name: str) -> Topology:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..argtypes import FRACTION, NON_NEGATIVE_INT, POSITIVE_INT, PROBABILITY, THREADS, float_in, int_at_least
+from ..topology import one_host
 from ..errors import ConfigError, ModelError
 from .config import HEALTHY_MIN_CONFIDENCE, MAX_WIDTH, MIN_CONFIDENCE, SHIPPED_MODEL
 from .floors import Floors, parse_floors
@@ -43,8 +44,8 @@ def _range(text: str) -> tuple[float, float]:
         lo, hi = (float(x) for x in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected LOW,HIGH like 0.5,1.0, got {text!r}") from None
-    if not 0 < lo <= hi:
-        raise argparse.ArgumentTypeError(f"need 0 < LOW <= HIGH, got {text!r}")
+    if not 0 < lo <= hi <= 1:  # a fault's severity is a share of its full strength
+        raise argparse.ArgumentTypeError(f"need 0 < LOW <= HIGH <= 1, got {text!r}")
     return lo, hi
 
 
@@ -56,6 +57,13 @@ def _rates(text: str) -> tuple[float, ...]:
     if not all(0 < r <= 100 for r in out):
         raise argparse.ArgumentTypeError(f"multipliers must be in (0, 100], got {text!r}")
     return out
+
+
+def _one_host(text: str) -> str:
+    try:
+        return one_host(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _check_out(path: Path, *, directory: bool, force: bool, dataset: Path | None = None) -> None:
@@ -73,13 +81,19 @@ def _check_out(path: Path, *, directory: bool, force: bool, dataset: Path | None
         raise ConfigError(f"--out: {path} is a directory; give a file path such as {path / SHIPPED_MODEL.name}")
     if path.exists() and not path.is_dir() and directory:
         raise ConfigError(f"--out: {path} is a file; give a directory (it is created if missing)")
+    if path.exists() and not path.is_dir() and not path.is_file():  # the model was renamed over it: /dev/null too
+        raise ConfigError(f"--out: {path} is not a regular file (a device, FIFO or socket); give a file path such "
+                          f"as {SHIPPED_MODEL.name}")
     parent = path if path.is_dir() else path.parent
     while not parent.exists():  # missing directories are created: the first existing one must take them
         parent = parent.parent
     if not parent.is_dir():
         raise ConfigError(f"--out: {parent} is not a directory; choose an --out path inside a directory")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"--out: cannot write in {parent} (permission denied); choose another --out path")
+    try:  # a file made there, not os.access: root may write anywhere by its answer, /proc included
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"--out: cannot write in {parent} ({exc.strerror}); choose another --out path") from None
 
 
 @contextmanager
@@ -102,9 +116,9 @@ def register(sub: Any) -> None:
     d.add_argument("--force", action="store_true", help="replace a dataset already in --out")
     d.add_argument("--hours", type=float_in(MIN_HOURS, MAX_HOURS), default=2.0,
                    help=f"simulated hours per entity (at most {MAX_HOURS:g}; add --entities for more data)")
-    d.add_argument("--topology", default="nvswitch-8", help="nvswitch-8 or pcie-8")
+    d.add_argument("--topology", type=_one_host, default="nvswitch-8", help="nvswitch-8 or pcie-8")
     d.add_argument("--trace", choices=("conv", "code"), default="conv", help="Azure LLM trace to replay")
-    d.add_argument("--severity", type=_range, default=(0.5, 1.0), help="fault severity range LOW,HIGH")
+    d.add_argument("--severity", type=_range, default=(0.5, 1.0), help="fault severity range LOW,HIGH, within (0, 1]")
     d.add_argument("--entities", type=POSITIVE_INT, default=1, help="independent simulated hosts (seeds seed*100+k)")
     d.add_argument("--rates", type=_rates, default=(1.0,), help="request-rate multipliers, one per entity in turn")
     d.add_argument("--bursty", action="store_true", help="switch each entity's arrivals off and on by the minute")

@@ -15,7 +15,9 @@ figure the daemon keeps from its store, so a model can tell "high for this host"
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import signal
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -248,8 +250,11 @@ def read(directory: str | Path) -> Dataset:
     return Dataset(features, step, entities, labels, str(d))
 
 
-def write(directory: str | Path, dataset: Dataset) -> None:
-    """Write ``metrics.csv`` (empty cells for NaN; all-NaN steps omitted) and ``labels.csv``."""
+def write(directory: str | Path, dataset: Dataset, extra: Mapping[str, str] | None = None) -> None:
+    """Write ``metrics.csv`` (empty cells for NaN; all-NaN steps omitted), ``labels.csv`` and the text files of
+    ``extra`` (name -> text).  Each goes to ``NAME.tmp`` first and all are renamed into place together, so a full
+    disk or an interrupt leaves what the directory held (``rca dataset --force``) whole: never a half-written
+    metrics.csv beside the labels of another dataset, which a later ``rca train`` would read as complete."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     frames = []
@@ -260,8 +265,27 @@ def write(directory: str | Path, dataset: Dataset) -> None:
         df.insert(0, "timestamp", [f"{t:.3f}" for t in ent.times(dataset.step)[keep]])
         frames.append(df)
     out = pd.concat(frames) if frames else pd.DataFrame(columns=["timestamp", "entity", *dataset.features])
-    out.to_csv(d / METRICS, index=False, float_format="%.6g", na_rep="")
-    pd.DataFrame(
-        [(lab.entity, f"{lab.start:.3f}", f"{lab.end:.3f}", lab.cause) for lab in dataset.labels],
-        columns=["entity", "start", "end", "cause"],
-    ).to_csv(d / LABELS, index=False)
+    labels = pd.DataFrame([(lab.entity, f"{lab.start:.3f}", f"{lab.end:.3f}", lab.cause) for lab in dataset.labels],
+                          columns=["entity", "start", "end", "cause"])
+    writers: list[tuple[str, Callable[[Path], object]]] = [
+        (METRICS, lambda f: out.to_csv(f, index=False, float_format="%.6g", na_rep="")),
+        (LABELS, lambda f: labels.to_csv(f, index=False)),
+        *((name, lambda f, text=text: f.write_text(text)) for name, text in (extra or {}).items())]
+    tmps: list[tuple[Path, Path]] = []
+    try:
+        for name, put in writers:
+            tmps.append((d / (name + ".tmp"), d / name))
+            try:
+                put(tmps[-1][0])
+            except OSError as exc:  # pandas' has no file name: "No space left on device" alone
+                raise OSError(exc.errno, exc.strerror, str(d / name)) from exc
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})  # all renamed, or none
+        try:
+            for tmp, final in tmps:
+                tmp.replace(final)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+    finally:
+        for tmp, _ in tmps:
+            with suppress(OSError):
+                tmp.unlink(missing_ok=True)

@@ -190,12 +190,11 @@ def generate(out: str | Path, opts: GenOptions) -> dict[str, Any]:
             if opts.vary:
                 hosts[name] = {**asdict(var), "prompt_scale": round(prompt, 3), "output_scale": round(output, 3)}
     ds = Dataset(FEATURES, opts.interval, ents, labels, str(out))
-    dataset.write(out, ds)
     summary = {
         "out": str(out), "options": asdict(opts), "steps": int(sum(len(e.values) for e in ents)),
         "features": len(FEATURES), "buckets": list(StoreConfig().snapped()),  # the layout its quantiles come from
         "labels": {c: sum(1 for lab in labels if lab.cause == c) for c in ds.classes()[1:]},
         "seconds": round(time.perf_counter() - t0, 1), **({"hosts": hosts} if hosts else {}),
     }
-    (Path(out) / "generated.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    dataset.write(out, ds, {"generated.json": json.dumps(summary, indent=2, sort_keys=True) + "\n"})  # one set
     return summary

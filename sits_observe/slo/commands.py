@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +32,33 @@ def _rules(args: argparse.Namespace) -> int:
     if not cfg.slos:
         raise ConfigError(f"{source or '<defaults>'}: slos: no SLOs configured; add a `slos:` list (docs/slo.md)")
     text = dump_rules(cfg.slos, cfg.store.buckets, source or "<defaults>")
+    if args.output == "":  # an unset variable in `-o "$RULES"`: the file was left as it was, the rules on stdout
+        raise ConfigError("-o: empty; give the rules file to write, or leave -o out for stdout")
     if args.output:
         try:
-            Path(args.output).write_text(text)
+            _write(Path(args.output), text)
         except OSError as exc:  # a full disk, a directory, no permission: name the file
             raise ConfigError(f"{args.output}: cannot write the rules: {exc.strerror}; give another -o path") from None
         print(f"{args.output}: {len(cfg.slos)} SLO rule group(s) written", file=sys.stderr)
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _write(path: Path, text: str) -> None:
+    """``text`` into ``path``: a regular file (or none yet) is written beside it (``NAME.tmp``, which a rule_files
+    glob such as ``*.yml`` does not match) and renamed over it, so a full disk leaves the rules Prometheus loads
+    whole (writing in place truncated them first); anything else (``/dev/stdout``, a FIFO) is written to."""
+    target = path.resolve()  # a rules file reached through a symlink is replaced where it lies
+    if target.exists() and not target.is_file():
+        target.write_text(text)
+        return
+    tmp = target.with_name(target.name + ".tmp")
+    try:
+        tmp.write_text(text)
+        if target.exists():
+            shutil.copymode(target, tmp)
+        tmp.replace(target)
+    finally:
+        with suppress(OSError):
+            tmp.unlink(missing_ok=True)

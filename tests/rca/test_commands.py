@@ -4,6 +4,9 @@ line and exit 2, found before any long work starts, and leaves nothing half-writ
 from __future__ import annotations
 
 import json
+import os
+import stat
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -217,3 +220,66 @@ def test_eval_takes_floors_per_cause(tmp_path: Path, tiny_model: RcaModel, data:
     recall = free["lstm"]["per_class"][cause]["recall"]
     assert held["lstm"]["per_class"][cause]["recall"] == recall > 0.5  # its own floor, not the default
     assert held["lstm"]["unknown_rate"] >= free["lstm"]["unknown_rate"] == 0.0
+
+
+def test_train_out_must_be_a_regular_file(tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The model was renamed over whatever --out named: `--out /dev/null --force` as root replaced the null
+    device with a model file, and a FIFO (not `is_file`) went without even --force."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for force in ([], ["--force"]):
+        _usage_error(["rca", "train", "--dataset", str(data), "--out", str(fifo), *force, *TRAIN], capsys,
+                     f"--out: {fifo} is not a regular file (a device, FIFO or socket)")
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "fifo"]
+
+
+@pytest.mark.parametrize("command", [["rca", "dataset", "--out", "/proc/sits-data", "--hours", "0.01"],
+                                     ["rca", "train", "--dataset", "DATA", "--out", "/proc/sits.pt", *TRAIN]])
+def test_out_where_no_file_can_be_made_is_refused_before_the_work(data: Path, capsys: pytest.CaptureFixture[str],
+                                                                  command: list[str]) -> None:
+    """os.access says yes to root for /proc: the whole run went by before the write failed at the end."""
+    _usage_error([str(data) if a == "DATA" else a for a in command], capsys, "--out: cannot write in /proc (",
+                 "choose another --out path")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs (root)")
+def test_a_failed_dataset_force_keeps_the_dataset_it_was_replacing(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A full disk (or Ctrl-C) in the write replaced metrics.csv with half a file beside the old labels.csv and
+    generated.json, which a later `rca train` read as one dataset; the error line named no file."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(disk)], check=True)
+    try:
+        out = disk / "ds"
+        assert main(["rca", "dataset", "--out", str(out), "--hours", "0.05"]) == 0
+        before = {p.name: p.read_bytes() for p in out.iterdir()}
+        capsys.readouterr()
+        assert main(["rca", "dataset", "--out", str(out), "--hours", "0.5", "--force"]) != 0  # ~800 KB of CSV
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and f"{out / 'metrics.csv'}: No space left on device" in err, err
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # and no NAME.tmp left behind
+        assert sorted(before) == ["generated.json", "labels.csv", "metrics.csv"]
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+@pytest.mark.parametrize("severity", ["0.5,2", "0.5,inf", "nan,1"])
+def test_dataset_severity_past_one_is_refused_naming_the_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                              severity: str) -> None:
+    """0.5,2 passed the flag and failed in the simulator with "Scenario.random: need ... got severity_range=..."."""
+    with pytest.raises(SystemExit) as stop:
+        main(["rca", "dataset", "--out", str(tmp_path / "ds"), "--hours", "0.01", "--severity", severity])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and f"argument --severity: need 0 < LOW <= HIGH <= 1, got {severity!r}" in err
+    assert not (tmp_path / "ds").exists()
+
+
+def test_dataset_topology_of_several_hosts_is_refused_naming_the_flag(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Refused by the simulator only after the fabric's link matrices were built (fabric-99999x8: gigabytes)."""
+    with pytest.raises(SystemExit) as stop:
+        main(["rca", "dataset", "--out", str(tmp_path / "ds"), "--hours", "0.01", "--topology", "fabric-2x8"])
+    assert stop.value.code == 2 and ("argument --topology: the simulator models one host and fabric-2x8 spans "
+                                     "several") in capsys.readouterr().err

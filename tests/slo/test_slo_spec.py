@@ -1,5 +1,7 @@
 """Bad SLO specs are refused at config load with one line naming the field, the value and the fix."""
 
+import contextlib
+import os
 import subprocess
 import sys
 
@@ -168,6 +170,36 @@ def test_slo_rules_command(tmp_path):
     empty.write_text("")
     res = subprocess.run([*cli, "--config", str(empty)], capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "no SLOs configured" in res.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs (root)")
+def test_slo_rules_on_a_full_disk_keeps_the_rules_file_it_was_replacing(tmp_path):
+    """-o wrote in place: a full disk truncated the rules file Prometheus loads and left half a new one."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], check=True)
+    try:
+        cfg, out = tmp_path / "c.yaml", disk / "rules.yml"
+        cli = [sys.executable, "-m", "sits_observe", "slo", "rules", "--config", str(cfg), "-o", str(out)]
+        cfg.write_text(yaml.safe_dump({"slos": [{"name": "s", "objective": 0.99, "latency": LATENCY}]}))
+        assert subprocess.run(cli, capture_output=True, timeout=60).returncode == 0
+        out.chmod(0o640)
+        kept = out.read_bytes()
+        with (disk / "filler").open("wb") as f:  # the disk full but for a few KiB
+            with contextlib.suppress(OSError):
+                f.write(b"x" * (1 << 20))
+        (disk / "filler").write_bytes((disk / "filler").read_bytes()[:-(len(kept) + 4096)])
+        cfg.write_text(yaml.safe_dump({"slos": [{"name": f"s{i}", "objective": 0.99, "latency": LATENCY}
+                                                for i in range(20)]}))
+        res = subprocess.run(cli, capture_output=True, text=True, timeout=60)
+        assert res.returncode == 2 and "Traceback" not in res.stderr
+        assert f"sits-observe: error: {out}: cannot write the rules: No space left on device" in res.stderr
+        assert out.read_bytes() == kept and sorted(p.name for p in disk.iterdir()) == ["filler", "rules.yml"]
+        (disk / "filler").unlink()
+        assert subprocess.run(cli, capture_output=True, timeout=60).returncode == 0
+        assert len(yaml.safe_load(out.read_text())["groups"]) == 20 and out.stat().st_mode & 0o777 == 0o640
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
 
 
 def test_keep_firing_for_defaults_to_the_short_window_and_can_be_set_per_slo_and_tier():

@@ -215,6 +215,19 @@ def test_an_empty_config_path_is_refused_by_demo_and_slo_rules_too(tmp_path):
     _one_line_error(_run(["slo", "rules", "--config", ""]), "config file path is empty")
 
 
+def test_an_empty_listen_or_output_is_refused_not_taken_for_the_default(tmp_path):
+    """`demo --listen ""` served on the default port and `slo rules -o ""` printed the rules to stdout, leaving
+    the file as it was, both with exit 0 (an unset variable in `--listen "$ADDR"`, `-o "$RULES"`)."""
+    res = _run(["demo", "--listen", "", "--duration", "1"])
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "sits-observe demo: error: argument --listen: empty; give host:port" in res.stderr
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("slos: [{name: s, objective: 0.99, latency: {stage: e2e, threshold: 0.25}}]\n")
+    res = _run(["slo", "rules", "--config", str(cfg), "-o", ""])
+    _one_line_error(res, "-o: empty; give the rules file to write, or leave -o out for stdout")
+    assert res.stdout == ""
+
+
 def test_check_config_applies_the_environment_as_run_does(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("tick_interval: 1\n")
@@ -317,3 +330,13 @@ def test_bench_ui_out_below_a_file_is_refused_before_the_work(tmp_path):
     afile.write_text("kept")
     _one_line_error(_run(["bench", "ui", "--history", "60", "--out", str(afile / "sub")]),
                     f"bench ui: --out: {afile} is a file; give a directory for the screenshots")
+
+
+def test_an_output_error_without_a_file_name_is_one_plain_line(tmp_path):
+    """stdout on a full disk printed "sits-observe: error: : No space left on device"."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("slos: [{name: s, objective: 0.99, latency: {stage: e2e, threshold: 0.25}}]\n")
+    with open("/dev/full", "w") as full:
+        res = subprocess.run(CLI + ["slo", "rules", "--config", str(cfg)], stdout=full, stderr=subprocess.PIPE,
+                             text=True, timeout=120)
+    assert res.returncode == 1 and res.stderr == "sits-observe: error: No space left on device\n"

@@ -1,5 +1,8 @@
 """Config: defaults, every error with its path, environment precedence, secrets never echoed."""
 
+import os
+import subprocess
+
 import pytest
 
 from sits_observe.config import DEFAULT_LISTEN, load, parse
@@ -144,3 +147,48 @@ def test_no_command_argument_is_echoed_whatever_its_type():
         parse({"scheduler": {"actuator": "command", "command": {"argv": ["/bin/true", "--pin", 987654321]}}}, env={})
     assert "scheduler.command.argv[2]: Input should be a valid string" in str(err.value)
     assert "987654321" not in str(err.value)
+
+
+def test_a_state_dir_that_cannot_be_made_is_refused_by_the_check(tmp_path):
+    """check-config said ok to a state_dir under a file, which `run` then refused at start."""
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ConfigError, match=r"state_dir: '.*/afile/state' cannot be created: '.*/afile' is a file; "
+                                          "name a directory"):
+        parse({"state_dir": str(tmp_path / "afile" / "state")}, env={})
+    assert parse({"state_dir": str(tmp_path / "afile" / "state")}, env={}, this_host=False)  # rules made elsewhere
+    assert parse({"state_dir": str(tmp_path / "new" / "state")}, env={}).state_dir == str(tmp_path / "new" / "state")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a read-only tmpfs (root)")
+def test_a_state_dir_on_a_read_only_mount_is_refused_by_the_check(tmp_path):
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro", "tmpfs", str(tmp_path)], check=True)
+    try:
+        for state in (tmp_path, tmp_path / "sits"):
+            with pytest.raises(ConfigError, match=f"state_dir: '{state}' is on a read-only file system"):
+                parse({"state_dir": str(state)}, env={})
+    finally:
+        subprocess.run(["umount", str(tmp_path)], check=True)
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    # the ticks' times could not tell 1e-300 s from 0: every tick failed, with no data, at full CPU
+    ("tick_interval: 1.0e-300\n", "tick_interval: Input should be greater than or equal to 0.001, got 1e-300"),
+    # one sample, then shown as current for ever
+    ("gpu: {sample_interval: .inf}\n", "gpu.sample_interval: Input should be less than or equal to 60, got inf"),
+])
+def test_intervals_the_daemon_cannot_run_on_are_refused(tmp_path, text, needle):
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load(f, env={})
+    assert str(err.value) == f"{f}: {needle}"
+
+
+def test_a_simulated_fabric_of_many_hosts_is_refused_by_its_name():
+    """fabric-99999x8 was refused only after its 800 000 GPUs' link matrices were built: 11 GB and minutes for a
+    typo in `check-config`, `demo --topology` or `rca dataset --topology`; `slo rules` (another host) let it pass."""
+    for this_host in (False, True):  # (the old code built the matrices at True: run False first)
+        with pytest.raises(ConfigError, match="sim.topology: the simulator models one host and fabric-99999x8 spans "
+                                              "several; choose one of nvswitch-8, pcie-8"):
+            parse({"sim": {"topology": "fabric-99999x8"}}, env={}, this_host=this_host)
+    assert parse({"sim": {"topology": "fabric-1x8"}}, env={}).sim.topology == "fabric-1x8"  # one host, as before
