@@ -56,6 +56,12 @@ def url_origin(url: str) -> str | None:
     return f"{parts.scheme}://{host}" + ("/<hidden>" if rest else "")
 
 
+# a strict section's refusals of what a lax one converts: say how to write it (configs that loaded before shards
+# were strict gave "Input should be a valid integer, got 80000000000.0" and nothing more)
+_STRICT = {"int_type": " (written as a plain integer: no quotes, no fraction or exponent, e.g. 80000000000)",
+           "float_type": " (written as a number, without quotes)", "bool_type": " (written as true or false)"}
+
+
 def format_errors(exc: ValidationError, source: str, origins: Mapping[str, str] | None = None) -> list[str]:
     """One line per problem: ``FILE: path: message, got value`` (secrets are never echoed); a top-level field in
     ``origins`` (field -> environment variable) names the variable instead of the file."""
@@ -80,6 +86,8 @@ def format_errors(exc: ValidationError, source: str, origins: Mapping[str, str] 
             msg, got = "must be a mapping of settings (key: value)", f", got {type(value).__name__}"
         if err["type"] == "extra_forbidden":
             msg, got = "unknown field (check the spelling against docs/config.md)", ""
+        if err["type"] in _STRICT and isinstance(value, (str, float)):  # a strict section (scheduler shards)
+            got += _STRICT[err["type"]]
         origin = (origins or {}).get(loc[0]) if loc else None
         lines.append(f"{origin or source}: {path}: {msg}{got}")
     return lines

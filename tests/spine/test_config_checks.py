@@ -265,3 +265,16 @@ def test_a_config_shard_on_a_numa_node_the_simulated_host_lacks_is_refused_at_lo
         load(str(cfg), env={})
     cfg.write_text(cfg.read_text().replace("numa_node: 7", "numa_node: 1"))
     assert load(str(cfg), env={}).scheduler.shards[0].numa_node == 1
+
+
+@pytest.mark.parametrize("field, value, hint", [
+    ("memory_per_gpu", "8.0e+10", "written as a plain integer: no quotes, no fraction or exponent"),
+    ("gpus", '"2"', "written as a plain integer"),
+    ("comm_intensity", '"0.5"', "written as a number, without quotes"),
+])
+def test_a_shard_value_a_lax_section_would_convert_says_how_to_write_it(tmp_path, field, value, hint):
+    """Shards became strict: a config that loaded before failed with 'Input should be a valid integer' alone."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"scheduler:\n  shards:\n    - {{id: s1, {field}: {value}}}\n")
+    with pytest.raises(ConfigError, match=rf"^{cfg}: scheduler.shards\[0\].{field}: .*, got .* \({hint}"):
+        load(str(cfg), env={})
