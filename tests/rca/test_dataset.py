@@ -80,7 +80,8 @@ def test_margin_leaves_out_transitions_and_mostly_missing_windows(synth: Callabl
 
 
 @pytest.mark.parametrize("metrics,labels,needle", [
-    ("timestamp,entity,a\n1,x,1\n2,x,oops\n", "entity,start,end,cause\n", "line 3: column 'a': not a finite number, got 'oops'"),
+    ("timestamp,entity,a\n1,x,1\n2,x,oops\n", "entity,start,end,cause\n",
+     "line 3: column 'a': not a finite number, got 'oops'"),
     ("time,entity,a\n1,x,1\n", "entity,start,end,cause\n", "header must be timestamp,entity"),
     ("timestamp,entity,a\n1,x,1\n2,x,2\n", "entity,start,end,cause\nx,5,3,hot\n", "line 2: start must be before end"),
     ("timestamp,entity,a\n1,x,1\n2,x,2\n", "entity,start,cause\n", "missing column(s) end"),

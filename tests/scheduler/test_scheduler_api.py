@@ -187,7 +187,8 @@ def test_bad_registrations_and_reshards(api: tuple[FlaskClient, Scheduler]) -> N
     refused(client, sched, "/api/v1/reshard", {"reason": "x"}, 400, 'body must be {"shard": "<id>"')
     refused(client, sched, "/api/v1/shards", {"id": "x", "gpus": 2, "placement": [1, 1, 2]}, 400,
             "placement: must list 2 distinct GPU indices")
-    for bad in ("0", "", "\u00b2", "9" * 5000):  # a superscript two is a digit to isdigit, not to int(); int() caps digits
+    # a superscript two is a digit to isdigit, not to int(); int() caps digits
+    for bad in ("0", "", "\u00b2", "9" * 5000):
         r = client.get(f"/api/v1/decisions?limit={bad}")
         want = f"limit: must be an integer from 1 to 10000, got {bad[:40]!r}"
         assert r.status_code == 400 and want in r.get_json()["error"]

@@ -116,7 +116,8 @@ def test_a_command_given_as_one_string_is_refused_without_echoing_its_arguments(
 
 def test_a_token_no_bearer_header_can_carry_is_refused():
     """api_token "pässwörd" was accepted and could never authenticate: every POST got a 401."""
-    with pytest.raises(ConfigError, match="api_token: Value error, must be printable ASCII|api_token: must be printable"):
+    with pytest.raises(ConfigError,
+                       match="api_token: Value error, must be printable ASCII|api_token: must be printable"):
         parse({"api_token": "pässwörd"}, env={})
     assert parse({"api_token": "s3cr3t-T0ken_!~"}, env={}).api_token is not None
 
