@@ -203,6 +203,8 @@ class RcaModel:
         hint = "retrain with `sits-observe rca train` or restore models/rca-lstm.pt"
         if p.is_dir():
             raise ModelError(f"{p}: is a directory, not a model file; {hint}")
+        if p.exists() and not p.is_file():  # a FIFO would hang the read, a device give its bytes
+            raise ModelError(f"{p}: not a regular file (a device, FIFO or socket); name the model file; {hint}")
         if not p.is_file():
             raise ModelError(f"{p}: no such model file; {hint}")
         try:

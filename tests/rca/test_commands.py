@@ -41,6 +41,7 @@ def data_fixture(tmp_path: Path, synth: Callable[..., Dataset]) -> Path:
 @pytest.mark.parametrize(("make", "needle"), [
     (lambda p: None, "no such model file"),
     (lambda p: p.mkdir(), "is a directory, not a model file"),
+    (lambda p: os.mkfifo(p), "not a regular file (a device, FIFO or socket)"),  # it said: no such model file
     (lambda p: p.write_bytes(b""), "truncated, corrupt"),
     (lambda p: p.write_bytes(b"PK\x03\x04 half a zip"), "truncated, corrupt"),
 ])
