@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 from ..config import Config, load
-from ..errors import ProbeError
+from ..errors import ConfigError, ProbeError
 from . import specs
 from .features import environment_problem, raw_syscalls_supported, tracepoint_exists
 from .uprobes import find_symbols
@@ -31,6 +31,8 @@ def register(sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.print_bpf and args.json:  # it printed the C and ignored --json
+        raise ConfigError("--json: goes with --list; --print-bpf prints C source")
     cfg = load(args.config)
     if args.print_bpf:
         print(print_bpf(cfg, args.print_bpf), end="")

@@ -38,6 +38,15 @@ def test_print_bpf_unknown_name_is_a_usage_error(capsys: pytest.CaptureFixture) 
     assert "invalid choice: 'gpu'" in capsys.readouterr().err
 
 
+def test_print_bpf_with_json_is_a_usage_error(capsys: pytest.CaptureFixture) -> None:
+    from sits_observe.cli import main
+
+    assert main(["probes", "--print-bpf", "syscalls", "--json"]) == 2  # it printed the C, --json ignored
+    err = capsys.readouterr()
+    assert err.out == ""
+    assert err.err.strip() == "sits-observe: error: --json: goes with --list; --print-bpf prints C source"
+
+
 def test_list_says_what_would_attach_and_why_not(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     cfg = tmp_path / "c.yaml"
     cfg.write_text("workloads: [{name: w, comm: sits-t-none}]\nprobes: {runq: {enabled: false}}\n")
