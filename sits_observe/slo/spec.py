@@ -216,8 +216,15 @@ class SloSpec(Section):
 _SPEC_LIST = TypeAdapter(list[SloSpec])
 
 
+MAX_SLOS = 1000  # each keeps about 100 KB of windows and is evaluated every tick (100: 0.65 ms a tick)
+
+
 def _with_buckets(value: Any, _handler: Any, info: ValidationInfo) -> list[SloSpec]:
-    """Validate the list with ``store.buckets`` in context (latency thresholds) and unique names."""
+    """Validate the list with ``store.buckets`` in context (latency thresholds) and unique names; at most
+    :data:`MAX_SLOS` (a generated config of 16,000 passed, for 1.6 GB of windows and a tick of 100 ms)."""
+    if isinstance(value, list) and len(value) > MAX_SLOS:
+        raise ValueError(f"{len(value)} SLOs, more than {MAX_SLOS} (each keeps about 100 KB of windows and is "
+                         "evaluated every tick); split them over daemons or drop some")
     store = info.data.get("store") if info.data else None
     context = {"buckets": list(store.buckets)} if store is not None else None
     slos = _SPEC_LIST.validate_python(value, context=context)

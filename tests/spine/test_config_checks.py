@@ -273,3 +273,14 @@ def test_a_shard_value_a_lax_section_would_convert_says_how_to_write_it(tmp_path
     cfg.write_text(f"scheduler:\n  shards:\n    - {{id: s1, {field}: {value}}}\n")
     with pytest.raises(ConfigError, match=rf"^{cfg}: scheduler.shards\[0\].{field}: .*, got .* \({hint}"):
         load(str(cfg), env={})
+
+
+def test_more_slos_than_a_daemon_evaluates_is_refused_at_load(tmp_path):
+    """16,000 SLOs passed check-config (1.6 GB of windows, a tick of about 100 ms)."""
+    slo = "{{name: s{i}, objective: 0.99, window: 28d, ratio: {{good: good_total, total: requests_total}}}}"
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("slos:\n" + "".join(f"  - {slo.format(i=i)}\n" for i in range(1001)))
+    with pytest.raises(ConfigError, match=rf"^{cfg}: slos: 1001 SLOs, more than 1000 \(each keeps about 100 KB"):
+        load(str(cfg), env={})
+    cfg.write_text("slos:\n" + "".join(f"  - {slo.format(i=i)}\n" for i in range(1000)))
+    assert len(load(str(cfg), env={}).slos) == 1000
