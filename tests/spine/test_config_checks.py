@@ -276,7 +276,7 @@ def test_a_shard_value_a_lax_section_would_convert_says_how_to_write_it(tmp_path
 
 
 def test_more_slos_than_a_daemon_evaluates_is_refused_at_load(tmp_path):
-    """16,000 SLOs passed check-config (1.6 GB of windows, a tick of about 100 ms)."""
+    """16,000 SLOs passed check-config: by `bench slo` (100 KB and 0.0065 ms a tick per SLO), 1.6 GB and 100 ms."""
     slo = "{{name: s{i}, objective: 0.99, window: 28d, ratio: {{good: good_total, total: requests_total}}}}"
     cfg = tmp_path / "c.yaml"
     cfg.write_text("slos:\n" + "".join(f"  - {slo.format(i=i)}\n" for i in range(1001)))
