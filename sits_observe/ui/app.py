@@ -133,6 +133,8 @@ def _status(ctx: UiContext) -> list[Any]:
     down = _sources_down(ctx)
     if down:
         items.append(html.Span(down, className="item warn"))
+    if gpus := parts.gpu_trouble(ctx):
+        items.append(html.Span(gpus, className="item bad"))
     ctx.verdicts.refresh(ctx)  # every open page polls the classifier, so the causes timeline misses none
     v = ctx.verdicts.latest()
     if v:

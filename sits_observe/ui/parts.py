@@ -8,6 +8,8 @@ methods, which also back the REST API.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -70,3 +72,25 @@ def decisions(ctx: UiContext, limit: int) -> list[dict[str, Any]]:
     """Newest first."""
     sched = ctx.part("scheduler")
     return [] if sched is None else _records(sched.decisions_state(limit), "decisions")
+
+
+XID_WINDOW_S = 300.0  # the status line names GPUs with XID errors in the last 5 minutes
+
+
+def gpu_trouble(ctx: UiContext) -> str:
+    """``GPU 3 lost · GPU 5: 2 XID errors in 5 min``: the GPUs the status line names, or ``""``.  A lost GPU (no
+    answer to its last sample) only went blank on the pages, and an XID error showed nowhere."""
+    store = ctx.store
+    with store.reading():  # the GPUs of the latest tick and the window's columns are the same GPUs
+        latest = store.gpu_latest()
+        if latest is None:
+            return ""
+        xid = store.gpu_window("xid_errors_total", max(1, int(XID_WINDOW_S / ctx.tick_interval)))
+    said = [f"GPU {g.index} lost" for g, ok in zip(latest.info, latest.healthy) if not ok]
+    seen = ~np.isnan(xid)
+    for c, g in enumerate(latest.info):
+        if seen[:, c].any():
+            new = int(np.nanmax(xid[:, c]) - np.nanmin(xid[:, c]))  # a counter: what it grew by in the window
+            if new > 0:
+                said.append(f"GPU {g.index}: {new} XID error{'s' if new != 1 else ''} in {XID_WINDOW_S / 60:.0f} min")
+    return " · ".join(said)

@@ -253,3 +253,36 @@ def test_the_status_lines_likely_cause_says_how_old_it_is(ts: float | None, said
     from sits_observe.ui.app import likely_cause
 
     assert likely_cause({"cause": "scheduler_stall", "confidence": 0.93, "ts": ts}, 1000.0) == said
+
+
+class TroubledGpus:
+    """GPUs 0, 1 and 3: GPU 1's XID count grows by 2, GPU 3 stops answering at ``lose``."""
+
+    name = "nvml"
+
+    def __init__(self) -> None:
+        self.tick, self.lose = 0, 4
+
+    def collect(self, frame: Any) -> None:
+        self.tick += 1
+        info = tuple(GpuInfo(i, f"GPU-{i}", "H100", f"00000000:{i:02X}:00.0") for i in (0, 1, 3))
+        values = np.full((3, len(GPU_FIELDS)), np.nan)
+        values[:, GPU_FIELD_INDEX["xid_errors_total"]] = (5.0, 1.0 + 2 * (self.tick >= 3), 0.0)
+        healthy = np.array([True, True, self.tick < self.lose])
+        if not healthy[2]:
+            values[2] = np.nan  # a lost GPU gives no values
+        frame.gpu = GpuFrame(info, values, healthy)
+
+
+def test_the_status_line_names_a_lost_gpu_and_new_xid_errors(bare: Daemon) -> None:
+    """A GPU off the bus only went blank on the pages, and an XID error showed nowhere in the UI."""
+    src = TroubledGpus()
+    bare.sources.append(src)
+    said = []
+    for _ in range(5):
+        bare.tick()
+        said.append([x.children for x in _status(UiContext(bare)) if x.className == "item bad"
+                     and str(x.children).startswith("GPU")])
+    assert said[0] == [] and said[1] == []  # an old XID count (GPU 0's 5) is no news
+    assert said[2] == ["GPU 1: 2 XID errors in 5 min"]
+    assert said[4] == ["GPU 3 lost · GPU 1: 2 XID errors in 5 min"]
