@@ -1,6 +1,7 @@
 # Two commands do all the set-up on a fresh Debian 12 machine (as root for the eBPF parts):
 #   make demo   system packages, .venv, the package, then `sits-observe demo`
 #   make test   the same set-up (plus test tools), then the whole test suite
+#   make help   these and the other targets
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
@@ -8,7 +9,9 @@ PYTHON ?= python3
 DEMO_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: demo test system-demo system-test venv bench clean
+.PHONY: help demo test system-demo system-test venv bench clean
+# one step at a time, also under `make -j` or MAKEFLAGS=-jN: the venv needs python3-venv, which system-* installs
+.NOTPARALLEL:
 
 demo: system-demo venv
 	$(VENV)/bin/sits-observe demo $(DEMO_ARGS)
@@ -40,4 +43,11 @@ bench: venv
 	$(VENV)/bin/sits-observe bench pipeline --json
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build dist *.egg-info
+
+help:
+	@echo "make demo     system packages (as root), .venv, the package, then sits-observe demo (DEMO_ARGS=...)"
+	@echo "make test     the same set-up plus test tools, then the whole test suite (PYTEST_ARGS=...)"
+	@echo "make venv     only .venv: torch==2.13.0 first, the package (editable) with its test extras, bcc linked in"
+	@echo "make bench    sits-observe bench pipeline --json"
+	@echo "make clean    remove .venv, build/, dist/ and *.egg-info"

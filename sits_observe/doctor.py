@@ -55,8 +55,8 @@ def _kernel() -> Check:
 
 def _btf() -> Check:
     ok = Path("/sys/kernel/btf/vmlinux").exists()
-    return Check("btf", ok, "/sys/kernel/btf/vmlinux" if ok else "missing", "use a kernel built with CONFIG_DEBUG_INFO_BTF=y",
-                 needed_for_ebpf=False)
+    return Check("btf", ok, "/sys/kernel/btf/vmlinux" if ok else "missing",
+                 "use a kernel built with CONFIG_DEBUG_INFO_BTF=y", needed_for_ebpf=False)
 
 
 def _tracefs() -> Check:
@@ -92,6 +92,32 @@ def _bcc() -> Check:
     return Check("bcc", True, "importable")
 
 
+def _probe_sources() -> Check:
+    """The probes' C: in the checkout's bpf/, or sits_observe/bpf in an installed wheel (a copy without it loads
+    no probe, which only the daemon's log said, one probe at a time)."""
+    from .probes.specs import BPF_DIR, SPECS
+
+    fix = "reinstall sits-observe (its wheel carries the C as sits_observe/bpf) or restore bpf/ in the checkout"
+    todo = sorted({spec.path.name for spec in SPECS.values()})
+    seen: set[str] = set()
+    missing: list[str] = []
+    try:
+        while todo:  # each program, then the local files it includes, theirs too
+            name = todo.pop(0)
+            if name in seen:
+                continue
+            seen.add(name)
+            if not (BPF_DIR / name).is_file():
+                missing.append(name)
+                continue
+            todo += re.findall(r'^#include "([^"]+)"', (BPF_DIR / name).read_text(), re.M)
+    except OSError as exc:
+        return Check("probe C", False, f"{BPF_DIR}: {exc.strerror or exc}", fix)
+    if missing:
+        return Check("probe C", False, f"{BPF_DIR}: missing {', '.join(missing)}", fix)
+    return Check("probe C", True, str(BPF_DIR))
+
+
 def _nvml() -> Check:
     try:
         from .collectors.nvml import nvml_status
@@ -115,7 +141,7 @@ def _library(name: str, soname: str) -> Callable[[], Check]:
 
 
 CHECKS: tuple[Callable[[], Check], ...] = (
-    _privileges, _kernel, _btf, _tracefs, _headers, _bcc, _nvml,
+    _privileges, _kernel, _btf, _tracefs, _headers, _bcc, _probe_sources, _nvml,
     _library("cuda", "libcuda.so.1"), _library("nccl", "libnccl.so.2"),
 )
 

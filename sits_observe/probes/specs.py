@@ -1,7 +1,8 @@
 """What each probe loads: its BPF program, its stages and tracepoints, and the ``-D`` flags for it.
 
-The C lives in ``bpf/`` at the repository root (``<program>.bpf.c`` beside ``<program>.h``); it is
-compiled by bcc from its absolute path and specialised only through ``cflags``.
+The C lives in ``bpf/`` at the repository root (``<program>.bpf.c`` beside ``<program>.h``; an installed wheel
+carries it as ``sits_observe/bpf``); it is compiled by bcc from its absolute path and specialised only through
+``cflags``.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ from typing import Literal
 
 from .. import histogram
 from ..frame import STAGES
+from ..shipped import shipped
 from .config import ProbesConfig
 
 __all__ = ["BPF_DIR", "Feature", "ProbeSpec", "SPECS", "TracepointPlan", "plan_tracepoints", "wanted", "cflags",
            "source_files", "main_text", "render_source"]
 
-BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
+BPF_DIR = shipped("bpf")
 # sched_switch prev_state: runnable when no bit below TASK_REPORT_MAX (0x100 since Linux 4.14) is set.
 RUNQ_STATE_MASK = 0xFF
 CALL_STALE_NS = 600 * 10**9

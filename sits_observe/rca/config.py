@@ -7,12 +7,14 @@ from pathlib import Path
 from pydantic import Field, field_validator
 
 from ..section import Section
+from ..shipped import shipped
 from .floors import check_floors
 
 __all__ = ["HEALTHY_MIN_CONFIDENCE", "MAX_WIDTH", "MIN_CONFIDENCE", "SHIPPED_MODEL", "RcaConfig"]
 
-# The model shipped in the repository (``models/rca-lstm.pt``), used when ``rca.model`` is not set.
-SHIPPED_MODEL = Path(__file__).resolve().parents[2] / "models" / "rca-lstm.pt"
+# The model shipped in the repository (``models/rca-lstm.pt``; an installed wheel carries it as
+# ``sits_observe/models/rca-lstm.pt``), used when ``rca.model`` is not set.
+SHIPPED_MODEL = shipped("models") / "rca-lstm.pt"
 # The default operating point (models/README.md, "Operating point"): a fault cause is named from 0.91, the
 # lowest floor (0.01 steps from 0.5) at which the shipped model keeps macro-F1 >= 0.90 and calls at most
 # 1 % of healthy windows faulty on both development OOD sets; a healthy verdict from 0.6.
