@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from ..argtypes import POSITIVE_INT
+from ..argtypes import int_at_least
 from ..errors import ConfigError
 from ..frame import GPU_FIELD_INDEX, Frame
 from ..topology import preset
@@ -47,12 +47,16 @@ _UNMAPPED = ("DCGM_FI_DEV_MEMORY_TEMP", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--samples", type=POSITIVE_INT, default=200, help="NVML samples of the 8-GPU fake host to time")
-    p.add_argument("--processes", type=POSITIVE_INT, default=4, help="compute processes per GPU on the fake host")
-    p.add_argument("--dcgm-gpus", type=POSITIVE_INT, default=64)
-    p.add_argument("--pages", type=POSITIVE_INT, default=30, help="dcgm-exporter pages to time")
-    p.add_argument("--host-cpus", type=POSITIVE_INT, default=256, help="CPUs of the written large host (8 NUMA nodes)")
-    p.add_argument("--host-ticks", type=POSITIVE_INT, default=500, help="host-source ticks to time")
+    p.add_argument("--samples", type=int_at_least(1, 100_000), default=200,
+                   help="NVML samples of the 8-GPU fake host to time, 1-100000")
+    p.add_argument("--processes", type=int_at_least(1, 64), default=4,
+                   help="compute processes per GPU on the fake host, 1-64")
+    p.add_argument("--dcgm-gpus", type=int_at_least(1, 1024), default=64, help="GPUs on the dcgm-exporter page, 1-1024")
+    p.add_argument("--pages", type=int_at_least(1, 10_000), default=30, help="dcgm-exporter pages to time, 1-10000")
+    p.add_argument("--host-cpus", type=int_at_least(1, 4096), default=256,
+                   help="CPUs of the written large host (8 NUMA nodes), 1-4096")
+    p.add_argument("--host-ticks", type=int_at_least(1, 100_000), default=500,
+                   help="host-source ticks to time, 1-100000")
 
 
 def _load_fake() -> Any:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
 
-from ..argtypes import NON_NEGATIVE_INT, POSITIVE_FLOAT, POSITIVE_INT
+from ..argtypes import NON_NEGATIVE_INT, float_in, int_at_least
 from ..clock import WallClock
 from ..config import parse
 from ..daemon import Daemon
@@ -29,12 +29,14 @@ EXTRA_STAGES = ("ttft", "tpot", "network")  # 14 vocabulary stages + 3 = 17, as 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--gpus", type=POSITIVE_INT, nargs="+", default=[8, 64])
-    p.add_argument("--workloads", type=POSITIVE_INT, default=8)
-    p.add_argument("--events-per-second", type=POSITIVE_FLOAT, default=None,
-                   help="latency events per tick over all series (default: the demo's rate, measured on the simulator)")
-    p.add_argument("--ticks", type=POSITIVE_INT, default=200)
-    p.add_argument("--scrapes", type=POSITIVE_INT, default=20)
+    # upper bounds: memory and run time grow with each (the store's ring takes about 0.75 MB a GPU)
+    p.add_argument("--gpus", type=int_at_least(1, 1024), nargs="+", default=[8, 64], help="GPUs per host run, 1-1024")
+    p.add_argument("--workloads", type=int_at_least(1, 64), default=8, help="workloads per stage, 1-64")
+    p.add_argument("--events-per-second", type=float_in(0, 1e6, low_open=True), default=None,
+                   help="latency events per tick over all series, at most 1e6 (default: the demo's rate, measured on "
+                        "the simulator)")
+    p.add_argument("--ticks", type=int_at_least(1, 100_000), default=200, help="ticks timed, 1-100000")
+    p.add_argument("--scrapes", type=int_at_least(1, 10_000), default=20, help="scrapes timed, 1-10000")
     p.add_argument("--seed", type=NON_NEGATIVE_INT, default=1)
 
 

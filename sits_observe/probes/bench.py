@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ..argtypes import POSITIVE_INT
+from ..argtypes import int_at_least
 from ..config import parse
 from ..errors import ProbeError
 from ..frame import STAGES, BucketLayout, Frame
@@ -42,11 +42,14 @@ TARGETS = {"tracepoint_added_ns_max": 100, "uprobe_to_empty_max": 1.3, "perf_to_
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--writes", type=POSITIVE_INT, default=100_000, help="write(2)s per tracepoint round")
-    parser.add_argument("--calls", type=POSITIVE_INT, default=20_000, help="library calls per uprobe round")
-    parser.add_argument("--rounds", type=POSITIVE_INT, default=9, help="rounds per figure (the best one counts)")
-    parser.add_argument("--octaves", type=POSITIVE_INT, default=4,
-                        help="full powers of two (16 kernel buckets each) per series in the drain bench")
+    parser.add_argument("--writes", type=int_at_least(1, 10_000_000), default=100_000,
+                        help="write(2)s per tracepoint round, 1-10000000")
+    parser.add_argument("--calls", type=int_at_least(1, 10_000_000), default=20_000,
+                        help="library calls per uprobe round, 1-10000000")
+    parser.add_argument("--rounds", type=int_at_least(1, 100), default=9,
+                        help="rounds per figure (the best one counts), 1-100")
+    parser.add_argument("--octaves", type=int_at_least(1, 32), default=4,
+                        help="full powers of two (16 kernel buckets each) per series in the drain bench, 1-32")
     parser.add_argument("--syscalls-attach", choices=("tracepoint", "raw_tracepoint"), default="tracepoint",
                         help="probes.syscalls.attach for the tracepoint figures (default: the config's default)")
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..argtypes import POSITIVE_INT, THREADS
+from ..argtypes import THREADS, int_at_least
 from . import dataset
 from .baselines import ThresholdBaseline, TreeBaseline, summaries
 from .evaluate import fit_windows
@@ -37,8 +37,8 @@ TARGETS = {"train_seconds": 600.0, "inference_ms": 5.0, "model_bytes": 5 * 2**20
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", help="training dataset directory (default: generate the shipped model's)")
     p.add_argument("--quick", action="store_true", help="2 x 0.5 h generated data, 2 epochs (smoke run)")
-    p.add_argument("--epochs", type=POSITIVE_INT, help="override the training epochs")
-    p.add_argument("--samples", type=POSITIVE_INT, default=300, help="windows timed one by one")
+    p.add_argument("--epochs", type=int_at_least(1, 1000), help="override the training epochs, 1-1000")
+    p.add_argument("--samples", type=int_at_least(1, 100_000), default=300, help="windows timed one by one, 1-100000")
     p.add_argument("--threads", type=THREADS, default=2, help="CPU threads for training and inference, 1-64")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import signal
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,7 +21,8 @@ from .floors import Floors, parse_floors
 
 __all__ = ["register"]
 
-MAX_HOURS = 168.0  # rca dataset --hours, per entity: memory and run time grow with hours x entities
+MAX_HOURS = 168.0  # rca dataset --hours, per entity: memory grows with hours (~1 GB at 168 h; entities are
+# written one at a time), run time with hours x entities
 MIN_HOURS = 0.001  # 3.6 ticks of 1 s: under 2 no window, and no step, could be made
 
 
@@ -104,6 +106,21 @@ def _named_by_user() -> Iterator[None]:
         yield
     except ModelError as exc:
         raise ConfigError(str(exc)) from exc
+
+
+@contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    """SIGTERM exits with 128 + 15 (as the daemon's second one) by raising where the work is, so that cleanup
+    runs as it does for Ctrl-C: the trace copies in /tmp and the dataset's NAME.tmp files are removed (its
+    default action ended the process at once and left them)."""
+    def stop(signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:  # None: a handler not set from Python, which cannot be put back
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def register(sub: Any) -> None:
@@ -191,7 +208,8 @@ def _dataset(args: argparse.Namespace) -> int:
     opts = GenOptions(seed=args.seed, hours=args.hours, topology=args.topology, trace=args.trace,
                       severity=args.severity, entities=args.entities, rates=args.rates, bursty=args.bursty,
                       vary=args.vary)
-    summary = generate(args.out, opts)
+    with _sigterm_unwinds():
+        summary = generate(args.out, opts)
     print(json.dumps(summary, sort_keys=True))
     return 0
 

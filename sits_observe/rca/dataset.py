@@ -36,6 +36,7 @@ __all__ = [
     "Entity",
     "Label",
     "Windows",
+    "Writer",
     "read",
     "write",
 ]
@@ -250,42 +251,72 @@ def read(directory: str | Path) -> Dataset:
     return Dataset(features, step, entities, labels, str(d))
 
 
-def write(directory: str | Path, dataset: Dataset, extra: Mapping[str, str] | None = None) -> None:
-    """Write ``metrics.csv`` (empty cells for NaN; all-NaN steps omitted), ``labels.csv`` and the text files of
-    ``extra`` (name -> text).  Each goes to ``NAME.tmp`` first and all are renamed into place together, so a full
-    disk or an interrupt leaves what the directory held (``rca dataset --force``) whole: never a half-written
-    metrics.csv beside the labels of another dataset, which a later ``rca train`` would read as complete."""
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    frames = []
-    for ent in dataset.entities:
+class Writer:
+    """Write a dataset one entity at a time, so that only the entity in hand is held in memory::
+
+        with Writer(directory, features, step) as out:
+            for entity in ...:
+                out.add(entity)
+            out.commit(labels, extra)
+
+    ``metrics.csv`` (empty cells for NaN; all-NaN steps omitted), ``labels.csv`` and the text files of ``extra``
+    (name -> text) each go to ``NAME.tmp`` first and :meth:`commit` renames all into place together; leaving the
+    ``with`` block without it (an error, a full disk, an interrupt) removes them.  So what the directory held
+    (``rca dataset --force``) stays whole: never a half-written metrics.csv beside the labels of another dataset,
+    which a later ``rca train`` would read as complete."""
+
+    def __init__(self, directory: str | Path, features: Sequence[str], step: float) -> None:
+        self.dir = Path(directory)
+        self.features = list(features)
+        self.step = step
+        self._tmps: list[tuple[Path, Path]] = []
+
+    def __enter__(self) -> Writer:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._put(METRICS, pd.DataFrame(columns=["timestamp", "entity", *self.features]).to_csv, index=False)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for tmp, _ in self._tmps:
+            with suppress(OSError):
+                tmp.unlink(missing_ok=True)
+
+    def _put(self, name: str, put: Callable[..., object], **kwargs: object) -> None:
+        """``put(NAME.tmp, **kwargs)``; NAME.tmp is renamed by :meth:`commit` or removed, an OSError names NAME."""
+        tmp = self.dir / (name + ".tmp")
+        if (tmp, self.dir / name) not in self._tmps:
+            self._tmps.append((tmp, self.dir / name))
+        try:
+            put(tmp, **kwargs)
+        except OSError as exc:  # pandas' has no file name: "No space left on device" alone
+            raise OSError(exc.errno, exc.strerror, str(self.dir / name)) from exc
+
+    def add(self, ent: Entity) -> None:
+        """Append ``ent``'s observed steps to metrics.csv."""
         keep = ~np.isnan(ent.values).all(axis=1)
-        df = pd.DataFrame(ent.values[keep].astype(np.float64), columns=list(dataset.features))
+        df = pd.DataFrame(ent.values[keep].astype(np.float64), columns=self.features)
         df.insert(0, "entity", ent.name)
-        df.insert(0, "timestamp", [f"{t:.3f}" for t in ent.times(dataset.step)[keep]])
-        frames.append(df)
-    out = pd.concat(frames) if frames else pd.DataFrame(columns=["timestamp", "entity", *dataset.features])
-    labels = pd.DataFrame([(lab.entity, f"{lab.start:.3f}", f"{lab.end:.3f}", lab.cause) for lab in dataset.labels],
-                          columns=["entity", "start", "end", "cause"])
-    writers: list[tuple[str, Callable[[Path], object]]] = [
-        (METRICS, lambda f: out.to_csv(f, index=False, float_format="%.6g", na_rep="")),
-        (LABELS, lambda f: labels.to_csv(f, index=False)),
-        *((name, lambda f, text=text: f.write_text(text)) for name, text in (extra or {}).items())]
-    tmps: list[tuple[Path, Path]] = []
-    try:
-        for name, put in writers:
-            tmps.append((d / (name + ".tmp"), d / name))
-            try:
-                put(tmps[-1][0])
-            except OSError as exc:  # pandas' has no file name: "No space left on device" alone
-                raise OSError(exc.errno, exc.strerror, str(d / name)) from exc
+        df.insert(0, "timestamp", [f"{t:.3f}" for t in ent.times(self.step)[keep]])
+        self._put(METRICS, df.to_csv, mode="a", header=False, index=False, float_format="%.6g", na_rep="")
+
+    def commit(self, labels: Sequence[Label], extra: Mapping[str, str] | None = None) -> None:
+        """Write labels.csv and ``extra``, then rename every file into place, all or none."""
+        rows = pd.DataFrame([(lab.entity, f"{lab.start:.3f}", f"{lab.end:.3f}", lab.cause) for lab in labels],
+                            columns=["entity", "start", "end", "cause"])
+        self._put(LABELS, rows.to_csv, index=False)
+        for name, text in (extra or {}).items():
+            self._put(name, Path.write_text, data=text)
         held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})  # all renamed, or none
         try:
-            for tmp, final in tmps:
+            for tmp, final in self._tmps:
                 tmp.replace(final)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, held)
-    finally:
-        for tmp, _ in tmps:
-            with suppress(OSError):
-                tmp.unlink(missing_ok=True)
+
+
+def write(directory: str | Path, dataset: Dataset, extra: Mapping[str, str] | None = None) -> None:
+    """Write ``dataset`` and the text files of ``extra`` to ``directory``, all or none (:class:`Writer`)."""
+    with Writer(directory, dataset.features, dataset.step) as out:
+        for ent in dataset.entities:
+            out.add(ent)
+        out.commit(dataset.labels, extra)

@@ -173,10 +173,14 @@ def simulate(seed: int, opts: GenOptions, name: str, rate: float = 1.0, trace_pa
 
 
 def generate(out: str | Path, opts: GenOptions) -> dict[str, Any]:
-    """Simulate ``opts.entities`` hosts, write the dataset to ``out`` and return a summary."""
+    """Simulate ``opts.entities`` hosts, write the dataset to ``out`` and return a summary.  Each entity's rows
+    are written as it finishes (:class:`~.dataset.Writer`), so memory is that of one entity whatever their number."""
     t0 = time.perf_counter()
-    ents, labels, hosts = [], [], {}
-    with tempfile.TemporaryDirectory(prefix="sits-rca-trace-") as tmp:
+    labels: list[Label] = []
+    hosts: dict[str, dict[str, Any]] = {}
+    steps = 0
+    with (tempfile.TemporaryDirectory(prefix="sits-rca-trace-") as tmp,
+          dataset.Writer(out, FEATURES, opts.interval) as w):
         for k in range(opts.entities):
             seed = opts.seed * 100 + k
             rate = opts.rates[k % len(opts.rates)]
@@ -185,16 +189,17 @@ def generate(out: str | Path, opts: GenOptions) -> dict[str, Any]:
                     if opts.bursty or opts.vary else None)
             name = f"{opts.topology}-{opts.trace}-s{seed}"
             ent, labs = simulate(seed, opts, name, rate, path, var)
-            ents.append(ent)
+            w.add(ent)
+            steps += len(ent.values)
             labels += labs
             if opts.vary:
                 hosts[name] = {**asdict(var), "prompt_scale": round(prompt, 3), "output_scale": round(output, 3)}
-    ds = Dataset(FEATURES, opts.interval, ents, labels, str(out))
-    summary = {
-        "out": str(out), "options": asdict(opts), "steps": int(sum(len(e.values) for e in ents)),
-        "features": len(FEATURES), "buckets": list(StoreConfig().snapped()),  # the layout its quantiles come from
-        "labels": {c: sum(1 for lab in labels if lab.cause == c) for c in ds.classes()[1:]},
-        "seconds": round(time.perf_counter() - t0, 1), **({"hosts": hosts} if hosts else {}),
-    }
-    dataset.write(out, ds, {"generated.json": json.dumps(summary, indent=2, sort_keys=True) + "\n"})  # one set
+        summary = {
+            "out": str(out), "options": asdict(opts), "steps": steps,
+            "features": len(FEATURES), "buckets": list(StoreConfig().snapped()),  # the layout its quantiles come from
+            "labels": {c: sum(1 for lab in labels if lab.cause == c)
+                       for c in Dataset(FEATURES, opts.interval, [], labels).classes()[1:]},
+            "seconds": round(time.perf_counter() - t0, 1), **({"hosts": hosts} if hosts else {}),
+        }
+        w.commit(labels, {"generated.json": json.dumps(summary, indent=2, sort_keys=True) + "\n"})  # one set
     return summary

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..argtypes import NON_NEGATIVE_INT, POSITIVE_INT
+from ..argtypes import NON_NEGATIVE_INT, int_at_least
 from ..errors import ConfigError
 from ..topology import preset
 from .config import STRATEGIES
@@ -28,11 +28,12 @@ TARGET_P99_MS = {64: 10.0, 1024: 100.0}
 
 
 def add_arguments_scheduler(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--gpus", type=POSITIVE_INT, nargs="+", default=[8, 64, 1024], help="multiples of 8")
-    p.add_argument("--shards", type=POSITIVE_INT, default=100)
+    p.add_argument("--gpus", type=int_at_least(1, 4096), nargs="+", default=[8, 64, 1024],
+                   help="fabric sizes, multiples of 8 up to 4096")
+    p.add_argument("--shards", type=int_at_least(1, 10_000), default=100, help="shards placed per size, 1-10000")
     p.add_argument("--strategy", default="topology-aware", choices=sorted(STRATEGIES))
-    p.add_argument("--exact-cap", type=POSITIVE_INT, default=700_000,
-                   help="largest candidate count searched exhaustively")
+    p.add_argument("--exact-cap", type=int_at_least(1, 100_000_000), default=700_000,
+                   help="largest candidate count searched exhaustively, 1-100000000")
     p.add_argument("--seed", type=NON_NEGATIVE_INT, default=1)
 
 

@@ -28,7 +28,7 @@ import numpy as np
 from ..alerting.config import AlertingConfig
 from ..alerting.dispatch import Dispatcher
 from ..alerting.formats import Alert, render
-from ..argtypes import POSITIVE_INT, float_in
+from ..argtypes import float_in, int_at_least
 from ..config import Config, parse
 from ..frame import STAGES, BucketLayout, Frame
 from .evaluate import SloEngine
@@ -41,14 +41,18 @@ WORKLOADS = ("chat", "code", "batch", "embed")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--slos", type=POSITIVE_INT, default=100, help="SLOs evaluated per tick (default 100)")
-    parser.add_argument("--ticks", type=POSITIVE_INT, default=600, help="ticks measured (default 600)")
+    # upper bounds: the baseline's ring grows with SLOs x history (1000 SLOs x 24 h: 1.5 GB peak)
+    parser.add_argument("--slos", type=int_at_least(1, 1000), default=100,
+                        help="SLOs evaluated per tick, 1-1000 (default 100)")
+    parser.add_argument("--ticks", type=int_at_least(1, 100_000), default=600,
+                        help="ticks measured, 1-100000 (default 600)")
     # under 1 s of history the baseline divided by zero
-    parser.add_argument("--baseline-history", type=float_in(0.01), default=6.0,
-                        help="hours of raw history for the baseline (at least 0.01)")
-    parser.add_argument("--baseline-ticks", type=POSITIVE_INT, default=30,
-                        help="ticks measured for the (slow) baseline")
-    parser.add_argument("--deliveries", type=POSITIVE_INT, default=2000, help="alerts delivered per outbox run")
+    parser.add_argument("--baseline-history", type=float_in(0.01, 24.0), default=6.0,
+                        help="hours of raw history for the baseline, 0.01-24")
+    parser.add_argument("--baseline-ticks", type=int_at_least(1, 10_000), default=30,
+                        help="ticks measured for the (slow) baseline, 1-10000")
+    parser.add_argument("--deliveries", type=int_at_least(1, 100_000), default=2000,
+                        help="alerts delivered per outbox run, 1-100000")
 
 
 def _config(n: int, state_dir: str) -> Config:

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from ..argtypes import POSITIVE_INT, float_in, int_at_least
+from ..argtypes import float_in, int_at_least
 from ..config import parse
 from ..errors import ConfigError
 from ..export.http import Server, create_app
@@ -40,7 +40,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topology", default="nvswitch-8", help="simulated topology (default nvswitch-8: 8 GPUs)")
     p.add_argument("--history", type=int_at_least(60, 86400), default=3600,
                    help="ticks of history filled before measuring (1 h; 60-86400, as store.history)")
-    p.add_argument("--updates", type=POSITIVE_INT, default=5, help="live updates measured per page and variant")
+    p.add_argument("--updates", type=int_at_least(1, 1000), default=5,
+                   help="live updates measured per page and variant, 1-1000")
     p.add_argument("--interval", type=float_in(0.5, 300.0), default=1.0,
                    help="ui.update_interval for the run, seconds (0.5-300, as ui.update_interval)")
     p.add_argument("--out", type=Path, help="directory for screenshots (default: a temporary directory)")

@@ -284,3 +284,27 @@ def test_dataset_topology_of_several_hosts_is_refused_naming_the_flag(tmp_path: 
         main(["rca", "dataset", "--out", str(tmp_path / "ds"), "--hours", "0.01", "--topology", "fabric-2x8"])
     assert stop.value.code == 2 and ("argument --topology: the simulator models one host and fabric-2x8 spans "
                                      "several") in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--bursty", "--vary"])
+def test_sigterm_during_dataset_removes_its_temporary_files(tmp_path: Path, flag: str) -> None:
+    """SIGTERM's default action ended the process at once: the trace copies stayed in /tmp (sits-rca-trace-*)
+    and metrics.csv.tmp in --out. Now it unwinds like Ctrl-C and exits 128 + 15."""
+    import signal
+    import sys
+    import time
+
+    scratch, out = tmp_path / "tmp", tmp_path / "out"
+    scratch.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "sits_observe", "rca", "dataset", "--out", str(out), flag,
+                             "--hours", "2"], env={**os.environ, "TMPDIR": str(scratch)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120  # a guard against a hang, not a measure: the copy comes within seconds
+    while not list(scratch.glob("sits-rca-trace-*/*.csv")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "Traceback" not in err
+    assert list(scratch.iterdir()) == []
+    assert not out.exists() or list(out.iterdir()) == []

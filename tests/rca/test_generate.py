@@ -83,3 +83,26 @@ def test_vary_draws_session_routing_and_short_answers_on_a_share_of_hosts() -> N
     affine = np.mean([var.affinity > 0 for var, _, _ in draws])
     short = np.mean([output < 1 / 3 for _, _, output in draws])
     assert 0.4 < affine < 0.6 and 0.25 < short < 0.42  # half route by session, a third answer briefly
+
+
+def test_generate_writes_each_entity_before_simulating_the_next(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """All entities were held in memory (then copied as float64) until the end: memory grew with entities x hours.
+    Now each entity's rows are in metrics.csv.tmp before the next is simulated, and the set is renamed at the end."""
+    from sits_observe.rca import generate as gen
+
+    out, seen = tmp_path / "ds", []
+
+    def fake(seed: int, opts: gen.GenOptions, name: str, *_: object) -> tuple[dataset.Entity, list[dataset.Label]]:
+        tmp = out / "metrics.csv.tmp"
+        seen.append(sorted({line.split(",")[1] for line in tmp.read_text().splitlines()[1:]}) if tmp.exists() else None)
+        values = np.full((3, len(FEATURES)), float(seed), np.float32)
+        return dataset.Entity(name, gen.T0 + 1, values), [dataset.Label(name, gen.T0 + 1, gen.T0 + 2, "x")]
+
+    monkeypatch.setattr(gen, "simulate", fake)
+    summary = gen.generate(out, gen.GenOptions(entities=3))
+    names = [f"nvswitch-8-conv-s{100 + k}" for k in range(3)]
+    assert seen == [[], names[:1], names[:2]]
+    ds = dataset.read(out)
+    assert [e.name for e in ds.entities] == names and summary["steps"] == 9 and summary["labels"] == {"x": 3}
+    assert sorted(p.name for p in out.iterdir()) == ["generated.json", "labels.csv", "metrics.csv"]

@@ -4,12 +4,13 @@ the value, exit 2, no traceback, and no work started."""
 from __future__ import annotations
 
 import argparse
+import importlib
 from pathlib import Path
 
 import pytest
 
 from sits_observe.argtypes import FRACTION, NON_NEGATIVE_INT, POSITIVE_FLOAT, float_in
-from sits_observe.cli import main
+from sits_observe.cli import BENCHES, main
 
 SEEDS = [["demo"], ["rca", "dataset", "--out", "{tmp}/ds"], ["rca", "train", "--dataset", "{tmp}"], ["bench", "loop"],
          ["bench", "scheduler"], ["bench", "pipeline"]]
@@ -28,6 +29,23 @@ BENCH_COUNTS = [
     ["ui", "--history", "86401"], ["ui", "--updates", "0"], ["ui", "--interval", "0"], ["ui", "--interval", "0.1"],
     ["loop", "--objective", "2"], ["loop", "--objective", "1"], ["loop", "--cooldown", "-5"],
     ["loop", "--cooldown", "inf"], ["loop", "--threshold", "nan"],
+]
+# past these a run needed tens of GB (pipeline --gpus 100000: a MemoryError, then it ran on) or hung (slo --slos 1e7)
+BENCH_SIZES = [
+    ["pipeline", "--gpus", "100000", "1024"], ["pipeline", "--workloads", "65", "64"],
+    ["pipeline", "--events-per-second", "1e7", "1e+06"], ["pipeline", "--ticks", "100001", "100000"],
+    ["pipeline", "--scrapes", "10001", "10000"],
+    ["slo", "--slos", "10000000", "1000"], ["slo", "--ticks", "100001", "100000"],
+    ["slo", "--baseline-history", "25", "24"], ["slo", "--baseline-ticks", "10001", "10000"],
+    ["slo", "--deliveries", "100001", "100000"],
+    ["collectors", "--samples", "100001", "100000"], ["collectors", "--processes", "65", "64"],
+    ["collectors", "--dcgm-gpus", "1025", "1024"], ["collectors", "--pages", "10001", "10000"],
+    ["collectors", "--host-cpus", "4097", "4096"], ["collectors", "--host-ticks", "100001", "100000"],
+    ["probes", "--writes", "10000001", "10000000"], ["probes", "--calls", "10000001", "10000000"],
+    ["probes", "--rounds", "101", "100"], ["probes", "--octaves", "33", "32"],
+    ["rca", "--epochs", "1001", "1000"], ["rca", "--samples", "100001", "100000"],
+    ["scheduler", "--gpus", "4104", "4096"], ["scheduler", "--shards", "10001", "10000"],
+    ["scheduler", "--exact-cap", "100000001", "100000000"], ["ui", "--updates", "1001", "1000"],
 ]
 RCA = [
     # under 2 ticks a ValueError traceback ("need at least one array to concatenate")
@@ -87,6 +105,17 @@ def test_bench_flags_out_of_range_are_usage_errors(argv: list[str], tmp_path: Pa
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     line = _refused(["bench", *argv], tmp_path, capsys)
     assert line.startswith(f"sits-observe bench {argv[0]}: error: argument {argv[1]}: must be") and argv[2] in line
+
+
+@pytest.mark.parametrize("argv", BENCH_SIZES, ids=" ".join)
+def test_bench_sizes_have_an_upper_bound(argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    bench, flag, value, high = argv
+    module, func = BENCHES[bench]
+    monkeypatch.setattr(importlib.import_module(module), func, lambda _args: {})  # a bound missed: no run, exit 0
+    line = _refused(["bench", bench, flag, value], tmp_path, capsys)
+    assert line.startswith(f"sits-observe bench {bench}: error: argument {flag}: must be") and value in line
+    assert high in line
 
 
 @pytest.mark.parametrize("argv", RCA, ids=" ".join)
