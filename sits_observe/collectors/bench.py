@@ -129,7 +129,8 @@ time.sleep(600)
 
 def _replicas(args: argparse.Namespace) -> dict[str, Any]:
     fake = _load_fake()(preset("nvswitch-8"))
-    servers = [subprocess.Popen([sys.executable, "-c", SERVING_PROCESS], stdout=subprocess.PIPE, text=True) for _ in range(3)]
+    servers = [subprocess.Popen([sys.executable, "-c", SERVING_PROCESS], stdout=subprocess.PIPE, text=True)
+               for _ in range(3)]
     clock = [0.0]
     try:
         board = ReplicaBoard(clock=lambda: clock[0])
@@ -163,7 +164,8 @@ def _replicas(args: argparse.Namespace) -> dict[str, Any]:
             proc.kill()
             proc.wait()
     return {"replicas": len(servers), "gpus_of_replicas": 6, "gpus_with_work": with_work,
-            "tick_ms_with_join": _ms(ours), "baseline_tick_ms_without_join": _ms(base), "overhead_ms_per_tick": round(_ms(ours) - _ms(base), 4),
+            "tick_ms_with_join": _ms(ours), "baseline_tick_ms_without_join": _ms(base),
+            "overhead_ms_per_tick": round(_ms(ours) - _ms(base), 4),
             "refresh_round_ms": _ms(rounds), "refresh_every_s": board.refresh}
 
 
@@ -174,7 +176,8 @@ def dcgm_page(gpus: int) -> str:
     for name in names:
         lines += [f"# HELP {name} {name.removeprefix('DCGM_FI_').lower().replace('_', ' ')}.", f"# TYPE {name} gauge"]
         for g in range(gpus):
-            lines.append(f'{name}{{gpu="{g}",UUID="GPU-5d1e9c7a-0b2c-4d3e-8f40-{g:012x}",pci_bus_id="00000000:{g + 16:02X}:00.0",'
+            lines.append(f'{name}{{gpu="{g}",UUID="GPU-5d1e9c7a-0b2c-4d3e-8f40-{g:012x}",'
+                         f'pci_bus_id="00000000:{g + 16:02X}:00.0",'
                          f'device="nvidia{g}",modelName="NVIDIA H100 80GB HBM3",Hostname="gpu-host-01",'
                          f'DCGM_FI_DRIVER_VERSION="550.90.07"}} {(g * 37 + len(name)) % 100}')
     return "\n".join(lines) + "\n"

@@ -36,9 +36,9 @@ from ..sim.trace import Trace
 from ..sim.variation import NOMINAL, HostVariation
 from ..store.series import SeriesStore
 from ..topology import preset
-from . import dataset
 from .dataset import Dataset, Entity, Label
 from .features import FEATURES
+from .writer import Writer
 
 __all__ = ["SHIPPED_TRAIN", "GenOptions", "draw_variation", "generate", "simulated_host", "simulate"]
 
@@ -174,13 +174,13 @@ def simulate(seed: int, opts: GenOptions, name: str, rate: float = 1.0, trace_pa
 
 def generate(out: str | Path, opts: GenOptions) -> dict[str, Any]:
     """Simulate ``opts.entities`` hosts, write the dataset to ``out`` and return a summary.  Each entity's rows
-    are written as it finishes (:class:`~.dataset.Writer`), so memory is that of one entity whatever their number."""
+    are written as it finishes (:class:`~.writer.Writer`), so memory is that of one entity whatever their number."""
     t0 = time.perf_counter()
     labels: list[Label] = []
     hosts: dict[str, dict[str, Any]] = {}
     steps = 0
     with (tempfile.TemporaryDirectory(prefix="sits-rca-trace-") as tmp,
-          dataset.Writer(out, FEATURES, opts.interval) as w):
+          Writer(out, FEATURES, opts.interval) as w):
         for k in range(opts.entities):
             seed = opts.seed * 100 + k
             rate = opts.rates[k % len(opts.rates)]

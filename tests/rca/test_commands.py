@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sits_observe.cli import main
-from sits_observe.rca import dataset
+from sits_observe.rca import dataset, writer
 from sits_observe.rca.dataset import Dataset
 from sits_observe.rca.model import RcaModel
 
@@ -34,7 +34,7 @@ def _usage_error(argv: list[str], capsys: pytest.CaptureFixture[str], *needles: 
 @pytest.fixture(name="data")
 def data_fixture(tmp_path: Path, synth: Callable[..., Dataset]) -> Path:
     d = tmp_path / "data"
-    dataset.write(d, synth(steps=1200))
+    writer.write(d, synth(steps=1200))
     return d
 
 
@@ -58,7 +58,7 @@ def test_eval_on_a_dataset_without_the_models_features_is_a_usage_error(
     model = tmp_path / "m.pt"
     tiny_model.save(model)
     short = tmp_path / "short"
-    dataset.write(short, synth(steps=300, features=tiny_model.features[:3]))
+    writer.write(short, synth(steps=300, features=tiny_model.features[:3]))
     _usage_error(["rca", "eval", "--model", str(model), "--dataset", str(short)], capsys,
                  f"{short} lacks 1 of the model's 4 features: stage.e2e.p99")
 
@@ -173,7 +173,7 @@ def test_eval_with_a_train_set_the_baselines_cannot_fit_on_is_a_usage_error(
     model = tmp_path / "m.pt"
     tiny_model.save(model)
     train = tmp_path / "train"
-    dataset.write(train, synth(steps=1200 if labels else 8))
+    writer.write(train, synth(steps=1200 if labels else 8))
     if labels:
         (train / "labels.csv").write_text(labels)
     _usage_error(["rca", "eval", "--model", str(model), "--dataset", str(data), "--train", str(train)], capsys,
@@ -190,7 +190,7 @@ def test_eval_on_data_of_another_tick_step_is_a_usage_error(tmp_path: Path, tiny
     tiny_model.save(model)
     ds = synth(steps=1200)
     ten = tmp_path / "ten"
-    dataset.write(ten, replace(ds, step=10.0, labels=[replace(lab, start=lab.start * 10, end=lab.end * 10)
+    writer.write(ten, replace(ds, step=10.0, labels=[replace(lab, start=lab.start * 10, end=lab.end * 10)
                                                       for lab in ds.labels]))
     assert dataset.read(ten).step == 10.0
     _usage_error(["rca", "eval", "--model", str(model), "--dataset", str(ten)], capsys,

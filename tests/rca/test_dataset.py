@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from sits_observe.errors import ConfigError
-from sits_observe.rca import dataset
+from sits_observe.rca import dataset, writer
 from sits_observe.rca.dataset import Dataset
 from sits_observe.rca.steps import fill_forward
 
@@ -19,7 +19,7 @@ def test_round_trip_keeps_values_gaps_and_labels(tmp_path: Path, synth: Callable
     ent = ds.entities[0]
     ent.values[10, 1] = np.nan  # an empty cell
     ent.values[20] = np.nan  # a whole missing step
-    dataset.write(tmp_path, ds)
+    writer.write(tmp_path, ds)
     back = dataset.read(tmp_path)
     assert back.features == ds.features and back.step == ds.step
     assert [e.name for e in back.entities] == [e.name for e in ds.entities]

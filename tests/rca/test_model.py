@@ -32,7 +32,8 @@ def test_learns_far_above_chance_and_beats_nothing_but_itself(tiny_model: RcaMod
         healthy = system["per_class"]["healthy"]["support"]
         assert split["after_fault_windows"] + split["steady_windows"] == healthy
         assert 0 < split["after_fault_windows"] < healthy
-        whole = (split["after_fault"] * split["after_fault_windows"] + split["steady"] * split["steady_windows"]) / healthy
+        whole = (split["after_fault"] * split["after_fault_windows"]
+                 + split["steady"] * split["steady_windows"]) / healthy
         assert whole == pytest.approx(system["healthy_fp_rate"], abs=2e-4)
     val = tiny_model.metrics["validation"]
     assert val["macro_f1"] > 0.8 and 0.25 <= tiny_model.temperature <= 10
@@ -207,7 +208,8 @@ def test_the_head_reads_window_statistics_beside_the_lstms(tiny_model: RcaModel)
         assert not torch.allclose(before, net(x))
 
 
-def test_windows_lacking_an_optional_group_are_scored_by_the_fallback(tmp_path: Path, untrained: Callable[..., RcaModel]) -> None:
+def test_windows_lacking_an_optional_group_are_scored_by_the_fallback(
+        tmp_path: Path, untrained: Callable[..., RcaModel]) -> None:
     import torch
 
     features = ("stage.e2e.p99", "gpu.backlog_utilization_ratio.min", "gpu.backlog_utilization_ratio.mean",
@@ -255,7 +257,8 @@ def test_relative_only_features_are_never_seen_as_levels(tmp_path: Path, untrain
     back = RcaModel.load(path)
     assert back.relative_only == ("gpu.sm_clock_hertz.mean",)
     np.testing.assert_allclose(back.proba(raw, base), model.proba(raw, base), rtol=1e-6)
-    assert not np.allclose(model._own_proba(raw, base), dataclasses.replace(model, relative_only=())._own_proba(raw, base))
+    assert not np.allclose(model._own_proba(raw, base),
+                           dataclasses.replace(model, relative_only=())._own_proba(raw, base))
 
 
 def test_an_explanation_scores_every_variant_with_the_network_the_window_went_to(
