@@ -8,7 +8,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..config import DEFAULT_BUCKETS
+from ..store.config import DEFAULT_BUCKETS
 from ..histogram import snap_edges
 from .model import RcaModel
 

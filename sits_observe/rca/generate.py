@@ -26,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from ..config import SimConfig, StoreConfig
+from ..config import SimConfig
+from ..store.config import StoreConfig
 from ..frame import BucketLayout, Frame
 from ..sim.faults import CAUSES, LOAD_SURGE, FaultSpec, Scenario
 from ..sim.gpu import spec_for

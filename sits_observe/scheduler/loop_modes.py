@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from ..config import DEFAULT_BUCKETS, SimConfig, StoreConfig
+from ..config import SimConfig
+from ..store.config import DEFAULT_BUCKETS, StoreConfig
 from ..errors import ConfigError, ModelError, SchedulerError
 from ..frame import GPU_FIELD_INDEX, BucketLayout, Frame
 from ..histogram import snap_edges

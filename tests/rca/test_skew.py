@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from sits_observe.clock import SimClock
-from sits_observe.config import DEFAULT_BUCKETS, parse
+from sits_observe.config import parse
+from sits_observe.store.config import DEFAULT_BUCKETS
 from sits_observe.daemon import Daemon
 from sits_observe.frame import GPU_FIELD_INDEX, Frame
 from sits_observe.rca import dataset

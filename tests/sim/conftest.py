@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sits_observe.config import DEFAULT_BUCKETS
+from sits_observe.store.config import DEFAULT_BUCKETS
 from sits_observe.frame import BucketLayout
 from sits_observe.histogram import snap_edges
 

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sits_observe.config import DEFAULT_BUCKETS, Config, parse
+from sits_observe.config import Config, parse
+from sits_observe.store.config import DEFAULT_BUCKETS
 from sits_observe.frame import BucketLayout, Frame
 from sits_observe.histogram import snap_edges
 from sits_observe.slo.rules import counter_metric, le_label

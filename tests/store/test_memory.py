@@ -7,7 +7,7 @@ import textwrap
 FILL = textwrap.dedent("""
     import resource, sys
     import numpy as np
-    from sits_observe.config import StoreConfig
+    from sits_observe.store.config import StoreConfig
     from sits_observe.frame import BucketLayout, Frame
     from sits_observe.store import SeriesStore
 
