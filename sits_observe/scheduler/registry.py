@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import ConfigError, SchedulerError
 from ..topology import Topology
+from .bodies import clip
 from .config import SchedulerConfig, ShardSpec
 from .decide import Decider
 from .placement import Result
@@ -50,6 +51,17 @@ def _check_room(spec: ShardSpec, views: dict[str, ShardView], cfg: SchedulerConf
                              "raise scheduler.max_shards")
 
 
+MAX_TEXT_CHARS = 256  # a registration's free text (model, workload, tenant), at most
+
+
+def _check_text(spec: ShardSpec) -> None:
+    """Refuse a registration's free text past :data:`MAX_TEXT_CHARS`: it is kept and repeated in every shard list,
+    plan and span (a 900 kB ``model`` was taken).  Not a field limit: shards stored before it still load."""
+    for name in ("model", "workload", "tenant"):
+        if len(text := getattr(spec, name)) > MAX_TEXT_CHARS:
+            raise ConfigError(f"shard {spec.id}: {name}: at most {MAX_TEXT_CHARS} characters, got {clip(text)}")
+
+
 def register(decider: Decider, spec: ShardSpec, origin: str) -> dict[str, Any]:
     """Place ``spec`` (or adopt its ``placement``), then store it; refused -> unchanged.  Only the API's
     registrations are held to ``max_shards``: the config's are counted at load, the simulator's are few."""
@@ -58,6 +70,7 @@ def register(decider: Decider, spec: ShardSpec, origin: str) -> dict[str, Any]:
         raise SchedulerError(f"shard {spec.id}: already registered; re-shard it instead")
     if origin == "api":
         _check_room(spec, views, decider.cfg)
+        _check_text(spec)
     if spec.placement is None and (why := seen.gpus_unknown()):  # as a re-shard: the target could be full
         raise SchedulerError(f"shard {spec.id}: cannot place: {why}; try again when it reports, or give "
                              "the placement it runs on")

@@ -504,7 +504,10 @@ def test_a_huge_bad_value_is_named_and_cut_short_in_the_400(api: tuple[FlaskClie
             ("/api/v1/shards", {"id": "a", huge: 1}, "shard: xxxxxxxx"),
             ("/api/v1/placements/1/ack", {"step": "stage", "ok": True, "reason": huge}, "ack: reason: String should"),
             ("/api/v1/reshard", {"shard": "tp2", "reason": [1] * 100_000}, "reshard: reason: must be a non-empty"),
-            ("/api/v1/reshard", {"shard": huge, "reason": "x"}, "reshard: shard: a shard id has at most 63")):
+            ("/api/v1/reshard", {"shard": huge, "reason": "x"}, "reshard: shard: a shard id has at most 63"),
+            # a valid string, kept and repeated in every shard list, plan and span: it was taken
+            ("/api/v1/shards", {"id": "a", "model": huge}, "shard a: model: at most 256 characters"),
+            ("/api/v1/shards", {"id": "a", "tenant": huge}, "shard a: tenant: at most 256 characters")):
         refused(client, sched, url, body, 400, field)
         error = client.post(url, json=body, headers=AUTH).get_json()["error"]
         assert len(error) < 300 and " characters)" in error, error[:300]
