@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from pathlib import Path
 from typing import Protocol
+
+from .files import replace_whole
 
 __all__ = ["Clock", "SIM_CLOCK_FILE", "SimClock", "WallClock"]
 
@@ -85,10 +86,8 @@ class SimClock:
         if self._keep is None:
             return
         self._saved_at = time.monotonic()
-        tmp = self._keep.with_name(self._keep.name + ".tmp")
         try:
-            tmp.write_text(f"{self._ts!r}\n")
-            os.replace(tmp, self._keep)
+            replace_whole(self._keep, lambda tmp: tmp.write_text(f"{self._ts!r}\n"))
         except OSError as exc:
             if not self._failing:
                 log.warning("cannot keep the simulated clock in %s (%s); the next start begins from the time last "

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ import torch
 from torch import nn
 
 from ..errors import ModelError
+from ..files import replace_whole
 from .encoding import Normalizer, encode
 from .features import OPTIONAL_FEATURES, optional_columns
 from .floors import Floors
@@ -166,14 +166,7 @@ class RcaModel:
         blob = self._blob()
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(p.name + ".tmp")
-        try:
-            torch.save(blob, tmp)
-            tmp.replace(p)
-        except BaseException:  # a full disk, an interrupt: leave no half-written file behind
-            with suppress(OSError):
-                tmp.unlink(missing_ok=True)
-            raise
+        replace_whole(p, lambda tmp: torch.save(blob, tmp))  # a full disk, an interrupt: no half-written file
 
     def _blob(self) -> dict[str, Any]:
         meta = {

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from ..config import SimConfig
 from ..errors import ConfigError
-from ..topology import PRESETS, Topology, preset
+from ..topology import PRESETS, Topology, one_host, preset
 from .faults import Scenario
 from .shards import default_placement
 from .trace import Trace
@@ -40,15 +40,16 @@ def check_inputs(cfg: SimConfig, shards: Sequence[ShardSpec] = ()) -> None:
 
 
 def host_topology(name: str) -> Topology:
-    """The preset topology ``name``; ConfigError where there is none or it spans several hosts."""
+    """The preset topology ``name``; ConfigError where there is none or it spans several hosts (refused by its name,
+    before a fabric's link matrices are built)."""
     try:
-        topology = preset(name)
-    except ConfigError:  # its list offers fabric-Nx8 as well, which spans several hosts (refused below)
+        one_host(name)
+    except ValueError as exc:
+        raise ConfigError(f"sim.topology: {exc}") from None
+    try:
+        return preset(name)
+    except ConfigError:  # its list offers fabric-Nx8 as well, which spans several hosts
         raise ConfigError(f"sim.topology: unknown topology {name!r}; choose one of {', '.join(PRESETS)}") from None
-    if len({g.node for g in topology.gpus}) > 1:
-        raise ConfigError(f"sim.topology: the simulator models one host and {name} spans several; "
-                          f"choose one of {', '.join(PRESETS)}")
-    return topology
 
 
 def check_scenario(scenario: Scenario, topology: Topology, source: str) -> None:

@@ -6,12 +6,12 @@ import argparse
 import os
 import shutil
 import sys
-from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
 from ..config import load
 from ..errors import ConfigError
+from ..files import replace_whole
 from .rules import dump_rules
 
 __all__ = ["register"]
@@ -53,12 +53,10 @@ def _write(path: Path, text: str) -> None:
     if target.exists() and not target.is_file():
         target.write_text(text)
         return
-    tmp = target.with_name(target.name + ".tmp")
-    try:
+
+    def write(tmp: Path) -> None:
         tmp.write_text(text)
         if target.exists():
             shutil.copymode(target, tmp)
-        tmp.replace(target)
-    finally:
-        with suppress(OSError):
-            tmp.unlink(missing_ok=True)
+
+    replace_whole(target, write)
