@@ -22,7 +22,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from .alerting.config import AlertingConfig, check_unique
 from .collectors.config import ServerConfig, check_url
 from .errors import ConfigError
-from .probes.config import ProbesConfig, WorkloadConfig
+from .probes.config import MAX_WORKLOADS, ProbesConfig, WorkloadConfig
 from .rca.config import RcaConfig
 from .scheduler.config import OtlpConfig, SchedulerConfig
 from .section import Section
@@ -181,6 +181,14 @@ class Config(Section):
         except ValueError as exc:
             raise ValidationError.from_exception_data("sim", [InitErrorDetails(
                 type=PydanticCustomError("one_host", str(exc)), loc=("topology",), input=v.topology)]) from None
+        return v
+
+    @field_validator("workloads", mode="before")
+    @classmethod
+    def _few_workloads(cls, v: Any) -> Any:
+        if isinstance(v, list) and len(v) > MAX_WORKLOADS:
+            raise ValueError(f"{len(v)} workloads, more than {MAX_WORKLOADS} (every process on the host is matched "
+                             "against each at every scan); group processes by comm, exe or cgroup instead")
         return v
 
     @field_validator("workloads")

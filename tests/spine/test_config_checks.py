@@ -284,3 +284,13 @@ def test_more_slos_than_a_daemon_evaluates_is_refused_at_load(tmp_path):
         load(str(cfg), env={})
     cfg.write_text("slos:\n" + "".join(f"  - {slo.format(i=i)}\n" for i in range(1000)))
     assert len(load(str(cfg), env={}).slos) == 1000
+
+
+def test_more_workloads_than_a_scan_matches_cheaply_is_refused_at_load(tmp_path):
+    """Every process is matched against each group at every /proc scan; 10,000 groups were taken."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("workloads:\n" + "".join(f"  - {{name: w{i}, comm: w{i}}}\n" for i in range(257)))
+    with pytest.raises(ConfigError, match=rf"^{cfg}: workloads: 257 workloads, more than 256 \(every process"):
+        load(str(cfg), env={})
+    cfg.write_text("workloads:\n" + "".join(f"  - {{name: w{i}, comm: w{i}}}\n" for i in range(256)))
+    assert len(load(str(cfg), env={}).workloads) == 256
