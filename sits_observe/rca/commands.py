@@ -6,7 +6,6 @@ import argparse
 import json
 import math
 import signal
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -14,88 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from ..argtypes import FRACTION, NON_NEGATIVE_INT, POSITIVE_INT, PROBABILITY, THREADS, float_in, int_at_least
-from ..topology import one_host
 from ..errors import ConfigError, ModelError
+from .args import MAX_HOURS, MIN_HOURS, check_out, hidden_pair, host_topology, name_list, rate_list, severity_range
 from .config import HEALTHY_MIN_CONFIDENCE, MAX_WIDTH, MIN_CONFIDENCE, SHIPPED_MODEL
 from .floors import Floors, parse_floors
 
 __all__ = ["register"]
-
-MAX_HOURS = 168.0  # rca dataset --hours, per entity: memory grows with hours (~1 GB at 168 h; entities are
-# written one at a time), run time with hours x entities
-MIN_HOURS = 0.001  # 3.6 ticks of 1 s: under 2 no window, and no step, could be made
-
-
-def _pair(text: str) -> tuple[int, int]:
-    try:
-        a, b = (int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected two integers like 64,32, got {text!r}") from None
-    if not (1 <= a <= MAX_WIDTH and 1 <= b <= MAX_WIDTH):  # what a model file may hold: larger failed to load
-        raise argparse.ArgumentTypeError(f"must be two sizes of 1 to {MAX_WIDTH}, got {text!r}")
-    return a, b
-
-
-def _names(text: str) -> tuple[str, ...]:
-    """``a,b,c`` -> ("a", "b", "c"); "" -> ()."""
-    return tuple(n.strip() for n in text.split(",") if n.strip())
-
-
-def _range(text: str) -> tuple[float, float]:
-    try:
-        lo, hi = (float(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected LOW,HIGH like 0.5,1.0, got {text!r}") from None
-    if not 0 < lo <= hi <= 1:  # a fault's severity is a share of its full strength
-        raise argparse.ArgumentTypeError(f"need 0 < LOW <= HIGH <= 1, got {text!r}")
-    return lo, hi
-
-
-def _rates(text: str) -> tuple[float, ...]:
-    try:
-        out = tuple(float(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected multipliers like 0.6,1.0,1.4, got {text!r}") from None
-    if not all(0 < r <= 100 for r in out):
-        raise argparse.ArgumentTypeError(f"multipliers must be in (0, 100], got {text!r}")
-    return out
-
-
-def _one_host(text: str) -> str:
-    try:
-        return one_host(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _check_out(path: Path, *, directory: bool, force: bool, dataset: Path | None = None) -> None:
-    """Refuse an output path that cannot be written before any long work starts: a directory where a file
-    is wanted or the reverse, a parent that is a file, a directory we may not write in; what is stored there
-    already unless ``force`` (a model daemons load, a dataset: both were replaced without a word); a model file
-    inside ``dataset`` (its own metrics.csv was replaced by the model it was training)."""
-    if dataset is not None and path.resolve().is_relative_to(dataset.resolve()):
-        raise ConfigError(f"--out: {path} is inside the dataset {dataset}; write the model elsewhere")
-    stored = any((path / n).exists() for n in ("metrics.csv", "labels.csv")) if directory else path.is_file()
-    if stored and not force:
-        what = "a file" if not directory else "a dataset"
-        raise ConfigError(f"--out: {path} holds {what} already; give another path, or --force to replace it")
-    if path.is_dir() and not directory:
-        raise ConfigError(f"--out: {path} is a directory; give a file path such as {path / SHIPPED_MODEL.name}")
-    if path.exists() and not path.is_dir() and directory:
-        raise ConfigError(f"--out: {path} is a file; give a directory (it is created if missing)")
-    if path.exists() and not path.is_dir() and not path.is_file():  # the model was renamed over it: /dev/null too
-        raise ConfigError(f"--out: {path} is not a regular file (a device, FIFO or socket); give a file path such "
-                          f"as {SHIPPED_MODEL.name}")
-    parent = path if path.is_dir() else path.parent
-    while not parent.exists():  # missing directories are created: the first existing one must take them
-        parent = parent.parent
-    if not parent.is_dir():
-        raise ConfigError(f"--out: {parent} is not a directory; choose an --out path inside a directory")
-    try:  # a file made there, not os.access: root may write anywhere by its answer, /proc included
-        with tempfile.TemporaryFile(dir=parent):
-            pass
-    except OSError as exc:
-        raise ConfigError(f"--out: cannot write in {parent} ({exc.strerror}); choose another --out path") from None
 
 
 @contextmanager
@@ -133,11 +56,11 @@ def register(sub: Any) -> None:
     d.add_argument("--force", action="store_true", help="replace a dataset already in --out")
     d.add_argument("--hours", type=float_in(MIN_HOURS, MAX_HOURS), default=2.0,
                    help=f"simulated hours per entity (at most {MAX_HOURS:g}; add --entities for more data)")
-    d.add_argument("--topology", type=_one_host, default="nvswitch-8", help="nvswitch-8 or pcie-8")
+    d.add_argument("--topology", type=host_topology, default="nvswitch-8", help="nvswitch-8 or pcie-8")
     d.add_argument("--trace", choices=("conv", "code"), default="conv", help="Azure LLM trace to replay")
-    d.add_argument("--severity", type=_range, default=(0.5, 1.0), help="fault severity range LOW,HIGH, within (0, 1]")
+    d.add_argument("--severity", type=severity_range, default=(0.5, 1.0), help="fault severity range LOW,HIGH, within (0, 1]")
     d.add_argument("--entities", type=POSITIVE_INT, default=1, help="independent simulated hosts (seeds seed*100+k)")
-    d.add_argument("--rates", type=_rates, default=(1.0,), help="request-rate multipliers, one per entity in turn")
+    d.add_argument("--rates", type=rate_list, default=(1.0,), help="request-rate multipliers, one per entity in turn")
     d.add_argument("--bursty", action="store_true", help="switch each entity's arrivals off and on by the minute")
     d.add_argument("--vary", action="store_true",
                    help="vary each entity's cooling, power limit, CPU load, request routing and prompt/output lengths "
@@ -152,7 +75,7 @@ def register(sub: Any) -> None:
     t.add_argument("--window", type=int_at_least(2), help="steps per window (default 64)")
     t.add_argument("--epochs", type=POSITIVE_INT,
                    help="epochs (default 12); without averaging, early stopping may end sooner")
-    t.add_argument("--hidden", type=_pair, help="LSTM hidden sizes H1,H2 (default 96,48)")
+    t.add_argument("--hidden", type=hidden_pair, help="LSTM hidden sizes H1,H2 (default 96,48)")
     t.add_argument("--dropout", type=FRACTION, help="dropout between layers and before the head (default 0.3)")
     t.add_argument("--summary", type=int_at_least(0, MAX_WIDTH),
                    help="width of the window-statistics layer beside the LSTMs (default 64); 0 = none")
@@ -164,10 +87,10 @@ def register(sub: Any) -> None:
     t.add_argument("--fallback-dropout", type=FRACTION,
                    help="train a second network with that share instead, for windows lacking a group of those "
                         "features (default 0.25); 0 = none")
-    t.add_argument("--request-causes", type=_names,
+    t.add_argument("--request-causes", type=name_list,
                    help="causes that act on requests: their windows with no request in flight are left out of "
                         "training (default network_ingress,scheduler_stall,gpu_memory_pressure; '' = none)")
-    t.add_argument("--relative-only", type=_names,
+    t.add_argument("--relative-only", type=name_list,
                    help="features the network sees only against the host's own baseline, never as levels "
                         "(default gpu.sm_clock_hertz.mean: a busy GPU's clock depends on its model; '' = none)")
     t.add_argument("--average-from", type=NON_NEGATIVE_INT,
@@ -204,7 +127,7 @@ def _dataset(args: argparse.Namespace) -> int:
 
     if not args.out:  # Path("") is "." (the working directory): it was written into
         raise ConfigError("--out: empty; give a path")
-    _check_out(Path(args.out), directory=True, force=args.force)
+    check_out(Path(args.out), directory=True, force=args.force)
     opts = GenOptions(seed=args.seed, hours=args.hours, topology=args.topology, trace=args.trace,
                       severity=args.severity, entities=args.entities, rates=args.rates, bursty=args.bursty,
                       vary=args.vary)
@@ -227,7 +150,7 @@ def _train(args: argparse.Namespace) -> int:
              "fallback_dropout", "average_from", "stride", "batch", "margin", "seed", "threads", "request_causes",
              "relative_only")
     given = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
-    _check_out(Path(args.out), directory=False, force=args.force, dataset=Path(args.dataset))
+    check_out(Path(args.out), directory=False, force=args.force, dataset=Path(args.dataset))
     ds = dataset.read(args.dataset)
     unknown = [c for c in given.get("request_causes", ()) if c not in ds.classes()]
     if unknown:
