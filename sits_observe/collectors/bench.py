@@ -88,7 +88,7 @@ def _ms(samples: list[float], per: int = 1) -> float:
 def _nvml(args: argparse.Namespace) -> dict[str, Any]:
     fake = _load_fake()(preset("nvswitch-8"))
     for g in fake.gpus:
-        g.processes = [(1000 + 10 * g.index + k, (k + 1) << 30) for k in range(args.processes)]
+        g.processes = [(1001 + 10 * g.index + k, (k + 1) << 30) for k in range(args.processes)]  # k even: "chat"
         g.util_periods = 30  # 30 per-process SM samples per process: more than the driver gives, to load attribute()
     src = NvmlSource(fake, sample_interval=3600.0, clock=lambda: 0.0,
                      resolve_workload=lambda pid: "chat" if pid % 2 else None)

@@ -52,3 +52,13 @@ def test_bench_host_snapshots_are_a_real_workload(tmp_path: Path) -> None:
     share = (1000 + 500) / (1000 + 500 + 400)  # per CPU: +1000 user, +500 system, +400 idle between snapshots
     assert f.host["cpu_utilization_ratio"] == approx(share)
     assert numa_cpu_by_node(f.samples) == approx(dict.fromkeys(range(8), share))
+
+
+def test_one_process_per_gpu_still_belongs_to_a_workload(caplog) -> None:
+    """With --processes 1 every fake process had an even pid, outside the bench's workload: the run measured no
+    attribution and logged the daemon's "no process on any GPU belongs to a configured workload" warning."""
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    with caplog.at_level("WARNING", logger="sits_observe"):
+        bench._nvml(parser.parse_args(["--samples", "4", "--processes", "1"]))
+    assert not [r.getMessage() for r in caplog.records if "configured workload" in r.getMessage()]
