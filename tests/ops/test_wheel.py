@@ -103,8 +103,14 @@ def test_installed_copy_finds_its_files_outside_the_checkout(installed: Path, tm
 
 
 def test_installed_copy_checks_the_example_config_and_prints_the_probes(installed: Path, tmp_path: Path) -> None:
-    # the example config leaves rca.model unset: the shipped classifier, which check-config loads
-    r = _run(installed, tmp_path, "check-config", str(ROOT / "docs" / "example-config.yaml"))
+    # what an operator installs beside the code comes with it, under the prefix's share/ (they were only in the
+    # checkout); the example config leaves rca.model unset: the shipped classifier, which check-config loads
+    share = installed / "share" / "sits-observe"
+    for name in ("example-config.yaml", "sits-observe.service"):
+        assert (share / name).read_bytes() == (ROOT / "docs" / name).read_bytes(), name
+    dashboards = sorted(p.name for p in (ROOT / "dashboards").glob("*.json"))
+    assert dashboards and sorted(p.name for p in (share / "dashboards").iterdir()) == dashboards
+    r = _run(installed, tmp_path, "check-config", str(share / "example-config.yaml"))
     assert r.returncode == 0, r.stdout + r.stderr
     r = _run(installed, tmp_path, "probes", "--print-bpf", "runq")
     assert r.returncode == 0, r.stderr
