@@ -275,22 +275,17 @@ def test_a_shard_value_a_lax_section_would_convert_says_how_to_write_it(tmp_path
         load(str(cfg), env={})
 
 
-def test_more_slos_than_a_daemon_evaluates_is_refused_at_load(tmp_path):
-    """16,000 SLOs passed check-config: by `bench slo` (100 KB and 0.0065 ms a tick per SLO), 1.6 GB and 100 ms."""
-    slo = "{{name: s{i}, objective: 0.99, window: 28d, ratio: {{good: good_total, total: requests_total}}}}"
+@pytest.mark.parametrize("section, item, limit, says", [
+    # 16,000 SLOs passed check-config: by `bench slo` (100 KB and 0.0065 ms a tick per SLO), 1.6 GB and 100 ms
+    ("slos", "{{name: s{i}, objective: 0.99, window: 28d, ratio: {{good: good_total, total: requests_total}}}}",
+     1000, "SLOs, more than 1000 \\(each keeps about 100 KB"),
+    # every process is matched against each group at every /proc scan; 10,000 groups were taken
+    ("workloads", "{{name: w{i}, comm: w{i}}}", 256, "workloads, more than 256 \\(every process"),
+])
+def test_a_list_longer_than_a_daemon_handles_is_refused_at_load(tmp_path, section, item, limit, says):
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("slos:\n" + "".join(f"  - {slo.format(i=i)}\n" for i in range(1001)))
-    with pytest.raises(ConfigError, match=rf"^{cfg}: slos: 1001 SLOs, more than 1000 \(each keeps about 100 KB"):
+    cfg.write_text(f"{section}:\n" + "".join(f"  - {item.format(i=i)}\n" for i in range(limit + 1)))
+    with pytest.raises(ConfigError, match=rf"^{cfg}: {section}: {limit + 1} {says}"):
         load(str(cfg), env={})
-    cfg.write_text("slos:\n" + "".join(f"  - {slo.format(i=i)}\n" for i in range(1000)))
-    assert len(load(str(cfg), env={}).slos) == 1000
-
-
-def test_more_workloads_than_a_scan_matches_cheaply_is_refused_at_load(tmp_path):
-    """Every process is matched against each group at every /proc scan; 10,000 groups were taken."""
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text("workloads:\n" + "".join(f"  - {{name: w{i}, comm: w{i}}}\n" for i in range(257)))
-    with pytest.raises(ConfigError, match=rf"^{cfg}: workloads: 257 workloads, more than 256 \(every process"):
-        load(str(cfg), env={})
-    cfg.write_text("workloads:\n" + "".join(f"  - {{name: w{i}, comm: w{i}}}\n" for i in range(256)))
-    assert len(load(str(cfg), env={}).workloads) == 256
+    cfg.write_text(f"{section}:\n" + "".join(f"  - {item.format(i=i)}\n" for i in range(limit)))
+    assert len(getattr(load(str(cfg), env={}), section)) == limit
