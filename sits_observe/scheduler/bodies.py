@@ -13,7 +13,7 @@ from pydantic_core import InitErrorDetails
 from ..errors import ConfigError
 from ..validation import format_errors
 
-__all__ = ["AckBody", "SHOWN_CHARS", "clip", "parse_body", "shorten"]
+__all__ = ["AckBody", "SHOWN_CHARS", "clip", "parse_body", "shorten", "shown"]
 
 SHOWN_CHARS = 80
 
@@ -44,6 +44,12 @@ def clip(value: Any) -> str:
     return shorten(repr(value))
 
 
+def shown(value: Any) -> str:
+    """``value`` as a validation error echoes it: its :func:`clip`-ped repr (pydantic and
+    :func:`~sits_observe.validation.format_errors` show the repr of what they are given)."""
+    return _Shown(clip(value))
+
+
 def _echoed(value: Any) -> bool:
     """Whether an error echoes ``value``: a scalar or a list of numbers (a section or other list is not shown)."""
     if isinstance(value, list):
@@ -62,7 +68,7 @@ def _clipped(exc: ValidationError) -> ValidationError:
         return exc
     return ValidationError.from_exception_data(exc.title, [InitErrorDetails(
         type=e["type"], loc=tuple(_key(k) for k in e["loc"]), ctx=e.get("ctx", {}),
-        input=_Shown(clip(e["input"])) if _echoed(e["input"]) else e["input"]) for e in errors])
+        input=shown(e["input"]) if _echoed(e["input"]) else e["input"]) for e in errors])
 
 
 def parse_body(model: type[BaseModel], body: Any, where: str) -> Any:

@@ -15,9 +15,11 @@ from ..collectors.config import check_url
 from ..errors import ConfigError
 from ..section import Section, SigningKey
 from ..validation import elsewhere, url_origin
+from .bodies import shown
 
-__all__ = ["MAX_ID_CHARS", "OTLP_EXAMPLE", "STRATEGIES", "ScoreWeights", "ShardSpec", "WebhookActuatorConfig",
-           "CommandActuatorConfig", "SchedulerConfig", "OtlpConfig", "otlp_endpoint"]
+__all__ = ["MAX_ID_CHARS", "MAX_TEXT_CHARS", "TOO_LONG", "OTLP_EXAMPLE", "STRATEGIES", "ScoreWeights", "ShardSpec",
+           "WebhookActuatorConfig", "CommandActuatorConfig", "SchedulerConfig", "OtlpConfig", "long_text",
+           "otlp_endpoint"]
 
 OTLP_EXAMPLE = "http://127.0.0.1:4318"  # an OTLP/HTTP collector's base URL (the port of gRPC: 4317)
 
@@ -50,6 +52,9 @@ STRATEGIES: dict[str, ScoreWeights] = {
 
 MAX_ID_CHARS = 63  # a shard id's length, at most
 MAX_SHARD_GPUS = 64  # a shard's GPUs, at most
+
+MAX_TEXT_CHARS = 256  # a shard's free text (model, workload, tenant), at most
+TOO_LONG = f"at most {MAX_TEXT_CHARS} characters (shorten it: it is repeated in every shard list, plan and span)"
 
 # 1 PiB: far above any GPU, and exact as a float (the placement maths is float64; a larger int overflows it)
 MAX_MEMORY_PER_GPU = 2**50
@@ -93,6 +98,13 @@ class ShardSpec(Section):
         if v is not None and k is not None and (len(v) != k or len(set(v)) != k):
             raise ValueError(f"must list {k} distinct GPU indices (the shard's 'gpus')")
         return v
+
+
+def long_text(spec: ShardSpec) -> str | None:
+    """The first of ``spec``'s free-text fields (model, workload, tenant) past :data:`MAX_TEXT_CHARS`, None when none
+    is.  Checked where a shard comes in (the API, the config), not as a field limit: shards stored in
+    ``scheduler.sqlite`` before the limit still load (a 900 kB ``model`` was taken)."""
+    return next((name for name in ("model", "workload", "tenant") if len(getattr(spec, name)) > MAX_TEXT_CHARS), None)
 
 
 class WebhookActuatorConfig(Section):
@@ -200,6 +212,16 @@ class SchedulerConfig(Section):
         if cap is not None and len(v) > cap:
             raise ValueError(f"{len(v)} shards, more than scheduler.max_shards ({cap}); raise max_shards or list "
                              "fewer shards")
+        return v
+
+    @field_validator("shards")
+    @classmethod
+    def _short_text(cls, v: list[ShardSpec]) -> list[ShardSpec]:
+        """The API's limit on free text (:func:`long_text`), the value echoed cut short."""
+        errors = [InitErrorDetails(type=PydanticCustomError("too_long", TOO_LONG), loc=(i, name),
+                                   input=shown(getattr(s, name))) for i, s in enumerate(v) if (name := long_text(s))]
+        if errors:
+            raise ValidationError.from_exception_data("shards", errors)
         return v
 
     def score_weights(self) -> ScoreWeights:

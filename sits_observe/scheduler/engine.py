@@ -32,7 +32,7 @@ from .migrate import Walker
 from .metrics import samples
 from .observed import Observed
 from .placement import Result
-from .registry import on_this_host, register, remove
+from .registry import on_this_host, register, remove, remove_unlisted, unlisted
 from .states import NotFound, State
 from .store import Placement, PlacementStore
 from .tracing import DecisionTracer
@@ -79,6 +79,7 @@ class Scheduler:
         self._simulated = frozenset(s.id for s in sim.shards()) if sim is not None else frozenset()
         with self._changing():
             self.walker.resume(self.seen.now)
+            self._unlisted = self._remove_unlisted()
             for spec in cfg.shards:
                 self._ensure(spec, "config")
             for s in sim.shards() if sim is not None else ():
@@ -99,6 +100,8 @@ class Scheduler:
                 self._place_deferred()
             self.walker.poll(ts)
             self.walker.expire(ts)
+            if self._unlisted:  # dropped from the config while a placement was in flight
+                self._unlisted = remove_unlisted(self.decider, self._unlisted, announce=False)
             fired = []
             while self._verdicts:
                 v = self._verdicts.popleft()
@@ -175,6 +178,11 @@ class Scheduler:
             self.decider.assign(spec, Trigger("adopt", "none", True, now, f"running on start-up ({origin})"),
                                 Result(c, [c], "given", 1))  # recorded and traced as any adoption
 
+    def _remove_unlisted(self) -> set[str]:
+        """Remove the shards the config no longer lists (its own: see :mod:`.registry`); returns those whose removal
+        waits for a placement in flight."""
+        return remove_unlisted(self.decider, unlisted(self.decider, self._simulated), announce=True)
+
     def _respec(self, v: ShardView, spec: ShardSpec) -> ShardView:
         """Store the changed fields of a registered config shard; not while it migrates (the plans of the steps
         still to come would describe another shard than the GPUs they carry)."""
@@ -249,8 +257,8 @@ class Scheduler:
         return samples(counts, in_flight(views), states, pending, self.tracer.dropped)
 
     def reload(self, config: Any) -> None:
-        """SIGHUP: new thresholds, strategy, timeouts and shards apply now (trigger windows start afresh);
-        a different actuator or ``otlp`` section needs a restart."""
+        """SIGHUP: new thresholds, strategy, timeouts and shards apply now (trigger windows start afresh; a shard the
+        config no longer lists is removed); a different actuator or ``otlp`` section needs a restart."""
         new: SchedulerConfig = config.scheduler
         keep = {"actuator": self.cfg.actuator, "webhook": self.cfg.webhook, "command": self.cfg.command}
         if any(getattr(new, k) != v for k, v in keep.items()):
@@ -266,6 +274,7 @@ class Scheduler:
             self.decider.configure(new)
             self.triggers = Triggers(new, self.topo.n)
             self.walker.step_timeout = new.step_timeout
+            self._unlisted = self._remove_unlisted()
             self._unplaced = {}  # the new config says which still wait
             self._ensure_each(new.shards)
 

@@ -1,31 +1,37 @@
 """Which shards the scheduler tracks: registration (``POST /api/v1/shards``), removal (``DELETE
-/api/v1/shards/<id>``) and ``scheduler.max_shards``, the cap on how many.
+/api/v1/shards/<id>``, or the config no longer listing a shard of its own) and ``scheduler.max_shards``, the cap
+on how many.
 
 Every shard costs each decision, registration and read (they see them all), so the API may not grow them
 without bound: past ``max_shards`` (config and simulator shards count too) a registration is refused.  A removal
 stops tracking a shard: its rows, its history too, go in one transaction with the span of its ``shard.remove``
 decision, and its GPUs take other shards once the readings show its memory gone.  The actuator is told nothing:
-whoever retires a deployment runs it.  Refused (409, changing nothing): a shard with a placement in flight (a
-step on its way would come back for a shard no longer tracked), and one the config or the simulator declares
-(the next SIGHUP or start would register it again).
+whoever retires a deployment runs it.  ``DELETE`` refuses (409, changing nothing) a shard with a placement in
+flight (a step on its way would come back for a shard no longer tracked), and one the config or the simulator
+declares (the next SIGHUP or start would register it again).  The config is the truth about its shards: one it
+declared and no longer lists is removed at the start or SIGHUP that finds it gone, or, with a placement in
+flight, at the first tick after that placement has finished or failed.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection
 from typing import Any
 
 from ..errors import ConfigError, SchedulerError
 from ..topology import Topology
 from .bodies import clip
-from .config import SchedulerConfig, ShardSpec
+from .config import TOO_LONG, SchedulerConfig, ShardSpec, long_text
 from .decide import Decider
 from .placement import Result
 from .states import NotFound
 from .triggers import Trigger
 from .view import ShardView, request_for
 
-__all__ = ["on_this_host", "register", "remove"]
+__all__ = ["on_this_host", "register", "remove", "remove_unlisted", "unlisted"]
+
+log = logging.getLogger("sits_observe.scheduler")
 
 
 def on_this_host(spec: ShardSpec, topo: Topology) -> None:
@@ -51,17 +57,6 @@ def _check_room(spec: ShardSpec, views: dict[str, ShardView], cfg: SchedulerConf
                              "raise scheduler.max_shards")
 
 
-MAX_TEXT_CHARS = 256  # a registration's free text (model, workload, tenant), at most
-
-
-def _check_text(spec: ShardSpec) -> None:
-    """Refuse a registration's free text past :data:`MAX_TEXT_CHARS`: it is kept and repeated in every shard list,
-    plan and span (a 900 kB ``model`` was taken).  Not a field limit: shards stored before it still load."""
-    for name in ("model", "workload", "tenant"):
-        if len(text := getattr(spec, name)) > MAX_TEXT_CHARS:
-            raise ConfigError(f"shard {spec.id}: {name}: at most {MAX_TEXT_CHARS} characters, got {clip(text)}")
-
-
 def register(decider: Decider, spec: ShardSpec, origin: str) -> dict[str, Any]:
     """Place ``spec`` (or adopt its ``placement``), then store it; refused -> unchanged.  Only the API's
     registrations are held to ``max_shards``: the config's are counted at load, the simulator's are few."""
@@ -70,7 +65,8 @@ def register(decider: Decider, spec: ShardSpec, origin: str) -> dict[str, Any]:
         raise SchedulerError(f"shard {spec.id}: already registered; re-shard it instead")
     if origin == "api":
         _check_room(spec, views, decider.cfg)
-        _check_text(spec)
+        if (name := long_text(spec)) is not None:  # the config's are refused at load
+            raise ConfigError(f"shard {spec.id}: {name}: {TOO_LONG}, got {clip(getattr(spec, name))}")
     if spec.placement is None and (why := seen.gpus_unknown()):  # as a re-shard: the target could be full
         raise SchedulerError(f"shard {spec.id}: cannot place: {why}; try again when it reports, or give "
                              "the placement it runs on")
@@ -83,7 +79,7 @@ def register(decider: Decider, spec: ShardSpec, origin: str) -> dict[str, Any]:
         res = planner.place(req, load)
         if res.best is None:
             raise SchedulerError(f"shard {spec.id}: fits nowhere: {res.reason}")
-    decider.store.add_shard(spec, now)
+    decider.store.add_shard(spec, now, origin)
     d = decider.assign(spec, t, res)
     return decider.views()[spec.id].to_dict() | {k: d[k] for k in ("outcome", "failure")} | {"decision_id": d["id"]}
 
@@ -96,12 +92,22 @@ def _in_flight(view: ShardView) -> str:
     return f"{what} is in flight ({steps})"
 
 
+def _forget(decider: Decider, view: ShardView, by: str) -> dict[str, Any]:
+    """Remove ``view``'s shard (a ``shard.remove`` decision, ``by`` saying who); returns it as it was, with the
+    decision's id."""
+    t = Trigger("unregister", "none", True, decider.seen.now,
+                by + (f"; GPUs {list(view.gpus)} freed" if view.gpus else ""))
+    d = decider.decision(t, "shard.remove", "remove", t.reason, view.spec.id, None, view.gpus)
+    decider.store.remove_shard(view.spec.id, view.live, decider.tracer.span(d))
+    return view.to_dict() | {"decision_id": decider.record(d)["id"]}
+
+
 def remove(decider: Decider, shard_id: str, simulated: Collection[str]) -> dict[str, Any]:
-    """Stop tracking ``shard_id`` (a ``shard.remove`` decision); returns it as it was, with the decision's id."""
+    """``DELETE``: stop tracking ``shard_id``; returns it as it was, with the decision's id."""
     if any(s.id == shard_id for s in decider.cfg.shards):
         raise SchedulerError(f"shard {shard_id}: cannot remove a shard of the config (scheduler.shards): the next "
-                             "SIGHUP or start would register it again; remove it from the config, reload (SIGHUP), "
-                             "then delete it")
+                             "SIGHUP or start would register it again; remove it from the config and reload (SIGHUP): "
+                             "that removes it")
     if shard_id in simulated:
         raise SchedulerError(f"shard {shard_id}: cannot remove a shard the simulator runs: the next start would "
                              "register it again")
@@ -111,8 +117,38 @@ def remove(decider: Decider, shard_id: str, simulated: Collection[str]) -> dict[
     if view.migrating:
         raise SchedulerError(f"shard {shard_id}: cannot remove while {_in_flight(view)}; try again when it has "
                              "finished, or failed (its orchestrator's failed ack, or scheduler.step_timeout)")
-    t = Trigger("unregister", "none", True, decider.seen.now,
-                "removed by api" + (f"; GPUs {list(view.gpus)} freed" if view.gpus else ""))
-    d = decider.decision(t, "shard.remove", "remove", t.reason, shard_id, None, view.gpus)
-    decider.store.remove_shard(shard_id, view.live, decider.tracer.span(d))
-    return view.to_dict() | {"decision_id": decider.record(d)["id"]}
+    return _forget(decider, view, "removed by api")
+
+
+def unlisted(decider: Decider, simulated: Collection[str]) -> set[str]:
+    """The shards the config declared that it no longer lists, nor the simulator runs; those it lists are claimed as
+    the config's first (also one the API registered)."""
+    listed = {s.id for s in decider.cfg.shards}
+    try:
+        declared = decider.store.claim("config", listed)
+    except SchedulerError as exc:  # disk full: the rest of the config applies; the next SIGHUP or start looks again
+        log.error("scheduler: shards no longer in the config not looked for (at the next SIGHUP or start): %s", exc)
+        return set()
+    return declared - listed - set(simulated)
+
+
+def remove_unlisted(decider: Decider, ids: set[str], announce: bool) -> set[str]:
+    """Remove the shards of ``ids`` (:func:`unlisted`) as ``DELETE`` does; returns those kept for now, to be removed
+    at a later tick: one with a placement in flight (said in the log when ``announce``), and one whose removal the
+    database refused (logged)."""
+    views, kept = decider.views(), set[str]()
+    for shard_id in sorted(ids & views.keys()):  # one gone meanwhile (DELETE) is done with
+        view = views[shard_id]
+        if view.migrating:
+            kept.add(shard_id)
+            if announce:
+                log.warning("scheduler: shard %s is no longer in the config (scheduler.shards); %s: it is removed "
+                            "once that has finished or failed", shard_id, _in_flight(view))
+            continue
+        try:
+            _forget(decider, view, "removed from the config (scheduler.shards)")
+        except SchedulerError as exc:  # disk full: the next tick tries again
+            kept.add(shard_id)
+            log.error("scheduler: shard %s, no longer in the config, not removed (retried at the next tick): %s",
+                      shard_id, exc)
+    return kept

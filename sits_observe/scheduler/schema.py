@@ -42,5 +42,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = ((
     "INSERT INTO spans_unsent SELECT seq, decision_id, body, created_ts FROM spans WHERE exported_ts IS NULL",
     "DROP TABLE spans",
     "ALTER TABLE spans_unsent RENAME TO spans",
+), (  # who declared a shard: config, api or simulator (a shard the config no longer lists is removed); one stored
+    # before is the API's, as a shard the config had dropped was then, until the next start finds the config's
+    "ALTER TABLE shards ADD COLUMN origin TEXT NOT NULL DEFAULT 'api'",
 ))
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -16,6 +16,7 @@ import json
 import sqlite3
 import threading
 import time
+from collections.abc import Collection
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,12 +123,21 @@ class PlacementStore:
             self._db.close()
 
     # shards
-    def add_shard(self, spec: ShardSpec, ts: float) -> None:
+    def add_shard(self, spec: ShardSpec, ts: float, origin: str = "api") -> None:
+        """Store a new shard; ``origin`` says who declared it: ``config``, ``api`` or ``simulator``."""
         body = spec.model_dump_json(exclude={"placement"})
         with self._tx() as db:
             if db.execute("SELECT 1 FROM shards WHERE id=?", (spec.id,)).fetchone():
                 raise SchedulerError(f"shard {spec.id}: already registered")
-            db.execute("INSERT INTO shards(id, spec, created_ts) VALUES (?, ?, ?)", (spec.id, body, ts))
+            db.execute("INSERT INTO shards(id, spec, created_ts, origin) VALUES (?, ?, ?, ?)",
+                       (spec.id, body, ts, origin))
+
+    def claim(self, origin: str, ids: Collection[str]) -> set[str]:
+        """Mark the stored shards of ``ids`` as declared by ``origin`` (a shard the API registered that the config now
+        lists is the config's); returns the ids of every shard ``origin`` declared."""
+        with self._tx() as db:
+            db.executemany("UPDATE shards SET origin=? WHERE id=? AND origin!=?", [(origin, i, origin) for i in ids])
+            return {r[0] for r in db.execute("SELECT id FROM shards WHERE origin=?", (origin,))}
 
     def replace_shard(self, spec: ShardSpec) -> None:
         """Store a changed spec of a registered shard (its placements stay as they are)."""

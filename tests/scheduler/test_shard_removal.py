@@ -140,16 +140,18 @@ def test_a_shard_with_a_placement_in_flight_is_not_removed(make_scheduler: Calla
     assert ids(client) == [] and rows(sched) == ([], [])
 
 
-def test_a_config_shard_is_removed_from_the_config_first_and_a_removal_survives_restarts(
+def test_a_config_shard_is_removed_from_the_config_and_a_removal_survives_restarts(
         make_scheduler: Callable[..., Scheduler]) -> None:
     """A shard removed through the API must not come back from scheduler.sqlite at a restart; one of the config
-    would come back at the next SIGHUP or start, so it is refused until the config drops it."""
+    would come back at the next SIGHUP or start, so DELETE refuses it: dropping it from the config removes it
+    (tests/scheduler/test_config_shards.py)."""
     cfg = {"id": "cfg", "gpus": 1, "placement": [0]}
     sched = make_scheduler(shards=[cfg])
     client = client_of(sched)
     sched.register_shard({"id": "api", "gpus": 1, "placement": [1]})
     refused(client, sched, "cfg", 409, "shard cfg: cannot remove a shard of the config (scheduler.shards): the next "
-                                       "SIGHUP or start would register it again; remove it from the config, reload")
+                                       "SIGHUP or start would register it again; remove it from the config and reload "
+                                       "(SIGHUP): that removes it")
     assert client.delete("/api/v1/shards/api", headers=AUTH).status_code == 200
     sched.close()
 
@@ -157,8 +159,8 @@ def test_a_config_shard_is_removed_from_the_config_first_and_a_removal_survives_
     client = client_of(again)
     assert ids(client) == ["cfg"] and rows(again)[0] == ["cfg"]
     again.reload(parse({"gpu": {"backend": "none"}, "scheduler": {"shards": []}}, env={}))  # the config drops it
-    assert ids(client) == ["cfg"]  # still registered and placed, until removed
-    assert client.delete("/api/v1/shards/cfg", headers=AUTH).status_code == 200
+    assert ids(client) == [] and rows(again) == ([], [])
+    refused(client, again, "cfg", 404, "shard cfg: not registered")
     again.close()
 
     third = make_scheduler()

@@ -1,0 +1,261 @@
+"""The config as the truth about its shards: one it no longer lists is removed at the start or SIGHUP that finds it
+gone, as ``DELETE /api/v1/shards/<id>`` removes one (a traced ``shard.remove`` decision, its rows gone); and its
+shards' free text is held to the API's limit.  Real schedulers over real SQLite.
+
+A shard dropped from the config stayed registered and placed (its GPUs reserved for good) until someone called
+DELETE, which refused it while the config still listed it; a config shard's ``model`` could be 900 kB, while the
+API refused more than 256 characters.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections.abc import Callable
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from otlp_receiver import Receiver, attributes
+from sched_helpers import PendingActuator, frame
+
+from sits_observe.cli import main
+from sits_observe.clock import SimClock
+from sits_observe.config import SimConfig, load, parse
+from sits_observe.daemon import Daemon
+from sits_observe.errors import ConfigError
+from sits_observe.frame import BucketLayout
+from sits_observe.scheduler.config import OtlpConfig, SchedulerConfig, ShardSpec
+from sits_observe.scheduler.engine import Scheduler
+from sits_observe.scheduler.store import DB_NAME, SCHEMA_VERSION, PlacementStore
+from sits_observe.sim.host import SimulatedHost
+
+GiB = 2**30
+A = {"id": "a", "gpus": 1, "memory_per_gpu": GiB, "placement": [0]}
+B = {"id": "b", "gpus": 2, "memory_per_gpu": GiB}  # placed by the scheduler
+
+
+def config(*shards: dict[str, Any], **scheduler: Any) -> Any:
+    return parse({"gpu": {"backend": "none"}, "scheduler": {"shards": list(shards), **scheduler}}, env={})
+
+
+def tracked(sched: Scheduler) -> list[str]:
+    """The shards stored (the API's list is published from the same rows)."""
+    return sorted(s.id for s in sched.store.shards())
+
+
+def removals(sched: Scheduler) -> list[tuple[str, str, list[int]]]:
+    return [(d["shard_id"], d["reason"], list(d["source_gpus"])) for d in sched.decisions_state()["decisions"]
+            if d["name"] == "shard.remove"]
+
+
+def test_a_shard_dropped_from_the_config_is_removed_at_sighup_and_the_apis_are_kept(
+        make_scheduler: Callable[..., Scheduler], receiver: Receiver) -> None:
+    sched = make_scheduler(shards=[A, B], otlp=OtlpConfig(endpoint=receiver.url, schedule_delay=0.1))
+    sched.on_tick(frame(1000.0))  # B is placed on the first GPU values
+    sched.register_shard({"id": "api", "gpus": 1, "placement": [7]})
+    b_gpus = list(sched.store.placements("b", live=True)[0].gpus)
+
+    sched.reload(config(A))
+    assert tracked(sched) == ["a", "api"] and sched.store.placements("b") == []  # its history too
+    assert removals(sched) == [("b", f"removed from the config (scheduler.shards); GPUs {b_gpus} freed", b_gpus)]
+    assert [v["shard"]["id"] for v in sched.shards_state()["shards"]] == ["a", "api"]
+    sched.reload(config())
+    assert tracked(sched) == ["api"]  # a registration through the API is never the config's to remove
+    assert sched.tracer.flush()
+    spans = {attributes(sp)["shard.id"]: sp for _, sp in receiver.spans() if sp.name == "shard.remove"}
+    assert sorted(spans) == ["a", "b"] and list(attributes(spans["a"])["source.gpus"]) == [0]
+    sched.reload(config())
+    assert len(removals(sched)) == 2  # nothing more to remove: nothing more recorded
+
+
+def test_a_shard_dropped_from_the_config_while_the_daemon_was_down_is_removed_at_the_start(
+        make_scheduler: Callable[..., Scheduler]) -> None:
+    make_scheduler(shards=[A, {**B, "placement": [2, 3]}]).close()
+    again = make_scheduler(shards=[A])  # a restart on the same state_dir
+    assert tracked(again) == ["a"]
+    assert removals(again) == [("b", "removed from the config (scheduler.shards); GPUs [2, 3] freed", [2, 3])]
+
+
+def test_a_dropped_shard_with_a_placement_in_flight_is_removed_once_it_has_finished(
+        make_scheduler: Callable[..., Scheduler], caplog: pytest.LogCaptureFixture) -> None:
+    """Forgetting it at once would leave the step on its way answering for a shard no longer tracked; refusing the
+    removal would leave it to a second SIGHUP someone has to remember.  It waits, also across a restart."""
+    sched = make_scheduler(actuator=PendingActuator(), shards=[B])
+    sched.on_tick(frame(1000.0))
+    (p,) = sched.store.placements("b", live=True)
+    with caplog.at_level(logging.WARNING, logger="sits_observe.scheduler"):
+        sched.reload(config())
+    assert (f"shard b is no longer in the config (scheduler.shards); its first placement is in flight (placement "
+            f"{p.id} placed waiting for step stage): it is removed once that has finished or failed") in caplog.text
+    sched.on_tick(frame(1001.0))
+    assert tracked(sched) == ["b"] and removals(sched) == []
+    sched.ack(p.id, {"step": "stage", "ok": True})
+    sched.close()
+
+    again = make_scheduler(actuator=PendingActuator())  # restarted with the launch step on its way
+    again.on_tick(frame(1002.0))
+    assert tracked(again) == ["b"]
+    again.ack(p.id, {"step": "launch", "ok": True})
+    assert tracked(again) == ["b"]  # removed at the next tick, not inside the orchestrator's ack
+    again.on_tick(frame(1003.0))
+    assert tracked(again) == [] and removals(again)[0][:2] == ("b", f"removed from the config (scheduler.shards); "
+                                                                     f"GPUs {list(p.gpus)} freed")
+
+
+def test_a_dropped_shard_whose_placing_fails_is_removed(make_scheduler: Callable[..., Scheduler]) -> None:
+    sched = make_scheduler(actuator=PendingActuator(), shards=[B])
+    sched.on_tick(frame(1000.0))
+    (p,) = sched.store.placements("b", live=True)
+    sched.reload(config())
+    sched.ack(p.id, {"step": "stage", "ok": False, "reason": "image pull"})
+    sched.on_tick(frame(1001.0))
+    assert tracked(sched) == [] and removals(sched) == [("b", "removed from the config (scheduler.shards)", [])]
+
+
+def test_a_dropped_shard_listed_again_before_its_placement_finished_stays(
+        make_scheduler: Callable[..., Scheduler]) -> None:
+    sched = make_scheduler(actuator=PendingActuator(), shards=[B])
+    sched.on_tick(frame(1000.0))
+    (p,) = sched.store.placements("b", live=True)
+    sched.reload(config())
+    sched.reload(config(B))  # a mistake undone
+    sched.ack(p.id, {"step": "stage", "ok": True})
+    sched.ack(p.id, {"step": "launch", "ok": True})
+    sched.on_tick(frame(1001.0))
+    assert tracked(sched) == ["b"] and removals(sched) == []
+
+
+def test_a_removal_the_database_refuses_is_tried_again(make_scheduler: Callable[..., Scheduler],
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """A full disk at a SIGHUP leaves the shard tracked (logged) and the rest of the new config applied; a removal
+    waiting for a placement in flight is tried at each tick until the database takes it."""
+    sched = make_scheduler(actuator=PendingActuator(), shards=[A, B])
+    sched.on_tick(frame(1000.0))
+    (p,) = sched.store.placements("b", live=True)
+    sched.register_shard({"id": "api", "gpus": 1, "placement": [7]})
+    db = sched.store._db
+    db.execute("PRAGMA query_only = ON")  # every write fails in SQLite, as on a full disk
+    try:
+        with caplog.at_level(logging.ERROR, logger="sits_observe.scheduler"):
+            sched.reload(config(B, cooldown=7))  # A dropped
+    finally:
+        db.execute("PRAGMA query_only = OFF")
+    assert "scheduler: shards no longer in the config not looked for (at the next SIGHUP or start)" in caplog.text
+    assert sched.cfg.cooldown == 7 and tracked(sched) == ["a", "api", "b"]
+    sched.reload(config(cooldown=7))  # A and B dropped: B's placement is in flight
+    assert tracked(sched) == ["api", "b"]
+    sched.ack(p.id, {"step": "stage", "ok": True})
+    sched.ack(p.id, {"step": "launch", "ok": True})
+    db.execute("PRAGMA query_only = ON")
+    try:
+        with caplog.at_level(logging.ERROR, logger="sits_observe.scheduler"):
+            sched.on_tick(frame(1001.0))
+    finally:
+        db.execute("PRAGMA query_only = OFF")
+    assert "scheduler: shard b, no longer in the config, not removed (retried at the next tick)" in caplog.text
+    assert tracked(sched) == ["api", "b"] and [r[0] for r in removals(sched)] == ["a"]
+    sched.on_tick(frame(1002.0))
+    assert tracked(sched) == ["api"] and sorted(r[0] for r in removals(sched)) == ["a", "b"]
+
+
+def test_an_api_shard_the_config_comes_to_list_is_the_configs(make_scheduler: Callable[..., Scheduler]) -> None:
+    sched = make_scheduler()
+    sched.register_shard({"id": "x", "gpus": 1, "placement": [4]})
+    sched.reload(config({"id": "x", "gpus": 1, "placement": [4]}))
+    sched.reload(config())
+    assert tracked(sched) == []
+
+
+def test_a_config_refused_at_sighup_removes_nothing(tmp_path: Path, make_scheduler: Callable[..., Scheduler],
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """The daemon keeps its running config when the file does not load, and the scheduler keeps its shards when it
+    refuses one of the new config's (a NUMA node without a GPU)."""
+    sched = make_scheduler(shards=[A, B])
+    sched.on_tick(frame(1000.0))
+    daemon = Daemon(config=config(A, B), clock=SimClock(1.0, 100.0, start=1000.0), consumers=[sched])
+    bad = tmp_path / "c.yaml"
+    bad.write_text(f"gpu:\n  backend: none\nscheduler:\n  shards:\n    - {{id: a, model: {'m' * 300}}}\n")
+    with caplog.at_level(logging.ERROR, logger="sits_observe"):
+        daemon.request_reload(lambda: load(bad, env={}))
+        daemon.run(duration=0.05)
+    assert (f"SIGHUP: new config rejected, keeping the old one: {bad}: scheduler.shards[0].model: at most 256 "
+            f"characters (shorten it: it is repeated in every shard list, plan and span), got 'mmm") in caplog.text
+    with pytest.raises(ConfigError, match="shard a: numa_node: no GPU of this host is on NUMA node 7"):
+        sched.reload(config({**A, "numa_node": 7}))
+    assert tracked(sched) == ["a", "b"] and removals(sched) == []
+
+
+def test_the_simulators_shards_are_not_removed_with_the_config(tmp_path: Path) -> None:
+    sim = SimulatedHost(SimConfig(topology="nvswitch-8", scenario="quiet"), BucketLayout(parse({}).store.snapped()))
+    (first, *_) = sim.shards()
+    listed = {"id": first.id, "gpus": len(first.gpus), "placement": list(first.gpus)}  # the config lists one too
+    sched = Scheduler(SchedulerConfig(shards=[listed]), OtlpConfig(), sim.topology, tmp_path, sim=sim,
+                      clock=lambda: 1000.0)
+    try:
+        ran = tracked(sched)
+        sched.reload(config())
+        assert tracked(sched) == ran and first.id in ran and removals(sched) == []
+    finally:
+        sched.close()
+
+
+# scheduler.sqlite at schema version 3, before shards recorded who declared them
+VERSION_3 = """
+CREATE TABLE shards (id TEXT PRIMARY KEY, spec TEXT NOT NULL, created_ts REAL NOT NULL);
+CREATE TABLE placements (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, shard_id TEXT NOT NULL REFERENCES shards(id), kind TEXT NOT NULL,
+    source_id INTEGER, gpus TEXT NOT NULL DEFAULT '[]', node TEXT NOT NULL DEFAULT '', state TEXT NOT NULL,
+    version INTEGER NOT NULL, step TEXT, step_ts REAL, decision_id TEXT NOT NULL DEFAULT '',
+    reason TEXT NOT NULL DEFAULT '', created_ts REAL NOT NULL, updated_ts REAL NOT NULL);
+CREATE INDEX placements_shard ON placements(shard_id, state);
+CREATE TABLE spans (seq INTEGER PRIMARY KEY AUTOINCREMENT, decision_id TEXT NOT NULL, body TEXT NOT NULL,
+                    created_ts REAL NOT NULL);
+PRAGMA user_version=3;
+"""
+
+
+def test_shards_stored_before_origins_are_kept_until_the_config_claims_them(
+        tmp_path: Path, make_scheduler: Callable[..., Scheduler]) -> None:
+    """Which of them the config had listed is unknown: each is kept (as a shard the config dropped was kept then);
+    the ones the config lists at the first start are its own from then on."""
+    state = tmp_path / "state"
+    state.mkdir()
+    with closing(sqlite3.connect(state / DB_NAME)) as db, db:
+        db.executescript(VERSION_3)
+        for i, gpu in (("listed", 0), ("other", 1)):
+            db.execute("INSERT INTO shards VALUES (?, ?, 1.0)", (i, ShardSpec(id=i).model_dump_json()))
+            db.execute("INSERT INTO placements(shard_id, kind, gpus, node, state, version, created_ts, updated_ts) "
+                       "VALUES (?, 'adopt', ?, 'localhost', 'launched', 4, 1.0, 2.0)", (i, f"[{gpu}]"))
+    sched = make_scheduler(shards=[{"id": "listed", "placement": [0]}])
+    assert tracked(sched) == ["listed", "other"] and removals(sched) == []
+    sched.reload(config())
+    assert tracked(sched) == ["other"]
+    with closing(sqlite3.connect(state / DB_NAME)) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+
+
+def test_the_store_records_who_declared_a_shard(tmp_path: Path) -> None:
+    store = PlacementStore(tmp_path)
+    try:
+        store.add_shard(ShardSpec(id="c"), 1.0, "config")
+        store.add_shard(ShardSpec(id="s"), 1.0, "simulator")
+        store.add_shard(ShardSpec(id="x"), 1.0, "api")
+        assert store.claim("config", ["x", "nope"]) == {"c", "x"} and store.claim("simulator", []) == {"s"}
+    finally:
+        store.close()
+
+
+def test_a_config_shards_free_text_is_held_to_the_apis_limit(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"gpu:\n  backend: none\nscheduler:\n  shards:\n    - {{id: a, tenant: t}}\n"
+                   f"    - {{id: b, workload: {'w' * 257}}}\n")
+    assert main(["check-config", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert (f"sits-observe: error: {cfg}: scheduler.shards[1].workload: at most 256 characters (shorten it: it is "
+            f"repeated in every shard list, plan and span), got '{'w' * 79}... (259 characters)") in err
+    assert len(err) < 400, err
+    parse({"scheduler": {"shards": [{"id": "a", "model": "m" * 256}]}}, env={})  # at the limit: taken
