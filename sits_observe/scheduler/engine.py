@@ -237,7 +237,7 @@ class Scheduler:
 
     def decisions_state(self, limit: int = 100) -> dict[str, Any]:
         return {"exporting": self.tracer.exporting, "spans_dropped": self.tracer.dropped,
-                "decisions": self.tracer.recent(limit)}
+                "decisions": self.tracer.recent(limit), "last_move": self.tracer.last_move}
 
     @contextlib.contextmanager
     def _changing(self) -> Iterator[None]:

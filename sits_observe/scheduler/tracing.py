@@ -14,6 +14,7 @@ ids).  Exports run on their own thread: a collector that is down never blocks a 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import os
 import time
@@ -188,6 +189,7 @@ class DecisionTracer:
         self.resource = dict(resource.attributes)
         self.store = store
         self.ring: deque[dict[str, Any]] = deque(maxlen=keep)
+        self.last_move: dict[str, Any] | None = None  # the newest migration, however many decisions came since
         self._http = exporter if isinstance(exporter, _HttpExporter) else None
         self.sender = None if exporter is None else SpanSender(store, exporter, cfg)
         if self.sender is not None:
@@ -246,14 +248,15 @@ class DecisionTracer:
         entry["candidates"] = [{"gpus": list(c.gpus), "score": c.score, "terms": c.terms} for c in d.candidates]
         entry["node_cpu"] = None if d.node_cpu != d.node_cpu else d.node_cpu
         self.ring.append(entry)
+        if d.action == "migrate":
+            self.last_move = entry
         if self.sender is not None:
             self.sender.queued()
         return entry
 
     def recent(self, limit: int | None = None) -> list[dict[str, Any]]:
         """Newest first."""
-        out = list(reversed(self.ring))
-        return out if limit is None else out[:limit]
+        return list(itertools.islice(reversed(self.ring), limit))
 
     def flush(self, timeout: float = 5.0) -> bool:
         """Export the stored spans now; True when none is left unexported."""

@@ -139,7 +139,7 @@ def _status(ctx: UiContext) -> list[Any]:
     v = ctx.verdicts.latest()
     if v:
         items.append(html.Span(likely_cause(v, store.latest_ts), className="item"))
-    move = last_move(parts.decisions(ctx, 64))
+    move = last_move(parts.last_move(ctx))
     if move:
         items.append(html.Span(move, className="item warn" if move.endswith("(failed)") else "item"))
     return items
@@ -155,13 +155,11 @@ def likely_cause(v: dict[str, Any], now: float) -> str:
     return f"likely cause: {v.get('cause')} ({float(v.get('confidence', 0)):.2f}{when})"
 
 
-def last_move(decisions: list[dict[str, Any]]) -> str:
-    """The status line's ``last move: ...`` from the decisions (newest first), or ``""``: a migration, not a
-    start-up adopt; one whose first step failed at once says so (it moved nothing)."""
-    moves = [d for d in decisions if d.get("action") == "migrate"]
-    if not moves:
+def last_move(m: dict[str, Any] | None) -> str:
+    """The status line's ``last move: ...`` for the newest migration (not a start-up adopt), or ``""`` without one;
+    one whose first step failed at once says so (it moved nothing)."""
+    if m is None:
         return ""
-    m = moves[0]
     gpus = ",".join(map(str, m.get("source_gpus") or [])) + " → " + ",".join(map(str, m.get("target_gpus") or []))
     failed = " (failed)" if m.get("outcome") == "failed" else ""
     return f"last move: migrate {m.get('shard_id') or ''} {gpus}{failed}"

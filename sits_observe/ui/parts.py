@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .context import UiContext
 
-__all__ = ["Move", "migrations", "slos", "alerts", "verdicts", "decisions"]
+__all__ = ["Move", "migrations", "slos", "alerts", "verdicts", "decisions", "last_move"]
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,14 @@ def decisions(ctx: UiContext, limit: int) -> list[dict[str, Any]]:
     """Newest first."""
     sched = ctx.part("scheduler")
     return [] if sched is None else _records(sched.decisions_state(limit), "decisions")
+
+
+def last_move(ctx: UiContext) -> dict[str, Any] | None:
+    """The scheduler's newest migration since its start (None: none, or no scheduler), however many decisions came
+    after it (the newest 64 were searched: a busy scheduler's "no action" decisions hid an older move)."""
+    sched = ctx.part("scheduler")
+    move = sched.decisions_state(0).get("last_move") if sched is not None else None
+    return move if isinstance(move, dict) else None
 
 
 XID_WINDOW_S = 300.0  # the status line names GPUs with XID errors in the last 5 minutes

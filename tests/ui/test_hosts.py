@@ -236,9 +236,9 @@ def test_a_move_whose_first_step_failed_at_once_is_not_shown_as_a_move() -> None
     failed = {"ts": 1.0, "action": "migrate", "trigger": "verdict", "shard_id": "chat-0", "source_gpus": [0, 1],
               "target_gpus": [2, 3], "reason": "p99 burn", "outcome": "failed", "failure": "actuator queue full"}
     moved = failed | {"outcome": "launched", "failure": None, "shard_id": "chat-1"}
-    assert last_move([failed, moved]) == "last move: migrate chat-0 0,1 → 2,3 (failed)"
-    assert last_move([moved, failed]) == "last move: migrate chat-1 0,1 → 2,3"
-    assert last_move([{"action": "adopt", "shard_id": "x"}]) == ""
+    assert last_move(failed) == "last move: migrate chat-0 0,1 → 2,3 (failed)"
+    assert last_move(moved) == "last move: migrate chat-1 0,1 → 2,3"
+    assert last_move(None) == ""
     cells = [[td.children for td in tr.children] for tr in decision_table([failed, moved], True).children[1].children]
     assert cells[0][1] == "migrate (failed)" and cells[0][7] == "p99 burn; failed: actuator queue full"
     assert cells[1][1] == "migrate" and cells[1][7] == "p99 burn"
@@ -286,3 +286,22 @@ def test_the_status_line_names_a_lost_gpu_and_new_xid_errors(bare: Daemon) -> No
     assert said[0] == [] and said[1] == []  # an old XID count (GPU 0's 5) is no news
     assert said[2] == ["GPU 1: 2 XID errors in 5 min"]
     assert said[4] == ["GPU 3 lost · GPU 1: 2 XID errors in 5 min"]
+
+
+def test_the_last_move_is_shown_however_many_decisions_came_after_it(make_daemon: Any) -> None:
+    """The status line looked for a migration among the newest 64 decisions only: a busy scheduler's "no action"
+    decisions hid an older move (and the ring of decisions_kept forgets it too)."""
+    from sits_observe.scheduler.triggers import Trigger
+
+    d = make_daemon(ticks=5, scheduler={"actuator": "sim", "decisions_kept": 16})
+    sched = d.scheduler
+    moved = sched.manual_reshard("chat-1", "move it for the UI test")
+    for _ in range(100):
+        t = Trigger("imbalance", "none", False, sched.seen.now, "nothing better")
+        sched.tracer.record(sched.decider.decision(t, "shard.reshard", "no_action", "nothing better", "chat-0", None,
+                                                   ()))
+    assert all(x["action"] == "no_action" for x in sched.decisions_state(100)["decisions"])
+    assert sched.decisions_state(1)["last_move"]["id"] == moved["id"]
+    line = [x.children for x in _status(UiContext(d)) if str(x.children).startswith("last move")]
+    gpus = ",".join(map(str, moved["source_gpus"])) + " → " + ",".join(map(str, moved["target_gpus"]))
+    assert line == [f"last move: migrate chat-1 {gpus}"]
