@@ -156,7 +156,7 @@ def test_a_command_actuator_program_must_exist_and_be_executable(tmp_path):
         _one(tmp_path, f"scheduler: {{command: {{argv: ['{program}', '--dry']}}}}\n",
              "{f}: scheduler.command.argv[0]: program ", why, f"got '{program}'")
     f = tmp_path / "ok.yaml"
-    f.write_text(f"scheduler: {{actuator: command, command: {{argv: ['true']}}}}\n")
+    f.write_text("scheduler: {actuator: command, command: {argv: ['true']}}\n")
     assert load(f, env={}).scheduler.command.argv == ["true"]
     f.write_text(f"scheduler: {{actuator: command, command: {{argv: ['{sys.executable}', '-c', 'pass']}}}}\n")
     assert load(f, env={}).scheduler.command.argv[0] == sys.executable
