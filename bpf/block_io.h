@@ -9,8 +9,11 @@ struct rq_key {
 	u64 sector;
 };
 
+/* A request from its insert (or issue) until it completes: its submitter's workload, its issue time (0 before the
+ * issue, and for a request not timed), and when it was last inserted or issued. */
 struct rq_start {
 	u64 ts;
+	u64 seen;
 	u32 workload;
 	u32 pad;
 };

@@ -14,7 +14,7 @@ from typing import Any
 from ..errors import ProbeError
 from ..frame import BucketLayout
 from .drain import SeriesDelta, StageDrain
-from .features import optional_available, prog_run_stats
+from .features import optional_available, prog_recursion_misses, prog_run_stats
 from .specs import ProbeSpec, main_text
 
 __all__ = ["compile_bpf", "close_bpf", "compile_probe", "attach_path", "Program"]
@@ -135,6 +135,12 @@ class Program:
     def dropped(self) -> int:
         """Events lost because a map was full, all CPUs, since load."""
         return int(sum(self._dropped[ct.c_int(0)]))
+
+    def missed(self) -> int | None:
+        """Events the kernel did not run the programs for (:func:`prog_recursion_misses`), summed over the loaded
+        programs since load; None where the kernel does not count them."""
+        got = [m for m in (prog_recursion_misses(fn.fd) for fn in self.bpf.funcs.values()) if m is not None]
+        return sum(got) if got else None
 
     def run_stats(self) -> tuple[int, int] | None:
         """(run_time_ns, run_count) summed over the loaded programs, None where not exposed."""

@@ -200,6 +200,10 @@ class ProbeSource:
                 continue
             yield Sample("sits_probe_dropped_events_total", "counter",
                          "Events not counted because a kernel map was full.", lab, float(state.program.dropped()))
+            if (missed := state.program.missed()) is not None:
+                yield Sample("sits_probe_missed_events_total", "counter",
+                             "Events the kernel did not run the probe's programs for: they fired on a CPU already "
+                             "running a BPF tracing program (its recursion guard).", lab, float(missed))
             run = state.program.run_stats() if stats_on else None
             if run is not None:
                 yield Sample("sits_probe_run_time_seconds_total", "counter",
