@@ -31,6 +31,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "scheduler": ("sits_observe.scheduler.bench", "run_scheduler"),
     "loop": ("sits_observe.scheduler.bench", "run_loop"),
     "ui": ("sits_observe.ui.bench", "run"),
+    "soak": ("sits_observe.soak", "run"),
 }
 COMMAND_MODULES = (
     "sits_observe.runtime",

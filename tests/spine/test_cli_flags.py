@@ -28,7 +28,8 @@ BENCH_COUNTS = [
     ["rca", "--threads", "0"], ["rca", "--threads", "100000"], ["ui", "--history", "0"], ["ui", "--history", "59"],
     ["ui", "--history", "86401"], ["ui", "--updates", "0"], ["ui", "--interval", "0"], ["ui", "--interval", "0.1"],
     ["loop", "--objective", "2"], ["loop", "--objective", "1"], ["loop", "--cooldown", "-5"],
-    ["loop", "--cooldown", "inf"], ["loop", "--threshold", "nan"],
+    ["loop", "--cooldown", "inf"], ["loop", "--threshold", "nan"], ["soak", "--hours", "0"], ["soak", "--every", "5"],
+    ["soak", "--max-wall", "1"], ["soak", "--speed", "0"], ["soak", "--tolerance", "-0.1"], ["soak", "--seed", "-1"],
 ]
 # past these a run needed tens of GB (pipeline --gpus 100000: a MemoryError, then it ran on) or hung (slo --slos 1e7)
 BENCH_SIZES = [
@@ -46,6 +47,8 @@ BENCH_SIZES = [
     ["rca", "--epochs", "1001", "1000"], ["rca", "--samples", "100001", "100000"],
     ["scheduler", "--gpus", "4104", "4096"], ["scheduler", "--shards", "10001", "10000"],
     ["scheduler", "--exact-cap", "100000001", "100000000"], ["ui", "--updates", "1001", "1000"],
+    ["soak", "--hours", "169", "168"], ["soak", "--every", "3601", "3600"], ["soak", "--max-wall", "86401", "86400"],
+    ["soak", "--speed", "10001", "10000"],
 ]
 RCA = [
     # under 2 ticks a ValueError traceback ("need at least one array to concatenate")
