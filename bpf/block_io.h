@@ -10,12 +10,13 @@ struct rq_key {
 };
 
 /* A request from its insert (or issue) until it completes: its submitter's workload, its issue time (0 before the
- * issue, and for a request not timed), and when it was last inserted or issued. */
+ * issue, and for a request not timed), when it was last inserted, issued or put back, and whether it is issued
+ * (1 from its issue until the driver puts it back). */
 struct rq_start {
 	u64 ts;
 	u64 seen;
 	u32 workload;
-	u32 pad;
+	u32 issued;
 };
 
 #endif /* SITS_BLOCK_IO_H */

@@ -83,7 +83,8 @@ SPECS: dict[str, ProbeSpec] = {
     "block_io": ProbeSpec(
         "block_io", "block_io", "tracepoint", ("block_io",),
         features=(Feature("HAVE_BLOCK_RQ", ("block:block_rq_issue", "block:block_rq_complete")),
-                  Feature("HAVE_BLOCK_RQ_INSERT", ("block:block_rq_insert",))),
+                  Feature("HAVE_BLOCK_RQ_INSERT", ("block:block_rq_insert",)),
+                  Feature("HAVE_BLOCK_RQ_REQUEUE", ("block:block_rq_requeue",))),
         requires=(("HAVE_BLOCK_RQ",),)),
     "cuda": ProbeSpec("cuda", "calls", "uprobe", ("launch", "h2d", "d2h", "sync", "alloc"),
                       optional=("HAVE_TASK_STORAGE",), defines=_CALL_DEFINES),

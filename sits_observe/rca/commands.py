@@ -58,7 +58,8 @@ def register(sub: Any) -> None:
                    help=f"simulated hours per entity (at most {MAX_HOURS:g}; add --entities for more data)")
     d.add_argument("--topology", type=host_topology, default="nvswitch-8", help="nvswitch-8 or pcie-8")
     d.add_argument("--trace", choices=("conv", "code"), default="conv", help="Azure LLM trace to replay")
-    d.add_argument("--severity", type=severity_range, default=(0.5, 1.0), help="fault severity range LOW,HIGH, within (0, 1]")
+    d.add_argument("--severity", type=severity_range, default=(0.5, 1.0),
+                   help="fault severity range LOW,HIGH, within (0, 1]")
     d.add_argument("--entities", type=POSITIVE_INT, default=1, help="independent simulated hosts (seeds seed*100+k)")
     d.add_argument("--rates", type=rate_list, default=(1.0,), help="request-rate multipliers, one per entity in turn")
     d.add_argument("--bursty", action="store_true", help="switch each entity's arrivals off and on by the minute")

@@ -40,8 +40,12 @@ def shorten(text: str) -> str:
 
 
 def clip(value: Any) -> str:
-    """``repr(value)``, cut to :data:`SHOWN_CHARS` characters and ``... (N characters)`` when longer."""
-    return shorten(repr(value))
+    """``repr(value)``, cut to :data:`SHOWN_CHARS` characters and ``... (N characters)`` when longer; N counts a
+    string's own characters (a 257-character one was said to have 259: its repr's quotes, after "at most 256")."""
+    text = repr(value)
+    if len(text) <= SHOWN_CHARS:
+        return text
+    return text[:SHOWN_CHARS] + f"... ({len(value) if isinstance(value, str) else len(text)} characters)"
 
 
 def shown(value: Any) -> str:

@@ -256,6 +256,13 @@ def test_a_config_shards_free_text_is_held_to_the_apis_limit(tmp_path: Path,
     assert main(["check-config", str(cfg)]) == 2
     err = capsys.readouterr().err
     assert (f"sits-observe: error: {cfg}: scheduler.shards[1].workload: at most 256 characters (shorten it: it is "
-            f"repeated in every shard list, plan and span), got '{'w' * 79}... (259 characters)") in err
+            f"repeated in every shard list, plan and span), got '{'w' * 79}... (257 characters)") in err
     assert len(err) < 400, err
     parse({"scheduler": {"shards": [{"id": "a", "model": "m" * 256}]}}, env={})  # at the limit: taken
+
+
+def test_a_refused_texts_length_is_its_own(make_scheduler: Callable[..., Scheduler]) -> None:
+    """The API said "at most 256 characters, got '...' (259 characters)" of a 257-character model: its repr's."""
+    said = r"^shard a: model: at most 256 characters .*, got 'm{79}\.\.\. \(257 characters\)$"
+    with pytest.raises(ConfigError, match=said):
+        make_scheduler().register_shard({"id": "a", "model": "m" * 257})
