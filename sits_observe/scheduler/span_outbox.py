@@ -45,6 +45,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from ..backoff import backoff_delay
 from ..errors import SchedulerError
 from .config import OtlpConfig
+from .sdklog import ExporterLines
 from .store import PlacementStore, SpanRecord
 
 __all__ = ["SpanSender", "readable", "BATCH"]
@@ -83,6 +84,7 @@ class SpanSender(threading.Thread):
                  rng: random.Random | None = None) -> None:
         super().__init__(name="sits-span-export", daemon=True)
         self.store, self.exporter, self.cfg = store, exporter, cfg
+        self._sdk_lines = ExporterLines.installed()
         self.rng = rng or random.Random()
         self.dropped = 0  # spans never exported: not stored, over otlp.max_queue, unreadable, or refused
         self.failures = 0  # attempts failed in a row
@@ -271,9 +273,11 @@ class SpanSender(threading.Thread):
         return []
 
     def _export(self, batch: list[tuple[int, ReadableSpan]]) -> str | None:
-        """None when the exporter accepted ``batch``, else why not."""
+        """None when the exporter accepted ``batch``, else why not (with the first line the SDK's exporter logged)."""
+        self._sdk_lines.reset()
         try:
             ok = self.exporter.export([s for _, s in batch]) is SpanExportResult.SUCCESS
         except Exception as exc:  # noqa: BLE001 - an exporter bug must cost a retry, not the thread
             return f"the exporter raised {type(exc).__name__}"
-        return None if ok else "the exporter reported failure"
+        said = getattr(getattr(self.exporter, "session", None), "error", None) or self._sdk_lines.first()
+        return None if ok else "the exporter reported failure" + (f": {said}" if said else "")

@@ -35,6 +35,7 @@ from ..collectors.config import redirect_target
 from ..errors import SchedulerError
 from .config import OtlpConfig, otlp_endpoint
 from .placement import Candidate
+from .sdklog import recording_session
 from .span_outbox import SpanSender
 from .store import PlacementStore, SpanRecord
 
@@ -129,10 +130,9 @@ class _HttpExporter(SpanExporter):
     the OTLP spec says not to retry) are logged with the collector's message and counted in ``rejected``."""
 
     def __init__(self, endpoint: str, timeout: float) -> None:
-        import requests
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-        session = requests.Session()
+        self.session = session = recording_session()
         session.hooks["response"].append(self._answered)
         self._sdk = OTLPSpanExporter(endpoint=endpoint, timeout=timeout, session=session)
         self._last: Any = None  # the last answer of the export in progress (the SDK may retry)
