@@ -95,7 +95,7 @@ def test_a_dropped_shard_with_a_placement_in_flight_is_removed_once_it_has_finis
     sched.ack(p.id, {"step": "stage", "ok": True})
     sched.close()
 
-    again = make_scheduler(actuator=PendingActuator())  # restarted with the launch step on its way
+    again = make_scheduler(actuator=PendingActuator(), shards=[])  # restarted, the launch step on its way
     again.on_tick(frame(1002.0))
     assert tracked(again) == ["b"]
     again.ack(p.id, {"step": "launch", "ok": True})
@@ -266,3 +266,22 @@ def test_a_refused_texts_length_is_its_own(make_scheduler: Callable[..., Schedul
     said = r"^shard a: model: at most 256 characters .*, got 'm{79}\.\.\. \(257 characters\)$"
     with pytest.raises(ConfigError, match=said):
         make_scheduler().register_shard({"id": "a", "model": "m" * 257})
+
+
+def test_a_config_without_a_shards_list_removes_none(make_scheduler: Callable[..., Scheduler],
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """A start without --config, or a file that lost its scheduler.shards, removed every config shard with its
+    history (and a restored config then placed them again, sending stage and launch for deployments running
+    already); an explicit empty list still removes them."""
+    sched = make_scheduler(shards=[A, {**B, "placement": [2, 3]}])
+    with caplog.at_level(logging.WARNING, logger="sits_observe.scheduler"):
+        sched.reload(parse({"gpu": {"backend": "none"}}, env={}))
+        sched.reload(parse({"gpu": {"backend": "none"}, "scheduler": {"strategy": "pack"}}, env={}))
+    assert tracked(sched) == ["a", "b"] and removals(sched) == []
+    said = [r.getMessage() for r in caplog.records if "no scheduler.shards" in r.getMessage()]
+    assert len(said) == 2 and "the 2 shard(s) an earlier one declared are kept (a, b)" in said[0], said
+    sched.close()
+    again = make_scheduler()  # a restart with all defaults on the same state_dir
+    assert tracked(again) == ["a", "b"]
+    again.reload(config())  # `shards: []`
+    assert tracked(again) == [] and len(removals(again)) == 2
