@@ -78,8 +78,8 @@ class Scheduler:
         self._unplaced: dict[str, ShardSpec] = {}  # config shards waiting for GPU values to be placed
         self._simulated = frozenset(s.id for s in sim.shards()) if sim is not None else frozenset()
         with self._changing():
+            self._remove_unlisted()  # before steps in flight are sent again: a dropped shard's are not
             self.walker.resume(self.seen.now)
-            self._unlisted = self._remove_unlisted()
             for spec in cfg.shards:
                 self._ensure(spec, "config")
             for s in sim.shards() if sim is not None else ():
@@ -100,8 +100,8 @@ class Scheduler:
                 self._place_deferred()
             self.walker.poll(ts)
             self.walker.expire(ts)
-            if self._unlisted:  # dropped from the config while a placement was in flight
-                self._unlisted = remove_unlisted(self.decider, self._unlisted, announce=False)
+            if self.walker.halted:  # dropped from the config while a placement was in flight
+                self.walker.halted = remove_unlisted(self.decider, self.walker.halted, announce=False)
             fired = []
             while self._verdicts:
                 v = self._verdicts.popleft()
@@ -178,10 +178,10 @@ class Scheduler:
             self.decider.assign(spec, Trigger("adopt", "none", True, now, f"running on start-up ({origin})"),
                                 Result(c, [c], "given", 1))  # recorded and traced as any adoption
 
-    def _remove_unlisted(self) -> set[str]:
-        """Remove the shards the config no longer lists (its own: see :mod:`.registry`); returns those whose removal
-        waits for a placement in flight."""
-        return remove_unlisted(self.decider, unlisted(self.decider, self._simulated), announce=True)
+    def _remove_unlisted(self) -> None:
+        """Remove the shards the config no longer lists (its own: see :mod:`.registry`); those with a placement in
+        flight are halted (no stage or launch sent for them any more) and removed once it has failed or finished."""
+        self.walker.halted = remove_unlisted(self.decider, unlisted(self.decider, self._simulated), announce=True)
 
     def _respec(self, v: ShardView, spec: ShardSpec) -> ShardView:
         """Store the changed fields of a registered config shard; not while it migrates (the plans of the steps
@@ -274,7 +274,7 @@ class Scheduler:
             self.decider.configure(new)
             self.triggers = Triggers(new, self.topo.n)
             self.walker.step_timeout = new.step_timeout
-            self._unlisted = self._remove_unlisted()
+            self._remove_unlisted()
             self._unplaced = {}  # the new config says which still wait
             self._ensure_each(new.shards)
 

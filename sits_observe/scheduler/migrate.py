@@ -40,6 +40,9 @@ class Walker:
     def __init__(self, store: PlacementStore, actuator: Actuator, choose: Chooser, step_timeout: float) -> None:
         self.store, self.actuator, self.choose, self.step_timeout = store, actuator, choose, step_timeout
         self.waiting: set[int] = set()  # pending placements whose choice ``choose`` put off
+        # shards dropped from the config while a placement was in flight: no stage or launch is sent for them any
+        # more (the placement fails at its next step, and the shard is removed then); a drain still is
+        self.halted: set[str] = set()
         self._unwritten: list[StepOutcome] = []  # outcomes whose write failed: applied at the next poll
 
     def start(self, shard_id: str, kind: str, gpus: tuple[int, ...], node: str, ts: float, *,
@@ -84,6 +87,9 @@ class Walker:
                 self.advance(self.store.update(src, ts, State.DRAINING, reason=f"replaced by placement {p.id}"), ts)
             return None
         step = _STEP_OF[p.state]
+        if step != "drain" and p.shard_id in self.halted:
+            return self.store.update(p, ts, State.FAILED, reason=f"{step} not sent: the shard is no longer in the "
+                                     "config (scheduler.shards)")
         p = self.store.update(p, ts, step=step, step_ts=ts)
         outcome = self.actuator.submit(self.plan(p, step))
         return p if outcome is None else self._apply(p, outcome, ts)

@@ -10,7 +10,8 @@ whoever retires a deployment runs it.  ``DELETE`` refuses (409, changing nothing
 flight (a step on its way would come back for a shard no longer tracked), and one the config or the simulator
 declares (the next SIGHUP or start would register it again).  The config is the truth about its shards: one it
 declared and no longer lists is removed at the start or SIGHUP that finds it gone, or, with a placement in
-flight, at the first tick after that placement has finished or failed.
+flight, halted (the walker sends it no stage or launch any more: the placement fails at its next step) and
+removed at the first tick after that.
 """
 
 from __future__ import annotations
@@ -148,8 +149,9 @@ def remove_unlisted(decider: Decider, ids: set[str], announce: bool) -> set[str]
         if view.migrating:
             kept.add(shard_id)
             if announce:
-                log.warning("scheduler: shard %s is no longer in the config (scheduler.shards); %s: it is removed "
-                            "once that has finished or failed", shard_id, _in_flight(view))
+                log.warning("scheduler: shard %s is no longer in the config (scheduler.shards); %s: no stage or "
+                            "launch is sent for it any more (a drain still is), and it is removed once the step on "
+                            "its way has ended", shard_id, _in_flight(view))
             continue
         try:
             _forget(decider, view, "removed from the config (scheduler.shards)")

@@ -29,6 +29,7 @@ from sits_observe.errors import ConfigError
 from sits_observe.frame import BucketLayout
 from sits_observe.scheduler.config import OtlpConfig, SchedulerConfig, ShardSpec
 from sits_observe.scheduler.engine import Scheduler
+from sits_observe.scheduler.states import State
 from sits_observe.scheduler.store import DB_NAME, SCHEMA_VERSION, PlacementStore
 from sits_observe.sim.host import SimulatedHost
 
@@ -79,30 +80,41 @@ def test_a_shard_dropped_from_the_config_while_the_daemon_was_down_is_removed_at
     assert removals(again) == [("b", "removed from the config (scheduler.shards); GPUs [2, 3] freed", [2, 3])]
 
 
-def test_a_dropped_shard_with_a_placement_in_flight_is_removed_once_it_has_finished(
+def test_a_dropped_shard_with_a_placement_in_flight_gets_no_further_step_and_is_removed(
         make_scheduler: Callable[..., Scheduler], caplog: pytest.LogCaptureFixture) -> None:
-    """Forgetting it at once would leave the step on its way answering for a shard no longer tracked; refusing the
-    removal would leave it to a second SIGHUP someone has to remember.  It waits, also across a restart."""
-    sched = make_scheduler(actuator=PendingActuator(), shards=[B])
+    """Forgetting it at once would leave the step on its way answering for a shard no longer tracked, refusing the
+    removal would leave it to a second SIGHUP someone has to remember; waiting for the placement to finish sent the
+    launch of a shard the config no longer lists (and then forgot it, launched). The step on its way ends it."""
+    act = PendingActuator()
+    sched = make_scheduler(actuator=act, shards=[B])
     sched.on_tick(frame(1000.0))
     (p,) = sched.store.placements("b", live=True)
     with caplog.at_level(logging.WARNING, logger="sits_observe.scheduler"):
         sched.reload(config())
     assert (f"shard b is no longer in the config (scheduler.shards); its first placement is in flight (placement "
-            f"{p.id} placed waiting for step stage): it is removed once that has finished or failed") in caplog.text
+            f"{p.id} placed waiting for step stage): no stage or launch is sent for it any more") in caplog.text
     sched.on_tick(frame(1001.0))
     assert tracked(sched) == ["b"] and removals(sched) == []
     sched.ack(p.id, {"step": "stage", "ok": True})
-    sched.close()
+    assert [plan["step"] for plan in act.plans] == ["stage"]  # no launch
+    failed = sched.store.placement(p.id)
+    assert failed.state is State.FAILED and failed.reason.startswith("launch not sent: the shard is no longer")
+    assert tracked(sched) == ["b"]  # removed at the next tick, not inside the orchestrator's ack
+    sched.on_tick(frame(1002.0))
+    assert tracked(sched) == [] and removals(sched) == [("b", "removed from the config (scheduler.shards)", [])]
 
-    again = make_scheduler(actuator=PendingActuator(), shards=[])  # restarted, the launch step on its way
-    again.on_tick(frame(1002.0))
-    assert tracked(again) == ["b"]
-    again.ack(p.id, {"step": "launch", "ok": True})
-    assert tracked(again) == ["b"]  # removed at the next tick, not inside the orchestrator's ack
-    again.on_tick(frame(1003.0))
-    assert tracked(again) == [] and removals(again)[0][:2] == ("b", f"removed from the config (scheduler.shards); "
-                                                                     f"GPUs {list(p.gpus)} freed")
+
+def test_a_step_in_flight_at_a_restart_is_not_sent_again_for_a_dropped_shard(
+        make_scheduler: Callable[..., Scheduler]) -> None:
+    first = make_scheduler(actuator=PendingActuator(), shards=[B])
+    first.on_tick(frame(1000.0))
+    (p,) = first.store.placements("b", live=True)
+    first.close()  # stopped with the stage on its way, and restarted without the shard
+    act = PendingActuator()
+    again = make_scheduler(actuator=act, shards=[])
+    assert act.plans == [] and again.store.placement(p.id).state is State.FAILED
+    again.on_tick(frame(1001.0))
+    assert tracked(again) == [] and len(removals(again)) == 1
 
 
 def test_a_dropped_shard_whose_placing_fails_is_removed(make_scheduler: Callable[..., Scheduler]) -> None:
@@ -147,8 +159,7 @@ def test_a_removal_the_database_refuses_is_tried_again(make_scheduler: Callable[
     assert sched.cfg.cooldown == 7 and tracked(sched) == ["a", "api", "b"]
     sched.reload(config(cooldown=7))  # A and B dropped: B's placement is in flight
     assert tracked(sched) == ["api", "b"]
-    sched.ack(p.id, {"step": "stage", "ok": True})
-    sched.ack(p.id, {"step": "launch", "ok": True})
+    sched.ack(p.id, {"step": "stage", "ok": True})  # its launch is not sent: the placement fails
     db.execute("PRAGMA query_only = ON")
     try:
         with caplog.at_level(logging.ERROR, logger="sits_observe.scheduler"):
