@@ -180,8 +180,13 @@ class Scheduler:
 
     def _remove_unlisted(self) -> None:
         """Remove the shards the config no longer lists (its own: see :mod:`.registry`); those with a placement in
-        flight are halted (no stage or launch sent for them any more) and removed once it has failed or finished."""
-        self.walker.halted = remove_unlisted(self.decider, unlisted(self.decider, self._simulated), announce=True)
+        flight are halted (no stage or launch sent for them any more) and removed once it has failed or finished.
+        Not looked for (the database refused), those halted stay so, unless the config lists them again."""
+        gone = unlisted(self.decider, self._simulated)
+        if gone is None:
+            self.walker.halted -= {s.id for s in self.cfg.shards}
+            return
+        self.walker.halted = remove_unlisted(self.decider, gone, announce=True)
 
     def _respec(self, v: ShardView, spec: ShardSpec) -> ShardView:
         """Store the changed fields of a registered config shard; not while it migrates (the plans of the steps
@@ -210,7 +215,9 @@ class Scheduler:
         """``DELETE /api/v1/shards/<id>``: stop tracking a shard; refused (in flight, declared by the config or the
         simulator) -> unchanged (see :mod:`.registry`)."""
         with self._changing():
-            return remove(self.decider, shard_id, self._simulated)
+            removed = remove(self.decider, shard_id, self._simulated)
+            self.walker.halted.discard(shard_id)  # the same id registered again is not the config's dropped shard
+            return removed
 
     def manual_reshard(self, shard_id: str, reason: Any) -> dict[str, Any]:
         """``POST /api/v1/reshard``: move a launched shard to its best other placement now (no cooldown), or
@@ -221,6 +228,9 @@ class Scheduler:
             view = self.decider.views().get(shard_id)
             if view is None:
                 raise NotFound(f"shard {shard_id}: not registered")
+            if shard_id in self.walker.halted:  # its next placement would fail at once, and the shard go with it
+                raise SchedulerError(f"shard {shard_id}: cannot re-shard: it is no longer in the config "
+                                     "(scheduler.shards) and is removed at the next tick")
             t = Trigger("manual", "none", True, self.seen.now, f"manual: {' '.join(reason.split())[:200]}")  # 1 line
             return self.decider.place_again(view.spec, t) if view.state is None else self.decider.manual(t, view)
 

@@ -121,16 +121,17 @@ def remove(decider: Decider, shard_id: str, simulated: Collection[str]) -> dict[
     return _forget(decider, view, "removed by api")
 
 
-def unlisted(decider: Decider, simulated: Collection[str]) -> set[str]:
+def unlisted(decider: Decider, simulated: Collection[str]) -> set[str] | None:
     """The shards the config declared that it no longer lists, nor the simulator runs; those it lists are claimed as
-    the config's first (also one the API registered).  None from a config without ``scheduler.shards`` at all (a
-    start without ``--config``, a file that lost the section: every config shard and its history went with it)."""
+    the config's first (also one the API registered).  None of them from a config without ``scheduler.shards`` at
+    all (a start without ``--config``, a file that lost the section: every config shard and its history went with
+    it); None itself (not looked for) when the database refused."""
     listed = {s.id for s in decider.cfg.shards}
     try:
         declared = decider.store.claim("config", listed)
     except SchedulerError as exc:  # disk full: the rest of the config applies; the next SIGHUP or start looks again
         log.error("scheduler: shards no longer in the config not looked for (at the next SIGHUP or start): %s", exc)
-        return set()
+        return None
     gone = declared - listed - set(simulated)
     if gone and "shards" not in decider.cfg.model_fields_set:
         log.warning("scheduler: this config gives no scheduler.shards; the %d shard(s) an earlier one declared are "

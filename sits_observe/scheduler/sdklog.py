@@ -18,14 +18,18 @@ SDK_LOGGERS = ("opentelemetry.exporter.otlp.proto.http.trace_exporter",
 
 
 class ExporterLines(logging.Filter):
-    """Keeps each thread's first SDK exporter line since :meth:`reset` (an export runs on the caller's thread) and
-    drops the record."""
+    """Keeps each thread's first SDK exporter warning or error since :meth:`reset` (an export runs on the caller's
+    thread) and drops the record.  A debug or info line passes (logged only when asked for): it is neither the
+    noise held back nor a cause (the gRPC exporter's ``Reinitializing gRPC channel ... due to UNAVAILABLE error``
+    comes before the line that says why)."""
 
     def __init__(self) -> None:
         super().__init__()
         self._first = threading.local()
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
         if getattr(self._first, "line", None) is None:
             self._first.line = " ".join(record.getMessage().split())  # one line: a traceback's newlines go
         return False
@@ -40,12 +44,14 @@ class ExporterLines(logging.Filter):
 
     @classmethod
     def installed(cls) -> ExporterLines:
-        """The one filter on the SDK exporters' loggers (added at the first call)."""
+        """The one filter on the SDK exporters' loggers (added at the first call), first: the gRPC exporter's own
+        ``DuplicateFilter`` drops a line the same as the one before it within 20 s, so the cause of a new outage would
+        go unseen after an outage just ended."""
         logger = logging.getLogger(SDK_LOGGERS[0])
         mine = next((f for f in logger.filters if isinstance(f, cls)), None) or cls()
         for name in SDK_LOGGERS:
             if mine not in logging.getLogger(name).filters:
-                logging.getLogger(name).addFilter(mine)
+                logging.getLogger(name).filters.insert(0, mine)
         return mine
 
 

@@ -191,7 +191,7 @@ class SpanSender(threading.Thread):
                     return True
                 started = time.monotonic()
                 if why := self._export(batch):
-                    if self._refused(batch, time.monotonic() - started, min(deadline, self._stop_by)):
+                    if self._refused(batch, why, time.monotonic() - started, min(deadline, self._stop_by)):
                         continue
                     return self._failed(logging.WARNING, f"OTLP export of {len(batch)} ShardDecisionSpan(s) failed "
                                         f"({why}); they stay in {self.store.path} and are sent again with back-off")
@@ -221,9 +221,10 @@ class SpanSender(threading.Thread):
             log.info("scheduler: sending ShardDecisionSpans works again")
         self.failures = 0
 
-    def _refused(self, batch: list[tuple[int, ReadableSpan]], took: float, deadline: float) -> bool:
-        """After a failed request: True when the collector refused it for its spans and the attempt goes on
-        at once (with half as many spans, or without the span dropped); False for a back-off."""
+    def _refused(self, batch: list[tuple[int, ReadableSpan]], why: str, took: float, deadline: float) -> bool:
+        """After a failed request (``why``: :meth:`_export`'s words): True when the collector refused it for its spans
+        and the attempt goes on at once (with half as many spans, or without the span dropped); False for a
+        back-off."""
         if took >= QUICK_S or self._stopping(deadline) or self._export([]) is not None:
             self._strikes = 0  # down, retried, hung, or stopping
             return False
@@ -245,7 +246,8 @@ class SpanSender(threading.Thread):
         if self._strikes < STRIKES:
             return False  # once more after the back-off
         log.error("scheduler: OTLP collector refused ShardDecisionSpan %d of %s alone %d times in a row while it "
-                  "took a newer one; dropped (the collector's log says why)", seq, self.store.path, self._strikes)
+                  "took a newer one; dropped (%s; the collector's log says more)", seq, self.store.path, self._strikes,
+                  why)
         self._drop(self.store.drop_spans([seq]))
         self._suspect, self._strikes, self._limit, self._cap = None, 0, BATCH, BATCH  # explained: no size limit
         return True

@@ -25,7 +25,7 @@ from sits_observe.cli import main
 from sits_observe.clock import SimClock
 from sits_observe.config import SimConfig, load, parse
 from sits_observe.daemon import Daemon
-from sits_observe.errors import ConfigError
+from sits_observe.errors import ConfigError, SchedulerError
 from sits_observe.frame import BucketLayout
 from sits_observe.scheduler.config import OtlpConfig, SchedulerConfig, ShardSpec
 from sits_observe.scheduler.engine import Scheduler
@@ -296,3 +296,58 @@ def test_a_config_without_a_shards_list_removes_none(make_scheduler: Callable[..
     assert tracked(again) == ["a", "b"]
     again.reload(config())  # `shards: []`
     assert tracked(again) == [] and len(removals(again)) == 2
+
+
+def test_a_dropped_shard_is_not_re_sharded_before_its_removal(make_scheduler: Callable[..., Scheduler]) -> None:
+    """Its re-shard failed (its orchestrator's failed ack) and it waits for the next tick's removal: a re-shard through
+    the API then started a placement that failed at once (a failed migration decision, an alert annotation)."""
+    sched = make_scheduler(actuator=PendingActuator(), shards=[{**B, "placement": [0, 1]}])
+    sched.on_tick(frame(1000.0))
+    sched.manual_reshard("b", "rebalance")
+    (_, new) = sched.store.placements("b", live=True)
+    sched.reload(config())
+    sched.ack(new.id, {"step": "stage", "ok": False, "reason": "image pull"})
+    with pytest.raises(SchedulerError, match="shard b: cannot re-shard: it is no longer in the config"):
+        sched.manual_reshard("b", "again")
+    assert len(sched.store.placements("b")) == 2  # no third
+    sched.on_tick(frame(1001.0))
+    assert tracked(sched) == []
+
+
+def test_a_dropped_shard_removed_through_the_api_and_registered_again_is_the_apis(
+        make_scheduler: Callable[..., Scheduler]) -> None:
+    """Removed by DELETE while it waited for the tick's removal, the id stayed halted: the API's new shard of that id
+    got its placement failed at once, and the next tick removed it as the config's."""
+    act = PendingActuator()
+    sched = make_scheduler(actuator=act, shards=[B])
+    sched.on_tick(frame(1000.0))
+    (p,) = sched.store.placements("b", live=True)
+    sched.reload(config())
+    sched.ack(p.id, {"step": "stage", "ok": False, "reason": "image pull"})
+    sched.remove_shard("b")
+    assert sched.register_shard({"id": "b", "gpus": 2, "memory_per_gpu": GiB})["failure"] == ""
+    (again,) = sched.store.placements("b", live=True)
+    sched.ack(again.id, {"step": "stage", "ok": True})
+    sched.ack(again.id, {"step": "launch", "ok": True})
+    sched.on_tick(frame(1001.0))
+    assert tracked(sched) == ["b"] and sched.store.placement(again.id).state is State.LAUNCHED
+
+
+def test_a_sighup_the_database_refuses_leaves_a_dropped_shard_halted(make_scheduler: Callable[..., Scheduler]) -> None:
+    """The claim refused, the shards dropped earlier were no longer halted: the launch of one went out, and nothing
+    removed it after."""
+    act = PendingActuator()
+    sched = make_scheduler(actuator=act, shards=[B])
+    sched.on_tick(frame(1000.0))
+    (p,) = sched.store.placements("b", live=True)
+    sched.reload(config())
+    db = sched.store._db
+    db.execute("PRAGMA query_only = ON")  # every write fails in SQLite, as on a full disk
+    try:
+        sched.reload(config(cooldown=7))
+    finally:
+        db.execute("PRAGMA query_only = OFF")
+    sched.ack(p.id, {"step": "stage", "ok": True})
+    assert [plan["step"] for plan in act.plans] == ["stage"]  # no launch
+    sched.on_tick(frame(1001.0))
+    assert tracked(sched) == []

@@ -582,3 +582,71 @@ def test_a_collector_down_is_one_log_line_naming_the_cause(make_scheduler: Calla
     ours = [r.getMessage() for r in caplog.records if r.name == "sits_observe.scheduler" and "OTLP export" in
             r.getMessage()]
     assert len(ours) == 1 and "(the exporter reported failure: Connection refused)" in ours[0], ours
+
+
+def test_a_dropped_span_is_logged_with_what_the_exporter_said(make_scheduler: Callable[..., Scheduler],
+                                                                receiver: Receiver, caplog: pytest.LogCaptureFixture,
+                                                                no_sender_thread: None) -> None:
+    """The SDK exporter's lines are held back; its error for each refused request ("code: 400") was the only line
+    saying how the collector refused the span the sender then dropped."""
+    _poisoned(receiver, {"s5"})
+    s = make_scheduler(otlp=OtlpConfig(endpoint=receiver.url, schedule_delay=60))
+    s.on_tick(frame(1000.0))
+    register(s, 40)
+    with caplog.at_level(logging.DEBUG):
+        assert _flush_until_done(s) == 2
+    (line,) = [r.getMessage() for r in caplog.records if "refused ShardDecisionSpan" in r.getMessage()]
+    assert "dropped (the exporter reported failure: Failed to export spans batch code: 400, reason: Bad Request" in line
+
+
+def test_a_grpc_collector_down_is_named_also_at_debug_level(make_scheduler: Callable[..., Scheduler],
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    """At debug level the gRPC exporter's first line of a failed export is its debug "Reinitializing gRPC channel ...":
+    it was held back and given as the outage's cause, in place of the error that names it."""
+    s = make_scheduler(otlp=OtlpConfig(endpoint=refused_url(), protocol="grpc", timeout=1, schedule_delay=60))
+    s.on_tick(frame(1000.0))
+    with caplog.at_level(logging.DEBUG):
+        register(s, 1)
+        assert not s.tracer.flush()
+    (line,) = [r.getMessage() for r in caplog.records if "OTLP export" in r.getMessage()]
+    assert "(the exporter reported failure: " in line and "StatusCode.UNAVAILABLE" in line, line
+    assert "Reinitializing" not in line
+    sdk = [r.levelno for r in caplog.records if r.name.startswith("opentelemetry")]
+    assert sdk and set(sdk) == {logging.DEBUG}  # asked for, passed; the warnings and errors held back
+
+
+def test_a_grpc_outage_soon_after_another_is_named(make_scheduler: Callable[..., Scheduler],
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """The gRPC exporter's own filter drops a line the same as the one before it within 20 s; it ran before ours, so
+    the line of an outage soon after another never reached it, and the outage's one line named no cause."""
+    from concurrent import futures
+
+    import grpc
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+    deny = threading.Event()
+
+    class Collector(trace_service_pb2_grpc.TraceServiceServicer):
+        def Export(self, request: Any, context: Any) -> Any:  # noqa: N802 (gRPC API)
+            if deny.is_set():
+                context.abort(grpc.StatusCode.UNAUTHENTICATED, "no token")
+            return trace_service_pb2.ExportTraceServiceResponse()
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Collector(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        s = make_scheduler(otlp=OtlpConfig(endpoint=f"http://127.0.0.1:{port}", protocol="grpc", schedule_delay=60))
+        s.on_tick(frame(1000.0))
+        with caplog.at_level(logging.WARNING):
+            for i in range(2):
+                deny.set()
+                register(s, 1, start=i)
+                assert not s.tracer.flush()
+                deny.clear()
+                assert s.tracer.flush()  # the outage ends
+    finally:
+        server.stop(None)
+    lines = [r.getMessage() for r in caplog.records if "OTLP export" in r.getMessage()]
+    assert len(lines) == 2 and all("StatusCode.UNAUTHENTICATED" in line for line in lines), lines

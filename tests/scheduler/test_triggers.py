@@ -246,7 +246,8 @@ def test_a_hung_gpu_source_is_not_reporting_rather_than_every_gpu_unqualified(
     s.on_verdict(verdict("thermal_throttling", 0.9, 1017.0, gpus=(0,)))
     s.on_tick(hung_frame(1017.0, stuck=3))
     d = s.decisions_state()["decisions"][0]
-    assert d["action"] == "no_action" and "the GPU source is not reporting, or reads every GPU as missing" in d["reason"]
+    assert d["action"] == "no_action"
+    assert "the GPU source is not reporting, or reads every GPU as missing" in d["reason"]
 
 
 def test_nothing_is_decided_on_gpu_values_the_gpu_source_stopped_sending(
