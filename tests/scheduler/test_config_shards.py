@@ -20,6 +20,7 @@ import pytest
 
 from otlp_receiver import Receiver, attributes
 from sched_helpers import PendingActuator, frame
+from test_states import UNVERSIONED
 
 from sits_observe.cli import main
 from sits_observe.clock import SimClock
@@ -213,15 +214,8 @@ def test_the_simulators_shards_are_not_removed_with_the_config(tmp_path: Path) -
         sched.close()
 
 
-# scheduler.sqlite at schema version 3, before shards recorded who declared them
-VERSION_3 = """
-CREATE TABLE shards (id TEXT PRIMARY KEY, spec TEXT NOT NULL, created_ts REAL NOT NULL);
-CREATE TABLE placements (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, shard_id TEXT NOT NULL REFERENCES shards(id), kind TEXT NOT NULL,
-    source_id INTEGER, gpus TEXT NOT NULL DEFAULT '[]', node TEXT NOT NULL DEFAULT '', state TEXT NOT NULL,
-    version INTEGER NOT NULL, step TEXT, step_ts REAL, decision_id TEXT NOT NULL DEFAULT '',
-    reason TEXT NOT NULL DEFAULT '', created_ts REAL NOT NULL, updated_ts REAL NOT NULL);
-CREATE INDEX placements_shard ON placements(shard_id, state);
+# scheduler.sqlite at schema version 3, before shards recorded who declared them: the unversioned tables and spans
+VERSION_3 = UNVERSIONED + """
 CREATE TABLE spans (seq INTEGER PRIMARY KEY AUTOINCREMENT, decision_id TEXT NOT NULL, body TEXT NOT NULL,
                     created_ts REAL NOT NULL);
 PRAGMA user_version=3;
