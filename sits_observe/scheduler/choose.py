@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from ..topology import Topology
 from .states import State
@@ -13,11 +13,13 @@ __all__ = ["pick_shard", "avoid"]
 
 
 def pick_shard(t: Trigger, culprits: set[int], views: dict[str, ShardView], cooldown: float,
-               last_reshard: Callable[[str], float | None]) -> tuple[ShardView | None, list[str]]:
+               last_reshard: Callable[[str], float | None],
+               halted: Collection[str] = ()) -> tuple[ShardView | None, list[str]]:
     """The launched shard on the most culprit GPUs (then the smallest, then by id), or None and why not.
 
-    A shard migrating, in its cooldown, or sharing a GPU with a migration in flight is never picked; with
-    ``t.other_node`` every shard is a candidate (host CPU saturation).
+    A shard migrating, in its cooldown, sharing a GPU with a migration in flight, or ``halted`` (dropped from the
+    config, its removal to come) is never picked; with ``t.other_node`` every shard is a candidate (host CPU
+    saturation).
     """
     locked = locked_gpus(views)
     movable, why_not = [], []
@@ -28,6 +30,8 @@ def pick_shard(t: Trigger, culprits: set[int], views: dict[str, ShardView], cool
         last = last_reshard(v.spec.id)
         if v.migrating or v.state is not State.LAUNCHED:
             why_not.append(f"{v.spec.id} is {'migrating' if v.migrating else 'not launched'}")
+        elif v.spec.id in halted:
+            why_not.append(f"{v.spec.id} is no longer in the config")
         elif last is not None and t.ts - last < cooldown:
             why_not.append(f"{v.spec.id} in cooldown for {cooldown - (t.ts - last):.0f} s more")
         elif set(v.gpus) & locked:

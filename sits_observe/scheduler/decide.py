@@ -80,7 +80,8 @@ class Decider:
             return
         views = self.views()
         implicated = set(t.gpus) or culprits(t.cause, self.seen.values, self.topo, self.seen.numa_cpu)
-        view, why_not = pick_shard(t, implicated, views, self.cfg.cooldown, self.store.last_reshard_ts)
+        view, why_not = pick_shard(t, implicated, views, self.cfg.cooldown, self.store.last_reshard_ts,
+                                   self.walker.halted)
         if view is None:
             where = "on any node" if t.other_node else f"on GPUs {sorted(implicated)}"
             self._no_action(t, f"{t.reason}; no movable shard {where}" + (f": {_some(why_not)}" if why_not else ""))

@@ -31,6 +31,7 @@ from sits_observe.frame import BucketLayout
 from sits_observe.scheduler.config import OtlpConfig, SchedulerConfig, ShardSpec
 from sits_observe.scheduler.engine import Scheduler
 from sits_observe.scheduler.states import State
+from sits_observe.scheduler.triggers import Trigger
 from sits_observe.scheduler.store import DB_NAME, SCHEMA_VERSION, PlacementStore
 from sits_observe.sim.host import SimulatedHost
 
@@ -345,3 +346,15 @@ def test_a_sighup_the_database_refuses_leaves_a_dropped_shard_halted(make_schedu
     assert [plan["step"] for plan in act.plans] == ["stage"]  # no launch
     sched.on_tick(frame(1001.0))
     assert tracked(sched) == []
+
+
+def test_a_trigger_does_not_move_a_shard_dropped_from_the_config(make_scheduler: Callable[..., Scheduler]) -> None:
+    """A dropped shard still tracked (its removal waits for a tick the database takes) was a trigger's candidate:
+    its new placement failed at once, a failed "migrate" decision and alert annotation for nothing."""
+    sched = make_scheduler(shards=[{**B, "placement": [2, 3]}])
+    sched.on_tick(frame(1000.0))
+    sched.walker.halted.add("b")  # as a removal the database refused leaves it
+    sched.decider.decide(Trigger("verdict", "gpu_compute_saturation", True, 1001.0, "p99 burn", gpus=(2, 3)))
+    (d,) = [d for d in sched.decisions_state()["decisions"] if d["trigger"] == "verdict"]
+    assert d["action"] == "no_action" and "b is no longer in the config" in d["reason"], d
+    assert [p.state for p in sched.store.placements("b")] == [State.LAUNCHED]
