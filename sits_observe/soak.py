@@ -21,8 +21,6 @@ import json
 import os
 import signal
 import socket
-import sqlite3
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -30,7 +28,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -39,14 +36,14 @@ from .collectors.promtext import fetch_page
 from .config import Config, load
 from .errors import CollectorError, ConfigError, SitsError
 from .sim.faults import Scenario
+from .soakread import families_changed, growths, last_line, log_counts, proc_status, state_files
 
-__all__ = ["add_arguments", "run", "growth"]
+__all__ = ["add_arguments", "run", "next_mark"]
 
 POLL_S = 0.25  # wall seconds between two reads of /api/v1/status
 READY_S = 120.0  # wall seconds the daemon may take to start (imports torch, loads the classifier)
 STOP_S = 60.0  # wall seconds it may take to drain after SIGTERM before it is killed
 MAX_SAMPLES = 10_000  # samples in one run (about 3 KB each, in memory and in the JSON)
-CORE = ("rss_mib", "threads", "fds", "series", "state_bytes")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -92,16 +89,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         faults = Scenario.random(args.seed, args.hours, args.topology).model_dump(mode="json", exclude_none=True)
         Path(scenario).write_text(yaml.safe_dump(faults, sort_keys=False))
     load_before = os.getloadavg()
-    child, base = _start(args, where, scenario, env)
-    t0 = time.monotonic()
-    families: dict[str, dict[str, int]] = {}  # series per family: "first" after warm-up, "last"
+    previous = signal.signal(signal.SIGTERM, _terminated)  # the child is stopped on the way out, as for Ctrl-C
     try:
-        samples, stopped = _soak(child, base, where / "state", cfg, args, t0, families)
+        families: dict[str, dict[str, int]] = {}  # series per family: "first" after warm-up, "last"
+        child, base = _start(args, where, scenario, env)
+        try:
+            t0 = time.monotonic()
+            samples, stopped = _soak(child, base, where / "state", cfg, args, t0, families)
+        finally:
+            exit_code, drain_s = _stop(child)
     finally:
-        exit_code, drain_s = _stop(child)
+        signal.signal(signal.SIGTERM, previous)
     wall_s = time.monotonic() - t0
     sim_h = samples[-1]["sim_hours"] if samples else 0.0
-    changes = _growths(samples, args.warmup, args.tolerance)
+    changes = growths(samples, args.warmup, args.tolerance)
     growing = sorted(k for k, v in changes.items() if v["grows"])
     return {
         "bench": "soak", "completed": stopped == "reached --hours", "stopped": stopped,
@@ -110,12 +111,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "machine": {"cpus": os.cpu_count(), "load_average_before": [round(x, 2) for x in load_before],
                     "load_average_after": [round(x, 2) for x in os.getloadavg()]},
         "daemon": {"pid": child.pid, "exit_code": exit_code, "drain_seconds": drain_s, "dir": str(where),
-                   **_log_counts(where / "daemon.log")},
+                   **log_counts(where / "daemon.log")},
         "scenario": scenario, "tick_interval": cfg.tick_interval, "warmup_hours": args.warmup,
         "tolerance": args.tolerance, "samples": samples, "growth": changes, "growing": growing,
-        "bounded": not growing if len(_after(samples, args.warmup)) >= 4 else None,
-        "families_changed": _families_changed(families),
-        "state_after_exit": _state(where / "state"),
+        "bounded": not growing if sum(s["sim_hours"] >= args.warmup for s in samples) >= 4 else None,
+        "families_changed": families_changed(families),
+        "state_after_exit": state_files(where / "state"),
     }
 
 
@@ -128,6 +129,10 @@ def _workdir(given: Path | None) -> Path:
     return given
 
 
+def _terminated(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -137,7 +142,8 @@ def _free_port() -> int:
 def _start(args: argparse.Namespace, where: Path, scenario: str, env: dict[str, str]
            ) -> tuple[subprocess.Popen[bytes], str]:
     """``sits-observe demo`` as a child, its state under ``where/state``, its log in ``where/daemon.log``; returns
-    once it answers /readyz (its first tick ran)."""
+    once it answers /readyz (its first tick ran).  It has a session of its own: a Ctrl-C at the terminal reaches
+    the bench alone, which stops the child with one SIGTERM (a second would skip its drain)."""
     port = _free_port()
     argv = [sys.executable, "-m", "sits_observe", "demo", "--speed", repr(args.speed), "--seed", str(args.seed),
             "--topology", args.topology, "--scenario", scenario, "--listen", f"127.0.0.1:{port}",
@@ -145,22 +151,30 @@ def _start(args: argparse.Namespace, where: Path, scenario: str, env: dict[str, 
     if args.config:
         argv += ["--config", args.config]
     (where / "state").mkdir()
-    with (where / "daemon.log").open("wb") as log:
-        child = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log,
-                                 env={**env, "SITS_STATE_DIR": str(where / "state")})
     base = f"http://127.0.0.1:{port}"
+    with (where / "daemon.log").open("wb") as log:
+        child = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True,
+                                 env={**env, "SITS_STATE_DIR": str(where / "state")})
+    try:
+        _wait_ready(child, base, where)
+    except BaseException:  # not ready, or interrupted while waiting: no child left running
+        _stop(child)
+        raise
+    return child, base
+
+
+def _wait_ready(child: subprocess.Popen[bytes], base: str, where: Path) -> None:
     deadline = time.monotonic() + READY_S
     while time.monotonic() < deadline:
         if child.poll() is not None:  # exit 2: what it was given (a scenario, a config) is a usage error here too
             raise (ConfigError if child.returncode == 2 else SitsError)(
                 f"bench soak: the daemon exited with {child.returncode} before it was ready: "
-                f"{_last_line(where / 'daemon.log').removeprefix('sits-observe: error: ')}")
+                f"{last_line(where / 'daemon.log').removeprefix('sits-observe: error: ')}")
         try:
             fetch_page(base + "/readyz", 5.0)
-            return child, base
+            return
         except CollectorError:
             time.sleep(POLL_S)
-    _stop(child)
     raise SitsError(f"bench soak: the daemon was not ready within {READY_S:g} s; see {where / 'daemon.log'}")
 
 
@@ -174,12 +188,12 @@ def _soak(child: subprocess.Popen[bytes], base: str, state: Path, cfg: Config, a
         try:
             sim_s = json.loads(fetch_page(base + "/api/v1/status", 10.0))["ticks"] * cfg.tick_interval
             if sim_s >= mark or sim_s >= target:
-                sample, per_family = _sample(child.pid, base, state, cfg.tick_interval, time.monotonic() - t0)
+                sample, per_family, at_s = _sample(child.pid, base, state, cfg.tick_interval, time.monotonic() - t0)
                 samples.append(sample)
                 if sample["sim_hours"] >= args.warmup:
                     families.setdefault("first", per_family)
                     families["last"] = per_family
-                mark = (sample["sim_hours"] * 3600.0 // args.every + 1) * args.every
+                mark = next_mark(at_s, args.every)
         except (CollectorError, OSError) as exc:  # the API or /proc/PID: the run ends with what was measured
             if child.poll() is not None:
                 return samples, f"the daemon exited with {child.returncode}"
@@ -191,10 +205,16 @@ def _soak(child: subprocess.Popen[bytes], base: str, state: Path, cfg: Config, a
         time.sleep(POLL_S)
 
 
+def next_mark(sim_s: float, every: float) -> float:
+    """The simulated second of the sample after one at ``sim_s`` (exact, not the rounded ``sim_hours``: a sample
+    on a mark would otherwise be taken again at the next poll)."""
+    return (sim_s // every + 1) * every
+
+
 def _sample(pid: int, base: str, state: Path, interval: float, wall_s: float
-            ) -> tuple[dict[str, Any], dict[str, int]]:
-    """One sample, and the series of each family on /metrics."""
-    proc = _proc(pid)
+            ) -> tuple[dict[str, Any], dict[str, int], float]:
+    """One sample, the series of each family on /metrics, and the simulated second it is at."""
+    proc = proc_status(pid)
     t = time.perf_counter()
     text = fetch_page(base + "/metrics", 30.0)
     scrape_ms = (time.perf_counter() - t) * 1e3
@@ -208,38 +228,11 @@ def _sample(pid: int, base: str, state: Path, interval: float, wall_s: float
             errors = sum(s.value for s in fam.samples if s.name.endswith("_total"))
     return {"sim_hours": round(ticks * interval / 3600.0, 4), "wall_s": round(wall_s, 1), **proc,
             "series": sum(families.values()), "families": len(families), "metrics_bytes": len(text.encode()),
-            "scrape_ms": round(scrape_ms, 1), "source_errors": errors, **_state(state)}, families
+            "scrape_ms": round(scrape_ms, 1), "source_errors": errors, **state_files(state)}, families, ticks * interval
 
 
-def _proc(pid: int) -> dict[str, Any]:
-    """The child's memory, threads, open files and CPU seconds, from /proc."""
-    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return {"rss_mib": round(int(status["VmRSS"].split()[0]) / 1024, 1),
-            "rss_peak_mib": round(int(status["VmHWM"].split()[0]) / 1024, 1),
-            "threads": int(status["Threads"]), "fds": len(os.listdir(f"/proc/{pid}/fd")),
-            "cpu_s": round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 1)}  # utime + stime
 
 
-def _state(state: Path) -> dict[str, Any]:
-    """Bytes of each file under ``state_dir`` and rows of each table of each SQLite database there."""
-    files = {p.name: p.stat().st_size for p in sorted(state.iterdir()) if p.is_file()}
-    rows: dict[str, int | None] = {}
-    for name in files:
-        if name.endswith(("-wal", "-shm", "-journal")) or name == "sim-clock":
-            continue
-        try:
-            db = sqlite3.connect(f"file:{state / name}?mode=ro", uri=True, timeout=5.0)
-            try:
-                tables = [t for (t,) in db.execute("SELECT name FROM sqlite_master WHERE type='table' "
-                                                   "AND name NOT LIKE 'sqlite_%'")]
-                for table in tables:
-                    rows[f"{name}/{table}"] = db.execute(f'SELECT COUNT(*) FROM "{table}"').fetchone()[0]
-            finally:
-                db.close()
-        except sqlite3.Error:  # busy past the timeout: not counted this time, the file size still is
-            rows[name] = None
-    return {"state_bytes": sum(files.values()), "files": files, "rows": rows}
 
 
 def _stop(child: subprocess.Popen[bytes]) -> tuple[int | None, float | None]:
@@ -256,58 +249,14 @@ def _stop(child: subprocess.Popen[bytes]) -> tuple[int | None, float | None]:
         return None, None
 
 
-def _after(samples: list[dict[str, Any]], warmup_h: float) -> list[dict[str, Any]]:
-    return [s for s in samples if s["sim_hours"] >= warmup_h]
 
 
-def _growths(samples: list[dict[str, Any]], warmup_h: float, tolerance: float) -> dict[str, dict[str, Any]]:
-    """:func:`growth` of every core quantity, file and table row count measured after warm-up."""
-    after = _after(samples, warmup_h)
-    if len(after) < 4:
-        return {}
-    series: dict[str, list[tuple[float, float]]] = {}
-    for s in after:
-        values = {**{k: s[k] for k in CORE}, **{f"files/{k}": v for k, v in s["files"].items()},
-                  **{f"rows/{k}": v for k, v in s["rows"].items()}}
-        for k, v in values.items():
-            if v is not None:
-                series.setdefault(k, []).append((s["sim_hours"], float(v)))
-    return {k: growth(points, tolerance) for k, points in series.items() if len(points) >= 4}
 
 
-def growth(points: list[tuple[float, float]], tolerance: float) -> dict[str, Any]:
-    """The last quarter of ``points`` (simulated hour, value) against the first: medians, their difference,
-    whether the last quarter's median is more than ``tolerance`` (a fraction of the first's, at least 1 unit) above
-    the first's, and the least-squares slope per hour over all of them and over the last quarter alone (near 0:
-    what grew has stopped, e.g. a table that reached its cap)."""
-    q = max(1, len(points) // 4)
-    base = statistics.median(v for _, v in points[:q])
-    last = statistics.median(v for _, v in points[-q:])
-    return {"baseline": base, "last": last, "change": round(last - base, 3),
-            "slope_per_hour": _slope(points), "last_quarter_slope_per_hour": _slope(points[-q:]),
-            "grows": last - base > max(tolerance * abs(base), 1.0)}
 
 
-def _slope(points: list[tuple[float, float]]) -> float:
-    hours, values = np.array([h for h, _ in points]), np.array([v for _, v in points])
-    return round(float(np.polyfit(hours, values, 1)[0]), 3) if np.ptp(hours) > 0 else 0.0
 
 
-def _families_changed(families: dict[str, dict[str, int]]) -> dict[str, list[int]]:
-    """Families whose series count differs between the first sample after warm-up and the last: [first, last]."""
-    first, last = families.get("first", {}), families.get("last", {})
-    return {k: [first.get(k, 0), last.get(k, 0)] for k in sorted({*first, *last}) if first.get(k) != last.get(k)}
 
 
-def _log_counts(path: Path) -> dict[str, int]:
-    counts = {"log_warnings": 0, "log_errors": 0}
-    with path.open("rb") as log:
-        for line in log:
-            counts["log_warnings"] += b" WARNING " in line
-            counts["log_errors"] += b" ERROR " in line
-    return counts
 
-
-def _last_line(path: Path) -> str:
-    lines = path.read_text(errors="replace").strip().splitlines()
-    return lines[-1] if lines else "(no output)"

@@ -20,6 +20,7 @@ import importlib
 import re
 from functools import cache
 
+import pytest
 from docs_text import FLAG, SPAN, sections, spans
 
 from sits_observe.cli import BENCHES, build_parser
@@ -52,12 +53,16 @@ def _children(path: tuple[str, ...]) -> set[str]:
     return {p[len(path)] for p in commands() if len(p) == len(path) + 1 and p[:len(path)] == path}
 
 
+# how a command line may start the program: `$ `, `sudo [-u USER] `, `VAR=value `, a path, `python -m sits_observe`
+LAUNCH = re.compile(r"(?:\$\s+)?(?:sudo\s+(?:-u\s+\S+\s+)?)?(?:env\s+)?(?:[A-Z_][A-Z0-9_]*=\S*\s+)*"
+                    r"(?:\S*/)?(?:sits-observe|python3?\s+-m\s+sits_observe)(?=\s|$)")
+
+
 def usage(text: str) -> tuple[list[tuple[str, ...]], str] | None:
     """The command paths a usage names (``rca dataset|train`` names two) and the rest of it, or None."""
-    words = text.split()
-    if words[:1] == ["sits-observe"]:
-        words = words[1:]
-    elif len(words) < 2 or words[0] not in {p[0] for p in commands() if len(p) == 2}:
+    launch = LAUNCH.match(text)
+    words = text[launch.end():].split() if launch else text.split()
+    if not launch and (len(words) < 2 or words[0] not in {p[0] for p in commands() if len(p) == 2}):
         return None
     paths: list[tuple[str, ...]] = [()]
     while words:
@@ -65,7 +70,7 @@ def usage(text: str) -> tuple[list[tuple[str, ...]], str] | None:
         if not all(set(alts) <= _children(p) for p in paths):
             break
         paths, words = [(*p, a) for p in paths for a in alts], words[1:]
-    whole = text.startswith("sits-observe") or all(len(p) == 2 for p in paths)  # `slo --slos N` is no usage
+    whole = launch is not None or all(len(p) == 2 for p in paths)  # `slo --slos N` is no usage
     return (paths, " ".join(words)) if whole else None
 
 
@@ -175,3 +180,14 @@ def test_bench_bounds_table_states_the_parsers_bounds() -> None:
                 if took != ok:
                     wrong.append(f"{row.where}: bench {path[1]} {flag} {value} is {'refused' if ok else 'taken'}")
     assert not wrong, "bounds in the docs that the parser does not apply:\n" + "\n".join(wrong)
+
+
+@pytest.mark.parametrize("text", ["sits-observe bench soak --hours 6", "$ sits-observe bench soak --hours 6",
+                                  "sudo -u sits SITS_LOG_LEVEL=debug /usr/bin/sits-observe bench soak --hours 6",
+                                  "python -m sits_observe bench soak --hours 6", "bench soak --hours 6"])
+def test_a_usage_is_read_however_the_program_is_started(text: str) -> None:
+    assert usage(text) == ([("bench", "soak")], "--hours 6")  # so a wrong flag there is caught, not skipped
+
+
+def test_text_that_starts_no_program_is_no_usage() -> None:
+    assert usage("path: /opt/sits-observe/dashboards") is None and usage("sits-observe.yaml here") is None

@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from contextlib import suppress
 from pathlib import Path
 
 import pytest
 
 from sits_observe.cli import main
-from sits_observe.soak import growth
+from sits_observe.collectors.promtext import fetch_page
+from sits_observe.errors import CollectorError
+from sits_observe.soak import next_mark
+from sits_observe.soakread import growth, proc_status, state_files
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_short_soak_measures_the_real_daemon(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -79,3 +90,85 @@ def test_a_scenario_the_daemon_refuses_is_a_usage_error(tmp_path: Path, capsys: 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("sits-observe: error: bench soak: the daemon exited with 2 before it "
                                                "was ready: <demo>: sim.scenario: unknown scenario 'nosuch'")
+
+
+def _daemon_of(run: Path, bench: subprocess.Popen[bytes], ready: bool) -> int:
+    """The pid of the bench's daemon once it has started (and answers /readyz, with ``ready``)."""
+    needle = str(run / "scenario.yaml").encode()
+    pid = port = 0
+    while bench.poll() is None:
+        for proc in Path("/proc").iterdir():
+            with suppress(OSError, ValueError):
+                argv = (proc / "cmdline").read_bytes().split(b"\0")
+                if needle in argv and not pid:
+                    pid, port = int(proc.name), int(argv[argv.index(b"--listen") + 1].rsplit(b":", 1)[1])
+        if pid and not ready:
+            return pid
+        if pid:
+            with suppress(CollectorError):
+                fetch_page(f"http://127.0.0.1:{port}/readyz", 5.0)
+                return pid
+        time.sleep(0.05)
+    raise AssertionError(f"the bench exited with {bench.returncode} before its daemon was found")
+
+
+@pytest.mark.parametrize(("sig", "group", "ready", "code"), [
+    (signal.SIGTERM, False, True, 143),   # `kill BENCH` mid-run
+    (signal.SIGINT, True, True, 130),     # Ctrl-C at a terminal: the whole foreground group
+    (signal.SIGINT, False, False, 130),   # an interrupt while the daemon is still starting
+])
+def test_a_stopped_bench_leaves_no_daemon_running(sig: signal.Signals, group: bool, ready: bool, code: int,
+                                                  tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    bench = subprocess.Popen([sys.executable, "-m", "sits_observe", "bench", "soak", "--hours", "1", "--warmup",
+                              "0.5", "--every", "300", "--speed", "100", "--dir", str(run)],
+                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    pid = 0
+    try:
+        pid = _daemon_of(run, bench, ready)
+        if group:
+            os.killpg(bench.pid, sig)
+        else:
+            bench.send_signal(sig)
+        assert bench.wait(timeout=120) == code
+        assert not Path(f"/proc/{pid}").exists()  # stopped and reaped by the bench
+        assert "without waiting for the drain" not in (run / "daemon.log").read_text()  # one SIGTERM, drained
+    finally:
+        for p in (bench.pid, pid):
+            with suppress(ProcessLookupError):
+                if p:
+                    os.kill(p, signal.SIGKILL)
+        bench.wait()
+
+
+def test_samples_are_one_per_mark_even_on_a_mark() -> None:
+    # 4800 s is 1.3333 h rounded, 4799.88 s: a mark taken from that would be 4800 again, sampled at the next poll
+    assert next_mark(4800.0, 60.0) == 4860.0
+    assert next_mark(4799.0, 60.0) == 4800.0 and next_mark(0.0, 300.0) == 300.0
+
+
+def test_an_exited_unreaped_daemon_is_a_failed_measurement_not_a_crash() -> None:
+    child = subprocess.Popen(["true"])
+    while Path(f"/proc/{child.pid}/status").read_text().find("State:\tZ") < 0:  # a zombie: exited, not reaped
+        time.sleep(0.01)
+    try:
+        with pytest.raises(OSError, match="has exited"):
+            proc_status(child.pid)
+    finally:
+        child.wait()
+
+
+def test_state_reads_survive_files_the_daemon_replaces(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("not a database")
+    writer = subprocess.Popen([sys.executable, "-c", "from pathlib import Path; from sits_observe.files import "
+                               f"replace_whole\nwhile True: replace_whole(Path({str(tmp_path / 'sim-clock')!r}), "
+                               "lambda t: t.write_text('1.0'))"], cwd=ROOT)
+    try:
+        while not (tmp_path / "sim-clock").exists():
+            time.sleep(0.01)
+        for _ in range(3000):  # sim-clock.tmp comes and goes between the listing and the stat
+            state = state_files(tmp_path)
+            assert state["rows"] == {}  # text files are not opened as databases
+    finally:
+        writer.kill()
+        writer.wait()
