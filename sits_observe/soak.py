@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -83,6 +84,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SITS_")}  # the run is what the flags say
     cfg = load(args.config, env)  # refused here, exit 2, before the daemon starts; no $SITS_CONFIG in env
     where = _workdir(args.dir)
+    try:
+        return _run(args, where, env, cfg)
+    except ConfigError:  # refused before any result: a directory made here holds nothing worth keeping
+        if args.dir is None:
+            shutil.rmtree(where, ignore_errors=True)
+        raise
+
+
+def _run(args: argparse.Namespace, where: Path, env: dict[str, str], cfg: Config) -> dict[str, Any]:
     scenario = args.scenario
     if scenario == "random":
         scenario = str(where / "scenario.yaml")
@@ -125,7 +135,11 @@ def _workdir(given: Path | None) -> Path:
         return Path(tempfile.mkdtemp(prefix="sits-bench-soak-"))
     if given.exists() and (not given.is_dir() or any(given.iterdir())):
         raise ConfigError(f"bench soak: --dir: {given} is not an empty directory; a soak starts from empty state")
-    given.mkdir(parents=True, exist_ok=True)
+    try:
+        given.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a parent that is a file, a read-only mount
+        raise ConfigError(f"bench soak: --dir: cannot make {given} ({exc.strerror}); give an empty or new "
+                          "directory") from None
     return given
 
 
