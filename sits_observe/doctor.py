@@ -95,26 +95,18 @@ def _bcc() -> Check:
 def _probe_sources() -> Check:
     """The probes' C: in the checkout's bpf/, or sits_observe/bpf in an installed wheel (a copy without it loads
     no probe, which only the daemon's log said, one probe at a time)."""
-    from .probes.specs import BPF_DIR, SPECS
+    from .probes.specs import BPF_DIR, SPECS, source_files
 
     fix = "reinstall sits-observe (its wheel carries the C as sits_observe/bpf) or restore bpf/ in the checkout"
-    todo = sorted({spec.path.name for spec in SPECS.values()})
-    seen: set[str] = set()
-    missing: list[str] = []
+    programs = [BPF_DIR / name for name in sorted({spec.path.name for spec in SPECS.values()})]
+    missing = [p for p in programs if not p.is_file()]
     try:
-        while todo:  # each program, then the local files it includes, theirs too
-            name = todo.pop(0)
-            if name in seen:
-                continue
-            seen.add(name)
-            if not (BPF_DIR / name).is_file():
-                missing.append(name)
-                continue
-            todo += re.findall(r'^#include "([^"]+)"', (BPF_DIR / name).read_text(), re.M)
+        for program in (p for p in programs if p.is_file()):
+            list(source_files(program, missing))  # the local files it includes, theirs too: those not there
     except OSError as exc:
         return Check("probe C", False, f"{BPF_DIR}: {exc.strerror or exc}", fix)
     if missing:
-        return Check("probe C", False, f"{BPF_DIR}: missing {', '.join(missing)}", fix)
+        return Check("probe C", False, f"{BPF_DIR}: missing {', '.join(p.name for p in missing)}", fix)
     return Check("probe C", True, str(BPF_DIR))
 
 

@@ -148,8 +148,9 @@ def cflags(spec: ProbeSpec, cfg: ProbesConfig, n_workloads: int, macros: tuple[s
 _INCLUDE = re.compile(r'^#include "([^"]+)"', re.M)
 
 
-def source_files(path: Path) -> Iterator[Path]:
-    """``path`` then the local headers it includes, depth first, each once."""
+def source_files(path: Path, missing: list[Path] | None = None) -> Iterator[Path]:
+    """``path`` then the local headers it includes, depth first, each once; an included file that is not there is
+    left out (added to ``missing`` when given)."""
     seen: set[Path] = set()
     stack = [path]
     while stack:
@@ -158,8 +159,10 @@ def source_files(path: Path) -> Iterator[Path]:
             continue
         seen.add(p)
         yield p
-        stack.extend(reversed([p.parent / inc for inc in _INCLUDE.findall(p.read_text())
-                               if (p.parent / inc).is_file()]))
+        included = [p.parent / inc for inc in _INCLUDE.findall(p.read_text())]
+        if missing is not None:
+            missing += [inc for inc in included if not inc.is_file() and inc not in missing]
+        stack.extend(reversed([inc for inc in included if inc.is_file()]))
 
 
 _FRAGMENT = re.compile(r'^#include "([^"]+\.c)"$')
