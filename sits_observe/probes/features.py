@@ -10,8 +10,8 @@ import warnings
 from pathlib import Path
 
 __all__ = ["can_load_bpf", "environment_problem", "tracepoint_exists", "raw_syscalls_supported",
-           "optional_available", "bpf_stats_enabled", "enable_bpf_stats", "prog_run_stats",
-           "prog_recursion_misses"]
+           "optional_available", "bpf_stats_enabled", "enable_bpf_stats", "prog_info",
+           "prog_run_stats"]
 
 _TRACEFS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
 _NR_BPF = {"x86_64": 321, "aarch64": 280}
@@ -127,28 +127,20 @@ def enable_bpf_stats() -> int:
     return fd
 
 
-def _prog_info(prog_fd: int, *names: str) -> tuple[int, ...] | None:
-    """The integer fields ``names`` of one loaded program from /proc/self/fdinfo, None if one is not shown."""
+def prog_info(prog_fd: int) -> dict[str, int]:
+    """The integer fields of one loaded program's /proc/self/fdinfo (empty if it cannot be read): ``run_time_ns``
+    and ``run_cnt`` (counted while BPF stats are on), ``recursion_misses`` (5.12+: how often the kernel did not run
+    the program for its event, because a kprobe, uprobe or tracepoint program was running on that CPU already, its
+    per-CPU ``bpf_prog_active`` guard: e.g. a block completion interrupt during a syscall's program)."""
     try:
         text = Path(f"/proc/self/fdinfo/{prog_fd}").read_text()
     except OSError:
-        return None
-    vals = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
-    try:
-        return tuple(int(vals[n]) for n in names)
-    except (KeyError, ValueError):
-        return None
+        return {}
+    fields = (line.split(":", 1) for line in text.splitlines() if ":" in line)
+    return {k: int(v) for k, v in fields if v.strip().isdigit()}
 
 
 def prog_run_stats(prog_fd: int) -> tuple[int, int] | None:
     """(run_time_ns, run_cnt) of one loaded program, None if not shown."""
-    got = _prog_info(prog_fd, "run_time_ns", "run_cnt")
-    return None if got is None else (got[0], got[1])
-
-
-def prog_recursion_misses(prog_fd: int) -> int | None:
-    """How often the kernel did not run one loaded program for its event (5.12+, else None): a kprobe, uprobe or
-    tracepoint program is skipped when its event fires on a CPU where such a program is running already (the
-    per-CPU ``bpf_prog_active`` guard), e.g. a block completion interrupt arriving during a syscall's program."""
-    got = _prog_info(prog_fd, "recursion_misses")
-    return None if got is None else got[0]
+    info = prog_info(prog_fd)
+    return (info["run_time_ns"], info["run_cnt"]) if "run_time_ns" in info and "run_cnt" in info else None

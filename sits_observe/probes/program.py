@@ -14,7 +14,7 @@ from typing import Any
 from ..errors import ProbeError
 from ..frame import BucketLayout
 from .drain import SeriesDelta, StageDrain
-from .features import optional_available, prog_recursion_misses, prog_run_stats
+from .features import optional_available, prog_info
 from .specs import ProbeSpec, main_text
 
 __all__ = ["compile_bpf", "close_bpf", "compile_probe", "attach_path", "Program"]
@@ -136,19 +136,16 @@ class Program:
         """Events lost because a map was full, all CPUs, since load."""
         return int(sum(self._dropped[ct.c_int(0)]))
 
-    def missed(self) -> int | None:
-        """Events the kernel did not run the programs for (:func:`prog_recursion_misses`), summed over the loaded
-        programs since load; None where the kernel does not count them."""
-        got = [m for m in (prog_recursion_misses(fn.fd) for fn in self.bpf.funcs.values()) if m is not None]
-        return sum(got) if got else None
-
-    def run_stats(self) -> tuple[int, int] | None:
-        """(run_time_ns, run_count) summed over the loaded programs, None where not exposed."""
-        stats = [prog_run_stats(fn.fd) for fn in self.bpf.funcs.values()]
-        got = [s for s in stats if s is not None]
-        if not got:
-            return None
-        return sum(s[0] for s in got), sum(s[1] for s in got)
+    def kernel_counts(self) -> dict[str, int]:
+        """The kernel's counters of the loaded programs since load (:func:`prog_info`: ``recursion_misses``,
+        ``run_time_ns``, ``run_cnt``), summed over them, each program's fdinfo read once; a counter no program
+        shows is left out."""
+        out: dict[str, int] = {}
+        for fn in self.bpf.funcs.values():
+            for key, value in prog_info(fn.fd).items():
+                if key in ("recursion_misses", "run_time_ns", "run_cnt"):
+                    out[key] = out.get(key, 0) + value
+        return out
 
     def close(self) -> None:
         close_bpf(self.bpf)

@@ -200,17 +200,19 @@ class ProbeSource:
                 continue
             yield Sample("sits_probe_dropped_events_total", "counter",
                          "Events not counted because a kernel map was full.", lab, float(state.program.dropped()))
-            if (missed := state.program.missed()) is not None:
+            counts = state.program.kernel_counts()
+            if "recursion_misses" in counts:
                 yield Sample("sits_probe_missed_events_total", "counter",
                              "Events the kernel did not run the probe's programs for: they fired on a CPU already "
-                             "running a BPF tracing program (its recursion guard).", lab, float(missed))
-            run = state.program.run_stats() if stats_on else None
-            if run is not None:
+                             "running a BPF tracing program (its recursion guard).", lab,
+                             float(counts["recursion_misses"]))
+            if stats_on and "run_time_ns" in counts and "run_cnt" in counts:
                 yield Sample("sits_probe_run_time_seconds_total", "counter",
                              "Time spent running the probe's BPF programs (kernel.bpf_stats_enabled).",
-                             lab, run[0] / 1e9)
+                             lab, counts["run_time_ns"] / 1e9)
                 yield Sample("sits_probe_runs_total", "counter",
-                             "Runs of the probe's BPF programs (kernel.bpf_stats_enabled).", lab, float(run[1]))
+                             "Runs of the probe's BPF programs (kernel.bpf_stats_enabled).", lab,
+                             float(counts["run_cnt"]))
 
     def status(self) -> list[dict[str, Any]]:
         """One row per probe: enabled, attached, problem, what is attached where."""
