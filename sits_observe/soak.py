@@ -36,6 +36,7 @@ from .argtypes import NON_NEGATIVE_INT, PROBABILITY, float_in
 from .collectors.promtext import fetch_page
 from .config import Config, load
 from .errors import CollectorError, ConfigError, SitsError
+from .interrupts import sigterm_unwinds
 from .sim.faults import Scenario
 from .soakread import families_changed, growths, last_line, log_counts, proc_status, state_files
 
@@ -99,8 +100,7 @@ def _run(args: argparse.Namespace, where: Path, env: dict[str, str], cfg: Config
         faults = Scenario.random(args.seed, args.hours, args.topology).model_dump(mode="json", exclude_none=True)
         Path(scenario).write_text(yaml.safe_dump(faults, sort_keys=False))
     load_before = os.getloadavg()
-    previous = signal.signal(signal.SIGTERM, _terminated)  # the child is stopped on the way out, as for Ctrl-C
-    try:
+    with sigterm_unwinds():  # the child is stopped on the way out, as for Ctrl-C
         families: dict[str, dict[str, int]] = {}  # series per family: "first" after warm-up, "last"
         child, base = _start(args, where, scenario, env)
         try:
@@ -108,8 +108,6 @@ def _run(args: argparse.Namespace, where: Path, env: dict[str, str], cfg: Config
             samples, stopped = _soak(child, base, where / "state", cfg, args, t0, families)
         finally:
             exit_code, drain_s = _stop(child)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     wall_s = time.monotonic() - t0
     sim_h = samples[-1]["sim_hours"] if samples else 0.0
     changes = growths(samples, args.warmup, args.tolerance)
@@ -141,10 +139,6 @@ def _workdir(given: Path | None) -> Path:
         raise ConfigError(f"bench soak: --dir: cannot make {given} ({exc.strerror}); give an empty or new "
                           "directory") from None
     return given
-
-
-def _terminated(signum: int, _frame: object) -> None:
-    raise SystemExit(128 + signum)
 
 
 def _free_port() -> int:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -14,6 +13,7 @@ from typing import Any
 
 from ..argtypes import FRACTION, NON_NEGATIVE_INT, POSITIVE_INT, PROBABILITY, THREADS, float_in, int_at_least
 from ..errors import ConfigError, ModelError
+from ..interrupts import sigterm_unwinds
 from .args import MAX_HOURS, MIN_HOURS, check_out, hidden_pair, host_topology, name_list, rate_list, severity_range
 from .config import HEALTHY_MIN_CONFIDENCE, MAX_WIDTH, MIN_CONFIDENCE, SHIPPED_MODEL
 from .floors import Floors, parse_floors
@@ -29,21 +29,6 @@ def _named_by_user() -> Iterator[None]:
         yield
     except ModelError as exc:
         raise ConfigError(str(exc)) from exc
-
-
-@contextmanager
-def _sigterm_unwinds() -> Iterator[None]:
-    """SIGTERM exits with 128 + 15 (as the daemon's second one) by raising where the work is, so that cleanup
-    runs as it does for Ctrl-C: the trace copies in /tmp and the dataset's NAME.tmp files are removed (its
-    default action ended the process at once and left them)."""
-    def stop(signum: int, _frame: Any) -> None:
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:  # None: a handler not set from Python, which cannot be put back
-        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def register(sub: Any) -> None:
@@ -132,7 +117,7 @@ def _dataset(args: argparse.Namespace) -> int:
     opts = GenOptions(seed=args.seed, hours=args.hours, topology=args.topology, trace=args.trace,
                       severity=args.severity, entities=args.entities, rates=args.rates, bursty=args.bursty,
                       vary=args.vary)
-    with _sigterm_unwinds():
+    with sigterm_unwinds():  # its trace copies in /tmp and NAME.tmp files removed
         summary = generate(args.out, opts)
     print(json.dumps(summary, sort_keys=True))
     return 0
