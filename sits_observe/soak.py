@@ -239,10 +239,6 @@ def _sample(pid: int, base: str, state: Path, interval: float, wall_s: float
             "scrape_ms": round(scrape_ms, 1), "source_errors": errors, **state_files(state)}, families, ticks * interval
 
 
-
-
-
-
 def _stop(child: subprocess.Popen[bytes]) -> tuple[int | None, float | None]:
     """SIGTERM and wait for the drain: (exit code, seconds); killed after :data:`STOP_S` (None, None)."""
     if child.poll() is not None:
@@ -255,16 +251,5 @@ def _stop(child: subprocess.Popen[bytes]) -> tuple[int | None, float | None]:
         child.kill()
         child.wait()
         return None, None
-
-
-
-
-
-
-
-
-
-
-
 
 
