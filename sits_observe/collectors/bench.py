@@ -1,8 +1,7 @@
 """`sits-observe bench collectors`: our cost per NVML GPU-sample, per 64-GPU dcgm-exporter page and per
 host-source tick.
 
-NVML: the collector reads the test-only fake NVML (``tests/fakes/fake_nvml.py``, so the driver's own cost
-is left out); the baseline is the same sequence of fake NVML calls replayed bare, so ``ours - baseline``
+NVML: the collector reads the stand-in for pynvml (:mod:`.nvml_fake`, so the driver's own cost is left out); the baseline is the same sequence of fake NVML calls replayed bare, so ``ours - baseline``
 is what our code adds.  DCGM: reading a synthetic 64-GPU page into GPU fields against the baseline of
 prometheus_client's full text parser walking the same page.  Host: one tick of the host source on a
 written ``/proc`` and ``/sys`` of a large machine (``--host-cpus`` CPUs in 8 NUMA nodes, two ``/proc/stat``
@@ -15,7 +14,6 @@ the GPUs against the same tick without the join, and a refresh round (every proc
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
 import subprocess
 import sys
@@ -35,11 +33,11 @@ from ..topology import preset
 from .dcgm import DCGM_MAP, DCGM_SAMPLES, DcgmSource
 from .host import HostSource
 from .nvml import NvmlSource
+from .nvml_fake import FakeNvml
 from .replicas import ReplicaBoard
 
 __all__ = ["SERVING_PROCESS", "add_arguments", "run", "dcgm_page"]
 
-FAKE = Path(__file__).resolve().parents[2] / "tests" / "fakes" / "fake_nvml.py"
 # fields dcgm-exporter's default list adds that we do not map (parsed and skipped)
 _UNMAPPED = ("DCGM_FI_DEV_MEMORY_TEMP", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
              "DCGM_FI_DEV_ENC_UTIL", "DCGM_FI_DEV_DEC_UTIL", "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
@@ -59,19 +57,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="host-source ticks to time, 1-100000")
 
 
-def _load_fake() -> Any:
-    if not FAKE.exists():
-        raise ConfigError(f"bench collectors: {FAKE} not found; it needs the source checkout (the fake NVML is "
-                          "test-only): run it from the repository")
-    module = sys.modules.get("fake_nvml")  # already imported by the tests
-    if module is None:
-        spec = importlib.util.spec_from_file_location("fake_nvml", FAKE)
-        assert spec is not None and spec.loader is not None
-        module = sys.modules["fake_nvml"] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return module.FakeNvml
-
-
 def _times(call: Callable[[], Any], n: int) -> list[float]:
     out = []
     for _ in range(n):
@@ -86,7 +71,7 @@ def _ms(samples: list[float], per: int = 1) -> float:
 
 
 def _nvml(args: argparse.Namespace) -> dict[str, Any]:
-    fake = _load_fake()(preset("nvswitch-8"))
+    fake = FakeNvml(preset("nvswitch-8"))
     for g in fake.gpus:
         g.processes = [(1001 + 10 * g.index + k, (k + 1) << 30) for k in range(args.processes)]  # k even: "chat"
         g.util_periods = 30  # 30 per-process SM samples per process: more than the driver gives, to load attribute()
@@ -128,7 +113,7 @@ time.sleep(600)
 
 
 def _replicas(args: argparse.Namespace) -> dict[str, Any]:
-    fake = _load_fake()(preset("nvswitch-8"))
+    fake = FakeNvml(preset("nvswitch-8"))
     servers = [subprocess.Popen([sys.executable, "-c", SERVING_PROCESS], stdout=subprocess.PIPE, text=True)
                for _ in range(3)]
     clock = [0.0]

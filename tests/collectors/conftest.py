@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from sits_observe.collectors.nvml_fake import FakeNvml
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fakes"))
 
-from fake_nvml import FakeNvml  # noqa: E402
 from topologies import fixture  # noqa: E402
 
 DATA = Path(__file__).with_name("data")

@@ -29,7 +29,7 @@ def test_nvml_that_sees_no_gpu_leaves_the_daemon_running(tmp_path, monkeypatch):
     import sys
 
     import numpy as np
-    from fake_nvml import FakeNvml
+    from sits_observe.collectors.nvml_fake import FakeNvml
 
     from sits_observe.topology import Topology
 

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fake_nvml import FakeNvml
 from in_thread import in_thread
 
 from sits_observe.clock import WallClock
 from sits_observe.collectors.background import Background
 from sits_observe.collectors.host import HostSource
 from sits_observe.collectors.nvml import NvmlSource
+from sits_observe.collectors.nvml_fake import FakeNvml
 from sits_observe.config import parse
 from sits_observe.daemon import Daemon
 from sits_observe.errors import CollectorError, StillDown

@@ -8,10 +8,10 @@ import json
 import numpy as np
 import pynvml
 import pytest
-from fake_nvml import FakeNvml
 from topologies import FIXTURES, H100_TEXT, fixture
 
 from sits_observe.collectors.commands import format_topology, register
+from sits_observe.collectors.nvml_fake import FakeNvml
 from sits_observe.collectors.nvml_topology import (
     ancestor_kind,
     format_cpulist,

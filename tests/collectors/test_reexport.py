@@ -6,12 +6,12 @@ import subprocess
 
 import pytest
 from conftest import DATA, PageServer
-from fake_nvml import FakeNvml
 from prometheus_client.parser import text_string_to_metric_families
 from topologies import fixture
 
 from sits_observe.collectors.dcgm import DcgmSource
 from sits_observe.collectors.nvml import NvmlSource
+from sits_observe.collectors.nvml_fake import FakeNvml
 from sits_observe.collectors.sources import build_sources
 from sits_observe.config import parse
 from sits_observe.daemon import Daemon

@@ -9,10 +9,10 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from fake_nvml import FakeNvml
 
 from sits_observe.collectors.bench import SERVING_PROCESS
 from sits_observe.collectors.nvml import NvmlSource
+from sits_observe.collectors.nvml_fake import FakeNvml
 from sits_observe.collectors.replicas import ReplicaBoard, listening_ports, namespace_listeners, parent_pid
 from sits_observe.collectors.servers import ServerSource
 from sits_observe.collectors.sources import build_sources

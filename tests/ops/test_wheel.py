@@ -7,6 +7,7 @@ the files git sees, installs it into a fresh venv and runs the commands from a d
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -115,3 +116,12 @@ def test_installed_copy_checks_the_example_config_and_prints_the_probes(installe
     r = _run(installed, tmp_path, "probes", "--print-bpf", "runq")
     assert r.returncode == 0, r.stderr
     assert "// bcc src_file: " in r.stdout and "hist.h" in r.stdout
+
+
+def test_installed_copy_runs_the_collectors_bench(installed: Path, tmp_path: Path) -> None:
+    """Its NVML stand-in lived with the tests: an installed copy refused the bench (it needed the checkout)."""
+    r = _run(installed, tmp_path, "bench", "collectors", "--samples", "2", "--processes", "1", "--pages", "1",
+             "--dcgm-gpus", "8", "--host-cpus", "8", "--host-ticks", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["nvml"]["gpus"] == 8 and out["nvml"]["ours_ms_per_gpu_sample"] > 0, out

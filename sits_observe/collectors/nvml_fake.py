@@ -1,4 +1,7 @@
-"""Test-only stand-in for pynvml: exactly the calls sits_observe.collectors makes, driven by a Topology.
+"""A stand-in for pynvml: exactly the calls sits_observe.collectors makes, driven by a Topology.
+
+The tests' GPU host (CI has no GPU) and ``bench collectors``'s (which times our code on top of it, the driver's
+cost left out); the daemon never imports it: production code imports only ``pynvml``.
 
 Constants and ``NVMLError`` come from the real pynvml, so the collector's error handling runs unchanged; a
 pynvml function this fake does not define raises AttributeError (tests/collectors checks the two lists
