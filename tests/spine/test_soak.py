@@ -132,6 +132,12 @@ def _daemon_of(run: Path, bench: subprocess.Popen[bytes], ready: bool) -> int:
     raise AssertionError(f"the bench exited with {bench.returncode} before its daemon was found")
 
 
+def _interruptible() -> None:
+    """SIGINT as at a terminal: a shell starts a background job (`make test &`, a CI step run so) with SIGINT ignored,
+    the bench inherited that, and an interrupt left it running to the end (exit 0)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize(("sig", "group", "ready", "code"), [
     (signal.SIGTERM, False, True, 143),   # `kill BENCH` mid-run
     (signal.SIGINT, True, True, 130),     # Ctrl-C at a terminal: the whole foreground group
@@ -142,7 +148,8 @@ def test_a_stopped_bench_leaves_no_daemon_running(sig: signal.Signals, group: bo
     run = tmp_path / "run"
     bench = subprocess.Popen([sys.executable, "-m", "sits_observe", "bench", "soak", "--hours", "1", "--warmup",
                               "0.5", "--every", "300", "--speed", "100", "--dir", str(run)],
-                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                             preexec_fn=_interruptible)
     pid = 0
     try:
         pid = _daemon_of(run, bench, ready)
