@@ -38,7 +38,7 @@ from .config import Config, load
 from .errors import CollectorError, ConfigError, SitsError
 from .interrupts import sigterm_unwinds
 from .sim.faults import Scenario
-from .soakread import families_changed, growths, last_line, log_counts, proc_status, state_files
+from .soakread import families_changed, growths, last_line, listens, log_counts, proc_status, state_files
 
 __all__ = ["add_arguments", "run", "next_mark"]
 
@@ -46,6 +46,7 @@ POLL_S = 0.25  # wall seconds between two reads of /api/v1/status
 READY_S = 120.0  # wall seconds the daemon may take to start (imports torch, loads the classifier)
 STOP_S = 60.0  # wall seconds it may take to drain after SIGTERM before it is killed
 MAX_SAMPLES = 10_000  # samples in one run (about 3 KB each, in memory and in the JSON)
+PORT_TRIES = 3  # ports tried for the daemon (each found free, taken by another process before the daemon bound it)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -151,38 +152,55 @@ def _start(args: argparse.Namespace, where: Path, scenario: str, env: dict[str, 
            ) -> tuple[subprocess.Popen[bytes], str]:
     """``sits-observe demo`` as a child, its state under ``where/state``, its log in ``where/daemon.log``; returns
     once it answers /readyz (its first tick ran).  It has a session of its own: a Ctrl-C at the terminal reaches
-    the bench alone, which stops the child with one SIGTERM (a second would skip its drain)."""
-    port = _free_port()
+    the bench alone, which stops the child with one SIGTERM (a second would skip its drain).  The port is a free
+    one found by binding it; another process that takes it before the child binds it (a second soak) makes the
+    child exit with the port in use: it is started again on another, up to :data:`PORT_TRIES` times."""
     argv = [sys.executable, "-m", "sits_observe", "demo", "--speed", repr(args.speed), "--seed", str(args.seed),
-            "--topology", args.topology, "--scenario", scenario, "--listen", f"127.0.0.1:{port}",
+            "--topology", args.topology, "--scenario", scenario,
             "--duration", repr(args.max_wall + READY_S + STOP_S)]  # an orphaned child ends by itself
     if args.config:
         argv += ["--config", args.config]
     (where / "state").mkdir()
-    base = f"http://127.0.0.1:{port}"
-    with (where / "daemon.log").open("wb") as log:
-        child = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True,
-                                 env={**env, "SITS_STATE_DIR": str(where / "state")})
-    try:
-        _wait_ready(child, base, where)
-    except BaseException:  # not ready, or interrupted while waiting: no child left running
-        _stop(child)
-        raise
-    return child, base
+    for _ in range(PORT_TRIES):
+        port = _free_port()
+        with (where / "daemon.log").open("wb") as log:
+            child = subprocess.Popen([*argv, "--listen", f"127.0.0.1:{port}"], stdout=subprocess.DEVNULL,
+                                     stderr=log, start_new_session=True,
+                                     env={**env, "SITS_STATE_DIR": str(where / "state")})
+        base = f"http://127.0.0.1:{port}"
+        try:
+            _wait_ready(child, port, where)
+            return child, base
+        except PortTaken:  # the child has exited
+            continue
+        except BaseException:  # not ready, or interrupted while waiting: no child left running
+            _stop(child)
+            raise
+    raise SitsError(f"bench soak: {PORT_TRIES} free ports were each taken by another process before the daemon could "
+                    f"bind it; run again (the last: {last_line(where / 'daemon.log')})")
 
 
-def _wait_ready(child: subprocess.Popen[bytes], base: str, where: Path) -> None:
+class PortTaken(SitsError):
+    """The port found free was bound by another process first: the child exited, or another process answers."""
+
+
+def _wait_ready(child: subprocess.Popen[bytes], port: int, where: Path) -> None:
+    """Until the child answers /readyz on ``port``: a listener there that is not the child's is not it."""
     deadline = time.monotonic() + READY_S
     while time.monotonic() < deadline:
         if child.poll() is not None:  # exit 2: what it was given (a scenario, a config) is a usage error here too
+            why = last_line(where / "daemon.log").removeprefix("sits-observe: error: ")
+            if why.startswith(f"listen: 127.0.0.1:{port} is in use"):
+                raise PortTaken(why)
             raise (ConfigError if child.returncode == 2 else SitsError)(
-                f"bench soak: the daemon exited with {child.returncode} before it was ready: "
-                f"{last_line(where / 'daemon.log').removeprefix('sits-observe: error: ')}")
+                f"bench soak: the daemon exited with {child.returncode} before it was ready: {why}")
         try:
-            fetch_page(base + "/readyz", 5.0)
-            return
+            fetch_page(f"http://127.0.0.1:{port}/readyz", 5.0)
+            if listens(child.pid, port):
+                return
         except CollectorError:
-            time.sleep(POLL_S)
+            pass
+        time.sleep(POLL_S)
     raise SitsError(f"bench soak: the daemon was not ready within {READY_S:g} s; see {where / 'daemon.log'}")
 
 

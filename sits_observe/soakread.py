@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["CORE", "proc_status", "state_files", "growths", "growth", "families_changed", "log_counts", "last_line"]
+__all__ = ["CORE", "listens", "proc_status", "state_files", "growths", "growth", "families_changed", "log_counts", "last_line"]
 
 CORE = ("rss_mib", "threads", "fds", "series", "state_bytes")  # the quantities every sample has
 
@@ -26,6 +26,20 @@ def proc_status(pid: int) -> dict[str, Any]:
             "rss_peak_mib": round(int(status["VmHWM"].split()[0]) / 1024, 1),
             "threads": int(status["Threads"]), "fds": len(os.listdir(f"/proc/{pid}/fd")),
             "cpu_s": round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 1)}  # utime + stime
+
+def listens(pid: int, port: int) -> bool:
+    """Whether ``pid`` holds the socket listening on 127.0.0.1:``port`` (/proc/net/tcp's inode among its fds)."""
+    inodes = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state, inode = (f := line.split())[1], f[3], f[9]
+        if local == f"0100007F:{port:04X}" and state == "0A":  # LISTEN
+            inodes.add(f"socket:[{inode}]")
+    fds = Path(f"/proc/{pid}/fd")
+    try:
+        return any(os.readlink(fds / fd) in inodes for fd in os.listdir(fds)) if inodes else False
+    except OSError:  # it exited meanwhile, or an fd closed under the walk: not seen listening this time
+        return False
+
 
 def state_files(state: Path) -> dict[str, Any]:
     """Bytes of each file under ``state_dir`` and rows of each table of each SQLite database there.  A file the

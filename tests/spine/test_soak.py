@@ -8,17 +8,21 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from contextlib import suppress
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from sits_observe.cli import main
 from sits_observe.collectors.promtext import fetch_page
-from sits_observe.errors import CollectorError
+from sits_observe.errors import CollectorError, SitsError
+from sits_observe import soak
 from sits_observe.soak import next_mark
-from sits_observe.soakread import growth, proc_status, state_files
+from sits_observe.soakread import growth, listens, proc_status, state_files
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -199,3 +203,42 @@ def test_state_reads_survive_files_the_daemon_replaces(tmp_path: Path) -> None:
     finally:
         writer.kill()
         writer.wait()
+
+
+class _Ready(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"ready\n")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_port_another_process_took_first_is_not_taken_for_the_daemon(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The port is found free by binding and releasing it; another process (a second soak's daemon) that binds it
+    first answered /readyz, and the bench measured that process's API beside its own child's /proc (the child
+    then exited with the port in use). Now the listener must be the child's, and the child starts on another."""
+    other = ThreadingHTTPServer(("127.0.0.1", 0), _Ready)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    taken = other.server_address[1]
+    ports = iter([taken])
+    real = soak._free_port
+    monkeypatch.setattr(soak, "_free_port", lambda: next(ports, None) or real())
+    args = SimpleNamespace(speed=1.0, seed=1, topology="nvswitch-8", max_wall=60.0, config=None)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SITS_")}
+    (tmp_path / "again").mkdir()
+    try:
+        child, base = soak._start(args, tmp_path, "quiet", env)
+        try:
+            port = int(base.rsplit(":", 1)[1])
+            assert port != taken and listens(child.pid, port) and not listens(child.pid, taken)
+        finally:
+            soak._stop(child)
+        monkeypatch.setattr(soak, "_free_port", lambda: taken)  # every port found free is taken first
+        with pytest.raises(SitsError, match=f"3 free ports were each taken .* 127.0.0.1:{taken} is in use"):
+            soak._start(args, tmp_path / "again", "quiet", env)
+    finally:
+        other.shutdown()
+        other.server_close()
