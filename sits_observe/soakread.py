@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["CORE", "listens", "proc_status", "state_files", "growths", "growth", "families_changed", "log_counts", "last_line"]
+__all__ = ["CORE", "listens", "proc_status", "state_files", "growths", "growth", "families_changed", "log_counts",
+           "last_line"]
 
 CORE = ("rss_mib", "threads", "fds", "series", "state_bytes")  # the quantities every sample has
 
