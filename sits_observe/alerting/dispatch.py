@@ -26,6 +26,7 @@ from .sender import OUTCOMES as SENT, Sender
 __all__ = ["Dispatcher"]
 
 OUTCOMES = (*SENT, "folded")  # folded: left out of a flapping alert's queue (outbox.PENDING_PER_ALERT)
+REFUSED_RETRY_ROUNDS = 15  # every 15th re-send also offers Alertmanager the firing states it refused (15 min at 60 s)
 
 log = logging.getLogger("sits_observe.alerting")
 
@@ -44,6 +45,7 @@ class Dispatcher:
         self._am = [r.label for r in cfg.receivers if r.type == "alertmanager"]
         self._clock = clock
         self._last_refresh = clock()
+        self._rounds = 0  # re-sends so far
 
     def start(self) -> None:
         """Start the senders; say once if the outbox holds messages for receivers no longer configured."""
@@ -66,12 +68,15 @@ class Dispatcher:
             self._wake(self.senders)
 
     def refresh(self, firing: Iterable[Alert]) -> None:
-        """Re-send firing alerts to Alertmanager receivers every ``resend_interval`` (wall clock)."""
+        """Re-send firing alerts to Alertmanager receivers every ``resend_interval`` (wall clock); every
+        :data:`REFUSED_RETRY_ROUNDS`-th time also those whose state Alertmanager refused for good."""
         now = self._clock()
         if not self._am or now - self._last_refresh < self.cfg.resend_interval:
             return
         self._last_refresh = now
-        if sum(self.outbox.enqueue(self._am, a, refresh=True) for a in firing):
+        self._rounds += 1
+        retry = self._rounds % REFUSED_RETRY_ROUNDS == 0
+        if sum(self.outbox.enqueue(self._am, a, refresh=True, retry_refused=retry) for a in firing):
             self._wake(self._am)
 
     def _wake(self, names: Iterable[str]) -> None:

@@ -15,7 +15,9 @@ Deduplication by label fingerprint, per receiver:
 * a change with the same status as a message still pending (new annotations) updates that message in
   place instead of queuing another;
 * a *refresh* (Alertmanager re-send) is queued only when nothing is pending for that alert and its state
-  was not refused for good;
+  was not refused for good, or, at a *retry* refresh (one in :data:`~.dispatch.REFUSED_RETRY_ROUNDS`), was
+  refused (a row in ``failed``): a proxy's 404 or 403 in front of Alertmanager is fixed without a restart here,
+  and the alert would stay unseen until its next state change;
 * a state refused for good is not remembered as queued (unless a newer message is pending), so it goes
   again when it is announced again.
 
@@ -139,19 +141,27 @@ class Outbox:
     def _tx(self) -> AbstractContextManager[sqlite3.Connection]:
         return transaction(self._db, self._lock, self._file.error_of)
 
-    def enqueue(self, receivers: Sequence[str], alert: Alert, *, refresh: bool = False) -> int:
-        """Queue ``alert`` for each receiver (deduplicated, see the module docstring); returns how many were queued."""
+    def enqueue(self, receivers: Sequence[str], alert: Alert, *, refresh: bool = False,
+                retry_refused: bool = False) -> int:
+        """Queue ``alert`` for each receiver (deduplicated, see the module docstring); returns how many were queued.
+        ``retry_refused``: a refresh that also offers again a state the receiver refused."""
         with self._tx() as db:
-            return self._enqueue(db, receivers, alert, refresh)
+            return self._enqueue(db, receivers, alert, refresh, retry_refused)
 
-    def _enqueue(self, db: sqlite3.Connection, receivers: Sequence[str], alert: Alert, refresh: bool) -> int:
+    def _enqueue(self, db: sqlite3.Connection, receivers: Sequence[str], alert: Alert, refresh: bool,
+                 retry_refused: bool) -> int:
         fp, body, queued = alert.fingerprint, json.dumps(alert.to_json()), 0
         digest = _digest(alert)
         for r in receivers:
             pending = db.execute("SELECT id, status FROM outbox WHERE receiver=? AND fingerprint=? "
                                  "ORDER BY id DESC LIMIT 1", (r, fp)).fetchone()
             last = db.execute("SELECT digest FROM last_queued WHERE receiver=? AND fingerprint=?", (r, fp)).fetchone()
-            if refresh:  # not for a state refused for good (forgotten as queued): it would be refused again
+            if refresh:  # a state refused for good (forgotten as queued) only at a retry: it may be refused again
+                if pending is None and last is None and retry_refused and db.execute(
+                        "SELECT 1 FROM failed WHERE receiver=? AND fingerprint=?", (r, fp)).fetchone():
+                    # remembered as queued again: delivered, it is re-sent at every interval from then on
+                    db.execute("INSERT OR REPLACE INTO last_queued VALUES (?, ?, ?)", (r, fp, digest))
+                    last = (digest,)
                 if pending is None and last is not None:
                     db.execute("INSERT INTO outbox (receiver, fingerprint, status, refresh, alert, created) "
                                "VALUES (?, ?, ?, 1, ?, ?)", (r, fp, alert.status, body, time.time()))

@@ -141,6 +141,36 @@ def test_alertmanager_batches_and_resends_firing(tmp_path):
         rx.close()
 
 
+def test_a_firing_state_alertmanager_refused_reaches_it_once_fixed(tmp_path, monkeypatch):
+    """A 404 (a proxy's path, fixed without a restart here) gave the state up for good: the alert stayed unseen by
+    Alertmanager until its next state change. Every REFUSED_RETRY_ROUNDS-th re-send offers it again."""
+    monkeypatch.setattr("sits_observe.alerting.dispatch.REFUSED_RETRY_ROUNDS", 3)
+    now = [0.0]
+    rx = Receiver(script=[404, 404])
+    cfg = AlertingConfig.model_validate({"receivers": [{"type": "alertmanager", "name": "r",
+                                                        "url": f"http://127.0.0.1:{rx.port}", "timeout": 0.3}],
+                                         "backoff": {"initial": 0.02, "max": 0.1}, "resend_interval": 60})
+    d = Dispatcher(cfg, tmp_path, clock=lambda: now[0])
+    try:
+        d.start()
+        d.notify(_alert("a"))
+        assert _wait(lambda: d.counts[("r", "failed")] == 1)
+        answers = []
+        for _ in range(6):  # re-sends 1..6: the 3rd is refused again, the 6th is taken, as is every one after
+            now[0] += 60
+            d.refresh([_alert("a")])
+            assert _wait(lambda: d.outbox.depth() == {})
+            answers.append([x.answer for x in rx.deliveries])
+        assert answers[-1] == [404, 404, 200] and answers[1] == [404] and answers[2] == answers[4] == [404, 404]
+        now[0] += 60
+        d.refresh([_alert("a")])
+        assert _wait(lambda: len(rx.deliveries) == 4)
+        assert d.counts[("r", "failed")] == 2 and d.counts[("r", "delivered")] == 2
+    finally:
+        d.close()
+        rx.close()
+
+
 def test_a_firing_alert_re_announced_with_a_later_start_is_the_same_incident(tmp_path):
     box = Outbox(tmp_path / "outbox.db")
     first = _alert("a")

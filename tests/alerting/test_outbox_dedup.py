@@ -82,3 +82,23 @@ def test_a_state_refused_for_good_is_not_offered_again_at_every_resend(tmp_path:
     box.delivered(box.head("am"))
     assert box.enqueue(["am"], _alert(), refresh=True) == 1  # and re-sent from then on
     box.close()
+
+
+def test_a_refused_firing_state_is_offered_again_at_a_retry_refresh_only(tmp_path: Path) -> None:
+    """A proxy's 404 in front of Alertmanager, fixed later: the firing alert stayed unseen until its next change."""
+    box = Outbox(tmp_path / "outbox.db")
+    box.enqueue(["am"], _alert())
+    box.failed([box.head("am")[0].id], "HTTP 404 Not Found")
+    assert box.enqueue(["am"], _alert(), refresh=True) == 0
+    assert box.enqueue(["am"], _alert(), refresh=True, retry_refused=True) == 1
+    assert box.enqueue(["am"], _alert(), refresh=True, retry_refused=True) == 0  # pending: not twice
+    box.failed([box.head("am")[0].id], "HTTP 404 Not Found")  # refused again: back to the retries alone
+    assert box.enqueue(["am"], _alert(), refresh=True) == 0
+    assert box.enqueue(["am"], _alert(), refresh=True, retry_refused=True) == 1
+    box.delivered(box.head("am"))  # taken: re-sent at every interval from then on
+    assert box.enqueue(["am"], _alert(), refresh=True) == 1
+    box.delivered(box.head("am"))
+    assert box.enqueue(["am"], _alert()) == 0  # the same state announced again is no new message
+    # never refused, never queued (another receiver's alert): a retry offers nothing
+    assert box.enqueue(["other"], _alert(), refresh=True, retry_refused=True) == 0
+    box.close()
