@@ -107,9 +107,9 @@ def _run(args: argparse.Namespace, where: Path, env: dict[str, str], cfg: Config
         try:
             t0 = time.monotonic()
             samples, stopped = _soak(child, base, where / "state", cfg, args, t0, families)
+            wall_s = time.monotonic() - t0  # the run, without the drain after it (drain_seconds)
         finally:
             exit_code, drain_s = _stop(child)
-    wall_s = time.monotonic() - t0
     sim_h = samples[-1]["sim_hours"] if samples else 0.0
     changes = growths(samples, args.warmup, args.tolerance)
     growing = sorted(k for k, v in changes.items() if v["grows"])
