@@ -10,7 +10,7 @@ from datetime import UTC
 from email.utils import parsedate_to_datetime
 from urllib.parse import quote, unquote, urlsplit
 
-__all__ = ["echoes", "describe", "retry_after"]
+__all__ = ["echoes", "describe", "refusal_may_lift", "retry_after"]
 
 
 def echoes(url: str, path: str, secret: str, auth: str | None = None) -> list[str]:
@@ -34,6 +34,17 @@ def describe(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return f"{type(exc).__name__}: {exc.strerror}"
     return type(exc).__name__
+
+
+# refusals that a fix on the receiver's side, not a new alert, can lift: credentials, a proxy's path or method
+LIFTABLE = (401, 403, 404, 405, 407, 421)
+
+
+def refusal_may_lift(row: tuple[str] | None) -> bool:
+    """Whether the newest refusal of an alert (its ``failed`` row's reason, ``HTTP <status> ...`` as the sender
+    writes it; None: no row) is one a fix on the receiver's side can lift (:data:`LIFTABLE`)."""
+    m = re.match(r"HTTP (\d{3})\b", row[0]) if row else None
+    return bool(m) and int(m.group(1)) in LIFTABLE
 
 
 def retry_after(value: str | None, now: float | None = None) -> float | None:

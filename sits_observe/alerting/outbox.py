@@ -16,8 +16,9 @@ Deduplication by label fingerprint, per receiver:
   place instead of queuing another;
 * a *refresh* (Alertmanager re-send) is queued only when nothing is pending for that alert and its state
   was not refused for good, or, at a *retry* refresh (one in :data:`~.dispatch.REFUSED_RETRY_ROUNDS`), was
-  refused (a row in ``failed``): a proxy's 404 or 403 in front of Alertmanager is fixed without a restart here,
-  and the alert would stay unseen until its next state change;
+  refused with an answer a fix on the receiver's side can lift (:func:`~.answers.refusal_may_lift`: a proxy's
+  404 or 403 in front of Alertmanager is fixed there, without a restart here, and the alert would stay unseen
+  until its next state change; a 400 for the alert's content would only be refused again);
 * a state refused for good is not remembered as queued (unless a newer message is pending), so it goes
   again when it is announced again.
 
@@ -45,6 +46,7 @@ from typing import Any
 
 from ..errors import AlertingError
 from ..statedb import StateFile, read, transaction
+from .answers import refusal_may_lift
 from .formats import QUIET_ANNOTATIONS, Alert
 
 __all__ = ["Message", "Outbox"]
@@ -157,8 +159,9 @@ class Outbox:
                                  "ORDER BY id DESC LIMIT 1", (r, fp)).fetchone()
             last = db.execute("SELECT digest FROM last_queued WHERE receiver=? AND fingerprint=?", (r, fp)).fetchone()
             if refresh:  # a state refused for good (forgotten as queued) only at a retry: it may be refused again
-                if pending is None and last is None and retry_refused and db.execute(
-                        "SELECT 1 FROM failed WHERE receiver=? AND fingerprint=?", (r, fp)).fetchone():
+                if pending is None and last is None and retry_refused and refusal_may_lift(db.execute(
+                        "SELECT reason FROM failed WHERE receiver=? AND fingerprint=? ORDER BY id DESC LIMIT 1",
+                        (r, fp)).fetchone()):
                     # remembered as queued again: delivered, it is re-sent at every interval from then on
                     db.execute("INSERT OR REPLACE INTO last_queued VALUES (?, ?, ?)", (r, fp, digest))
                     last = (digest,)
@@ -229,7 +232,9 @@ class Outbox:
                 db.execute("DELETE FROM outbox WHERE id=?", (i,))
                 if not db.execute("SELECT 1 FROM outbox WHERE receiver=? AND fingerprint=?", key).fetchone():
                     db.execute("DELETE FROM last_queued WHERE receiver=? AND fingerprint=?", key)
-            db.execute("DELETE FROM failed WHERE id <= (SELECT MAX(id) FROM failed) - ?", (FAILED_KEPT,))
+            # the newest FAILED_KEPT refusals (ids are the outbox's: re-sends use them up, so no id arithmetic)
+            db.execute("DELETE FROM failed WHERE id <= (SELECT id FROM failed ORDER BY id DESC LIMIT 1 OFFSET ?)",
+                       (FAILED_KEPT,))
 
     def depth(self) -> dict[str, int]:
         return dict(self._read("SELECT receiver, COUNT(*) FROM outbox GROUP BY receiver"))

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from sits_observe.alerting.formats import Alert
-from sits_observe.alerting.outbox import Outbox
+from sits_observe.alerting.outbox import FAILED_KEPT, Outbox
 
 LABELS = {"alertname": "SloBurn", "slo": "chat", "burn_tier": "page"}
 
@@ -101,4 +101,35 @@ def test_a_refused_firing_state_is_offered_again_at_a_retry_refresh_only(tmp_pat
     assert box.enqueue(["am"], _alert()) == 0  # the same state announced again is no new message
     # never refused, never queued (another receiver's alert): a retry offers nothing
     assert box.enqueue(["other"], _alert(), refresh=True, retry_refused=True) == 0
+    box.close()
+
+
+@pytest.mark.parametrize(("reason", "offered"), [
+    ("HTTP 404 Not Found", 1), ("HTTP 403", 1), ("HTTP 401 Unauthorized: no token", 1),
+    ("HTTP 400 Bad Request: invalid label value", 0), ("HTTP 413 Payload Too Large", 0),
+    ("HTTP 422 Unprocessable Entity", 0), ("InvalidURL: http.client refuses this receiver's url", 0),
+])
+def test_only_a_refusal_a_fix_on_the_receivers_side_can_lift_is_retried(tmp_path: Path, reason: str,
+                                                                        offered: int) -> None:
+    """A 400 for the alert's content is refused again at every retry (a batch split, lines logged) for nothing."""
+    box = Outbox(tmp_path / "outbox.db")
+    box.enqueue(["am"], _alert())
+    box.failed([box.head("am")[0].id], reason)
+    assert box.enqueue(["am"], _alert(), refresh=True, retry_refused=True) == offered
+    box.close()
+
+
+def test_refusals_are_kept_by_count_not_by_id(tmp_path: Path) -> None:
+    """``failed`` was pruned to ids within FAILED_KEPT of the newest; re-sends use ids up, so a refusal 1,000
+    messages old (15 minutes of re-sends of 70 alerts) went with the next refusal, and its retry with it."""
+    box = Outbox(tmp_path / "outbox.db")
+    box.enqueue(["am"], _alert())
+    box.failed([box.head("am")[0].id], "HTTP 404 Not Found")
+    for k in range(FAILED_KEPT + 5):  # other alerts queued and delivered: ids used up
+        box.enqueue(["am"], Alert({"alertname": "Other", "k": str(k)}, {}, "firing", 1000.0))
+        box.delivered(box.head("am"))
+    box.enqueue(["hook"], _alert())
+    box.failed([box.head("hook")[0].id], "HTTP 400 Bad Request")  # another refusal prunes
+    assert len(box.recent_failures()) == 2
+    assert box.enqueue(["am"], _alert(), refresh=True, retry_refused=True) == 1
     box.close()
