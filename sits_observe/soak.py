@@ -177,11 +177,16 @@ def _start(args: argparse.Namespace, where: Path, scenario: str, env: dict[str, 
             _stop(child)
             raise
     raise SitsError(f"bench soak: {PORT_TRIES} free ports were each taken by another process before the daemon could "
-                    f"bind it; run again (the last: {last_line(where / 'daemon.log')})")
+                    f"bind it; run again (the last: {_bind_error(where)})")
 
 
 class PortTaken(SitsError):
-    """The port found free was bound by another process first: the child exited, or another process answers."""
+    """The port found free was bound by another process first: the child exited, refused it."""
+
+
+def _bind_error(where: Path) -> str:
+    """The daemon's one-line error without its prefix, and without the config hint a bench user cannot act on."""
+    return last_line(where / "daemon.log").removeprefix("sits-observe: error: ").split("; set listen:")[0]
 
 
 def _wait_ready(child: subprocess.Popen[bytes], port: int, where: Path) -> None:
@@ -189,11 +194,11 @@ def _wait_ready(child: subprocess.Popen[bytes], port: int, where: Path) -> None:
     deadline = time.monotonic() + READY_S
     while time.monotonic() < deadline:
         if child.poll() is not None:  # exit 2: what it was given (a scenario, a config) is a usage error here too
-            why = last_line(where / "daemon.log").removeprefix("sits-observe: error: ")
-            if why.startswith(f"listen: 127.0.0.1:{port} is in use"):
-                raise PortTaken(why)
+            if _bind_error(where) == f"listen: 127.0.0.1:{port} is in use":
+                raise PortTaken(_bind_error(where))
             raise (ConfigError if child.returncode == 2 else SitsError)(
-                f"bench soak: the daemon exited with {child.returncode} before it was ready: {why}")
+                f"bench soak: the daemon exited with {child.returncode} before it was ready: "
+                f"{last_line(where / 'daemon.log').removeprefix('sits-observe: error: ')}")
         try:
             fetch_page(f"http://127.0.0.1:{port}/readyz", 5.0)
             if listens(child.pid, port):

@@ -4,8 +4,10 @@ log) and what it concludes from the samples (:func:`growth`): see :mod:`.soak`."
 from __future__ import annotations
 
 import os
+import socket
 import sqlite3
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +30,15 @@ def proc_status(pid: int) -> dict[str, Any]:
             "threads": int(status["Threads"]), "fds": len(os.listdir(f"/proc/{pid}/fd")),
             "cpu_s": round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 1)}  # utime + stime
 
+
 def listens(pid: int, port: int) -> bool:
     """Whether ``pid`` holds the socket listening on 127.0.0.1:``port`` (/proc/net/tcp's inode among its fds)."""
+    # the address as the kernel prints it: the 32-bit word in the host's byte order (0100007F on x86)
+    want = f"{int.from_bytes(socket.inet_aton('127.0.0.1'), sys.byteorder):08X}:{port:04X}"
     inodes = set()
     for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
         local, state, inode = (f := line.split())[1], f[3], f[9]
-        if local == f"0100007F:{port:04X}" and state == "0A":  # LISTEN
+        if local == want and state == "0A":  # LISTEN
             inodes.add(f"socket:[{inode}]")
     fds = Path(f"/proc/{pid}/fd")
     try:

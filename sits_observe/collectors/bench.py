@@ -1,8 +1,8 @@
 """`sits-observe bench collectors`: our cost per NVML GPU-sample, per 64-GPU dcgm-exporter page and per
 host-source tick.
 
-NVML: the collector reads the stand-in for pynvml (:mod:`.nvml_fake`, so the driver's own cost is left out); the baseline is the same sequence of fake NVML calls replayed bare, so ``ours - baseline``
-is what our code adds.  DCGM: reading a synthetic 64-GPU page into GPU fields against the baseline of
+NVML: the collector reads the stand-in for pynvml (:mod:`.nvml_fake`, so the driver's own cost is left out); the
+baseline is the same sequence of fake NVML calls replayed bare, so ``ours - baseline`` is what our code adds.  DCGM: reading a synthetic 64-GPU page into GPU fields against the baseline of
 prometheus_client's full text parser walking the same page.  Host: one tick of the host source on a
 written ``/proc`` and ``/sys`` of a large machine (``--host-cpus`` CPUs in 8 NUMA nodes, two ``/proc/stat``
 snapshots read in turn) and on this machine's own, against the baseline of reading the same two files

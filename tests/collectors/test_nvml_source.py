@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import ast
+import json
 import logging
 import re
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -580,7 +583,17 @@ def test_fake_implements_exactly_the_calls_the_collectors_make() -> None:
 
 
 def test_only_the_bench_imports_the_stand_in() -> None:
-    """It ships in the package for ``bench collectors``; the daemon reads the real pynvml."""
+    """It ships in the package for ``bench collectors``; the daemon reads the real pynvml: building one with the nvml
+    backend (no driver here: NVML down, the daemon runs on) loads no stand-in, nor does the command line."""
     pkg = Path(collectors_pkg.__file__).parents[1]
     importers = {p.relative_to(pkg).as_posix() for p in pkg.rglob("*.py") if "nvml_fake" in p.read_text()}
     assert importers == {"collectors/bench.py"}
+    code = ("import sys, tempfile; from sits_observe.cli import main; from sits_observe.config import parse; "
+            "from sits_observe.wiring import build_daemon; d = build_daemon(parse({'state_dir': tempfile.mkdtemp(), "
+            "'gpu': {'backend': 'nvml'}, 'rca': {'enabled': False}}, env={})); d.tick(); d.close(); "
+            "import json; print(json.dumps(sorted(m for m in sys.modules if 'nvml' in m)))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    loaded = json.loads(r.stdout.strip().splitlines()[-1])
+    assert "pynvml" in loaded and "sits_observe.collectors.nvml" in loaded, loaded  # the real path was taken
+    assert "sits_observe.collectors.nvml_fake" not in loaded, loaded

@@ -17,10 +17,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from sits_observe import soak
 from sits_observe.cli import main
 from sits_observe.collectors.promtext import fetch_page
 from sits_observe.errors import CollectorError, SitsError
-from sits_observe import soak
 from sits_observe.soak import next_mark
 from sits_observe.soakread import growth, listens, proc_status, state_files
 
@@ -136,10 +136,10 @@ def _daemon_of(run: Path, bench: subprocess.Popen[bytes], ready: bool) -> int:
     raise AssertionError(f"the bench exited with {bench.returncode} before its daemon was found")
 
 
-def _interruptible() -> None:
-    """SIGINT as at a terminal: a shell starts a background job (`make test &`, a CI step run so) with SIGINT ignored,
-    the bench inherited that, and an interrupt left it running to the end (exit 0)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+# `python -m sits_observe` with SIGINT as at a terminal: a shell starts a background job (`make test &`, a CI step run
+# so) with SIGINT ignored, the bench inherited that, and an interrupt left it running to the end (exit 0)
+INTERRUPTIBLE = ("import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                 "runpy.run_module('sits_observe', run_name='__main__', alter_sys=True)")
 
 
 @pytest.mark.parametrize(("sig", "group", "ready", "code"), [
@@ -150,10 +150,9 @@ def _interruptible() -> None:
 def test_a_stopped_bench_leaves_no_daemon_running(sig: signal.Signals, group: bool, ready: bool, code: int,
                                                   tmp_path: Path) -> None:
     run = tmp_path / "run"
-    bench = subprocess.Popen([sys.executable, "-m", "sits_observe", "bench", "soak", "--hours", "1", "--warmup",
+    bench = subprocess.Popen([sys.executable, "-c", INTERRUPTIBLE, "bench", "soak", "--hours", "1", "--warmup",
                               "0.5", "--every", "300", "--speed", "100", "--dir", str(run)],
-                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                             preexec_fn=_interruptible)
+                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     pid = 0
     try:
         pid = _daemon_of(run, bench, ready)
@@ -237,7 +236,8 @@ def test_a_port_another_process_took_first_is_not_taken_for_the_daemon(tmp_path:
         finally:
             soak._stop(child)
         monkeypatch.setattr(soak, "_free_port", lambda: taken)  # every port found free is taken first
-        with pytest.raises(SitsError, match=f"3 free ports were each taken .* 127.0.0.1:{taken} is in use"):
+        with pytest.raises(SitsError, match=f"3 free ports were each taken .*\\(the last: listen: 127.0.0.1:{taken} "
+                                            "is in use\\)$"):
             soak._start(args, tmp_path / "again", "quiet", env)
     finally:
         other.shutdown()
