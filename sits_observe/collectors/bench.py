@@ -2,13 +2,14 @@
 host-source tick.
 
 NVML: the collector reads the stand-in for pynvml (:mod:`.nvml_fake`, so the driver's own cost is left out); the
-baseline is the same sequence of fake NVML calls replayed bare, so ``ours - baseline`` is what our code adds.  DCGM: reading a synthetic 64-GPU page into GPU fields against the baseline of
-prometheus_client's full text parser walking the same page.  Host: one tick of the host source on a
-written ``/proc`` and ``/sys`` of a large machine (``--host-cpus`` CPUs in 8 NUMA nodes, two ``/proc/stat``
-snapshots read in turn) and on this machine's own, against the baseline of reading the same two files
-bare (what any reader pays).  Replicas: real serving processes (each listening on a port, with two
-children standing for its GPU workers) put on the fake host's GPUs; a tick that joins their backlogs to
-the GPUs against the same tick without the join, and a refresh round (every process looked up again).
+baseline is the same sequence of fake NVML calls replayed bare, so ``ours - baseline`` is what our code adds. DCGM:
+reading a synthetic 64-GPU page into GPU fields against the baseline of prometheus_client's full text parser
+walking the same page. Host: one tick of the host source on a written ``/proc`` and ``/sys`` of a large machine
+(``--host-cpus`` CPUs in 8 NUMA nodes, two ``/proc/stat`` snapshots read in turn) and on this machine's own,
+against the baseline of reading the same two files bare (what any reader pays). Replicas: real serving processes
+(each listening on a port, with two children standing for its GPU workers) put on the fake host's GPUs; a tick that
+joins their backlogs to the GPUs against the same tick without the join, and a refresh round (every process looked
+up again).
 """
 
 from __future__ import annotations
