@@ -26,7 +26,9 @@ from .sender import OUTCOMES as SENT, Sender
 __all__ = ["Dispatcher"]
 
 OUTCOMES = (*SENT, "folded")  # folded: left out of a flapping alert's queue (outbox.PENDING_PER_ALERT)
-REFUSED_RETRY_ROUNDS = 15  # every 15th re-send also offers Alertmanager the firing states it refused (15 min at 60 s)
+# every 15th re-send also offers Alertmanager the firing states it refused with an answer a fix on its side can lift
+# (answers.refusal_may_lift: 15 minutes at the default 60 s)
+REFUSED_RETRY_ROUNDS = 15
 
 log = logging.getLogger("sits_observe.alerting")
 
@@ -69,7 +71,8 @@ class Dispatcher:
 
     def refresh(self, firing: Iterable[Alert]) -> None:
         """Re-send firing alerts to Alertmanager receivers every ``resend_interval`` (wall clock); every
-        :data:`REFUSED_RETRY_ROUNDS`-th time also those whose state Alertmanager refused for good."""
+        :data:`REFUSED_RETRY_ROUNDS`-th time also those whose state it refused with an answer a fix on its side can
+        lift."""
         now = self._clock()
         if not self._am or now - self._last_refresh < self.cfg.resend_interval:
             return

@@ -160,8 +160,8 @@ class Outbox:
             last = db.execute("SELECT digest FROM last_queued WHERE receiver=? AND fingerprint=?", (r, fp)).fetchone()
             if refresh:  # a state refused for good (forgotten as queued) only at a retry: it may be refused again
                 if pending is None and last is None and retry_refused and refusal_may_lift(db.execute(
-                        "SELECT reason FROM failed WHERE receiver=? AND fingerprint=? ORDER BY id DESC LIMIT 1",
-                        (r, fp)).fetchone()):
+                        "SELECT reason FROM failed WHERE receiver=? AND fingerprint=? "
+                        "ORDER BY at DESC, id DESC LIMIT 1", (r, fp)).fetchone()):
                     # remembered as queued again: delivered, it is re-sent at every interval from then on
                     db.execute("INSERT OR REPLACE INTO last_queued VALUES (?, ?, ?)", (r, fp, digest))
                     last = (digest,)
@@ -232,9 +232,10 @@ class Outbox:
                 db.execute("DELETE FROM outbox WHERE id=?", (i,))
                 if not db.execute("SELECT 1 FROM outbox WHERE receiver=? AND fingerprint=?", key).fetchone():
                     db.execute("DELETE FROM last_queued WHERE receiver=? AND fingerprint=?", key)
-            # the newest FAILED_KEPT refusals (ids are the outbox's: re-sends use them up, so no id arithmetic)
-            db.execute("DELETE FROM failed WHERE id <= (SELECT id FROM failed ORDER BY id DESC LIMIT 1 OFFSET ?)",
-                       (FAILED_KEPT,))
+            # the FAILED_KEPT refused last; ids are the outbox's, the order messages were queued in (a message queued
+            # for a receiver down for hours is refused after 1,000 others queued later), so the refusal time decides
+            db.execute("DELETE FROM failed WHERE id IN (SELECT id FROM failed ORDER BY at DESC, id DESC "
+                       "LIMIT -1 OFFSET ?)", (FAILED_KEPT,))
 
     def depth(self) -> dict[str, int]:
         return dict(self._read("SELECT receiver, COUNT(*) FROM outbox GROUP BY receiver"))
@@ -246,7 +247,7 @@ class Outbox:
 
     def recent_failures(self, limit: int = 20) -> list[dict[str, object]]:
         rows = self._read("SELECT id, receiver, fingerprint, status, reason, at FROM failed "
-                          "ORDER BY id DESC LIMIT ?", (limit,))
+                          "ORDER BY at DESC, id DESC LIMIT ?", (limit,))
         keys = ("id", "receiver", "fingerprint", "status", "reason", "at")
         return [dict(zip(keys, r)) for r in rows]
 

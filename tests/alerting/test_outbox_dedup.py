@@ -133,3 +133,18 @@ def test_refusals_are_kept_by_count_not_by_id(tmp_path: Path) -> None:
     assert len(box.recent_failures()) == 2
     assert box.enqueue(["am"], _alert(), refresh=True, retry_refused=True) == 1
     box.close()
+
+
+def test_a_refusal_is_kept_by_when_it_came_not_when_its_message_was_queued(tmp_path: Path) -> None:
+    """Alertmanager down for hours: its message, queued first, is refused after a webhook refused 1,000 messages
+    queued later; kept by queue id it was pruned as it was refused, and with it its retry and its API entry."""
+    box = Outbox(tmp_path / "outbox.db")
+    box.enqueue(["am"], _alert())
+    (held,) = box.head("am")
+    for k in range(FAILED_KEPT):
+        box.enqueue(["hook"], Alert({"alertname": "Other", "k": str(k)}, {}, "firing", 1000.0))
+        box.failed([box.head("hook")[0].id], "HTTP 400 Bad Request")
+    box.failed([held.id], "HTTP 404 Not Found")
+    assert box.recent_failures(1)[0]["receiver"] == "am"
+    assert box.enqueue(["am"], _alert(), refresh=True, retry_refused=True) == 1
+    box.close()
