@@ -185,7 +185,7 @@ class PortTaken(SitsError):
 
 
 def _bind_error(where: Path) -> str:
-    """The daemon's one-line error without its prefix, and without the config hint a bench user cannot act on."""
+    """The daemon's one-line error without its prefix, and without the listen hint a bench user cannot act on."""
     return last_line(where / "daemon.log").removeprefix("sits-observe: error: ").split("; set listen:")[0]
 
 
@@ -197,8 +197,7 @@ def _wait_ready(child: subprocess.Popen[bytes], port: int, where: Path) -> None:
             if _bind_error(where) == f"listen: 127.0.0.1:{port} is in use":
                 raise PortTaken(_bind_error(where))
             raise (ConfigError if child.returncode == 2 else SitsError)(
-                f"bench soak: the daemon exited with {child.returncode} before it was ready: "
-                f"{last_line(where / 'daemon.log').removeprefix('sits-observe: error: ')}")
+                f"bench soak: the daemon exited with {child.returncode} before it was ready: {_bind_error(where)}")
         try:
             fetch_page(f"http://127.0.0.1:{port}/readyz", 5.0)
             if listens(child.pid, port):

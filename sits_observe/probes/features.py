@@ -131,8 +131,8 @@ def prog_info(prog_fd: int) -> dict[str, int]:
     """The integer fields of one loaded program's /proc/self/fdinfo (empty if it cannot be read): ``run_time_ns``
     and ``run_cnt`` (counted while BPF stats are on), ``recursion_misses`` (the field from 5.12; for kprobe and
     tracepoint programs counted from 6.7: how often the kernel did not run the program for its event, because a
-    kprobe, uprobe or tracepoint program was running on that CPU already, its per-CPU ``bpf_prog_active`` guard: e.g.
-    a block completion interrupt during a syscall's program)."""
+    kprobe or tracepoint program was running on that CPU already, its per-CPU ``bpf_prog_active`` guard: e.g. a
+    block completion interrupt during a syscall's program)."""
     try:
         text = Path(f"/proc/self/fdinfo/{prog_fd}").read_text()
     except OSError:

@@ -582,14 +582,14 @@ def test_fake_implements_exactly_the_calls_the_collectors_make() -> None:
     assert all(callable(getattr(pynvml, name)) for name in used)
 
 
-def test_only_the_bench_imports_the_stand_in() -> None:
+def test_only_the_bench_imports_the_stand_in(tmp_path: Path) -> None:
     """It ships in the package for ``bench collectors``; the daemon reads the real pynvml: building one with the nvml
     backend (no driver here: NVML down, the daemon runs on) loads no stand-in, nor does the command line."""
     pkg = Path(collectors_pkg.__file__).parents[1]
     importers = {p.relative_to(pkg).as_posix() for p in pkg.rglob("*.py") if "nvml_fake" in p.read_text()}
     assert importers == {"collectors/bench.py"}
-    code = ("import sys, tempfile; from sits_observe.cli import main; from sits_observe.config import parse; "
-            "from sits_observe.wiring import build_daemon; d = build_daemon(parse({'state_dir': tempfile.mkdtemp(), "
+    code = ("import sys; from sits_observe.cli import main; from sits_observe.config import parse; "
+            f"from sits_observe.wiring import build_daemon; d = build_daemon(parse({{'state_dir': {str(tmp_path)!r}, "
             "'gpu': {'backend': 'nvml'}, 'rca': {'enabled': False}}, env={})); d.tick(); d.close(); "
             "import json; print(json.dumps(sorted(m for m in sys.modules if 'nvml' in m)))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -77,7 +77,9 @@ def _first_request_key(path: Path) -> tuple[int, int]:
 
 def _missed(src: ProbeSource) -> float | None:
     """sits_probe_missed_events_total of the probe; None where the kernel has no recursion_misses (before 5.12)."""
-    found = [s.value for s in src.metrics() if s.name == "sits_probe_missed_events_total"]
+    found = [s.value for s in src.metrics()
+             if s.name == "sits_probe_missed_events_total" and dict(s.labels)["probe"] == "block_io"]
+    assert len(found) <= 1, found
     return found[0] if found else None
 
 
