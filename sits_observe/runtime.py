@@ -185,6 +185,9 @@ def serve(cfg: Config, *, duration: float | None = None, reload: Callable[[], Co
 
     previous = {sig: signal.signal(sig, handler)
                 for sig, handler in ((signal.SIGTERM, on_term), (signal.SIGINT, on_term), (signal.SIGHUP, on_hup))}
+    # blocked by whoever started it (a parent that blocked them around its fork, and exec keeps a mask), they would
+    # be held back for good: no drain on SIGTERM, no reload on SIGHUP
+    masked = signal.pthread_sigmask(signal.SIG_UNBLOCK, previous)
     try:
         # the port first: a second copy started by mistake is refused before it touches the state (the
         # scheduler re-sends the steps in flight when it starts)
@@ -220,6 +223,7 @@ def serve(cfg: Config, *, duration: float | None = None, reload: Callable[[], Co
     finally:
         for sig, handler in previous.items():  # None: one not set from Python, which cannot be put back
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, masked)
 
 
 def _close_quietly(server: Any) -> None:

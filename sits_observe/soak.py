@@ -162,19 +162,25 @@ def _start(args: argparse.Namespace, where: Path, scenario: str, env: dict[str, 
         argv += ["--config", args.config]
     (where / "state").mkdir()
     for _ in range(PORT_TRIES):
-        port = _free_port()
-        with (where / "daemon.log").open("wb") as log:
-            child = subprocess.Popen([*argv, "--listen", f"127.0.0.1:{port}"], stdout=subprocess.DEVNULL,
-                                     stderr=log, start_new_session=True,
-                                     env={**env, "SITS_STATE_DIR": str(where / "state")})
-        base = f"http://127.0.0.1:{port}"
+        port, child = _free_port(), None
         try:
+            # a Ctrl-C or SIGTERM inside Popen() would leave its child unknown here, and running: held until the child
+            # is ours (the daemon unblocks them for itself as it starts)
+            old = signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, signal.SIGTERM))
+            try:
+                with (where / "daemon.log").open("wb") as log:
+                    child = subprocess.Popen([*argv, "--listen", f"127.0.0.1:{port}"], stdout=subprocess.DEVNULL,
+                                             stderr=log, start_new_session=True,
+                                             env={**env, "SITS_STATE_DIR": str(where / "state")})
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, old)
             _wait_ready(child, port, where)
-            return child, base
+            return child, f"http://127.0.0.1:{port}"
         except PortTaken:  # the child has exited
             continue
-        except BaseException:  # not ready, or interrupted while waiting: no child left running
-            _stop(child)
+        except BaseException:  # not ready, or interrupted while starting it: no child left running
+            if child is not None:
+                _stop(child)
             raise
     raise SitsError(f"bench soak: {PORT_TRIES} free ports were each taken by another process before the daemon could "
                     f"bind it; run again (the last: {_bind_error(where)})")

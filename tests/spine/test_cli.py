@@ -131,6 +131,28 @@ def test_sigterm_exits_cleanly_and_sighup_keeps_old_config_on_error(tmp_path, fr
     assert "not UTF-8 text (byte" in err and "save the file as UTF-8" in err
 
 
+def test_a_daemon_started_with_its_signals_blocked_still_drains_on_sigterm(tmp_path, free_port, wait_ready):
+    """A parent that blocked SIGTERM around its fork (exec keeps the mask) left the daemon deaf to it: no drain, the
+    service manager's SIGKILL after its timeout."""
+    port = free_port()
+    blocked = ("import os, signal, sys; signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP}); "
+               "os.execv(sys.executable, [sys.executable, '-m', 'sits_observe', *sys.argv[1:]])")
+    proc = subprocess.Popen([sys.executable, "-c", blocked, "demo", "--scenario", "quiet", "--listen",
+                             f"127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "SITS_STATE_DIR": str(tmp_path)})
+    try:
+        wait_ready(port, proc)
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err = proc.stderr.read()
+    assert rc == 0, err
+    assert "draining and exiting" in err
+
+
 def test_bench_prints_one_json_object():
     res = _run(["bench", "pipeline", "--json", "--gpus", "8", "--ticks", "5", "--scrapes", "2",
                 "--events-per-second", "1000"])
