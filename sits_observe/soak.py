@@ -200,10 +200,11 @@ def _wait_ready(child: subprocess.Popen[bytes], port: int, where: Path) -> None:
     deadline = time.monotonic() + READY_S
     while time.monotonic() < deadline:
         if child.poll() is not None:  # exit 2: what it was given (a scenario, a config) is a usage error here too
-            if _bind_error(where) == f"listen: 127.0.0.1:{port} is in use":
-                raise PortTaken(_bind_error(where))
+            why = _bind_error(where)
+            if why == f"listen: 127.0.0.1:{port} is in use":
+                raise PortTaken(why)
             raise (ConfigError if child.returncode == 2 else SitsError)(
-                f"bench soak: the daemon exited with {child.returncode} before it was ready: {_bind_error(where)}")
+                f"bench soak: the daemon exited with {child.returncode} before it was ready: {why}")
         try:
             fetch_page(f"http://127.0.0.1:{port}/readyz", 5.0)
             if listens(child.pid, port):

@@ -4,14 +4,14 @@ log) and what it concludes from the samples (:func:`growth`): see :mod:`.soak`."
 from __future__ import annotations
 
 import os
-import socket
 import sqlite3
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from .collectors.replicas import listening_ports, namespace_listeners
 
 __all__ = ["CORE", "listens", "proc_status", "state_files", "growths", "growth", "families_changed", "log_counts",
            "last_line"]
@@ -32,18 +32,10 @@ def proc_status(pid: int) -> dict[str, Any]:
 
 
 def listens(pid: int, port: int) -> bool:
-    """Whether ``pid`` holds the socket listening on 127.0.0.1:``port`` (/proc/net/tcp's inode among its fds)."""
-    # the address as the kernel prints it: the 32-bit word in the host's byte order (0100007F on x86)
-    want = f"{int.from_bytes(socket.inet_aton('127.0.0.1'), sys.byteorder):08X}:{port:04X}"
-    inodes = set()
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        local, state, inode = (f := line.split())[1], f[3], f[9]
-        if local == want and state == "0A":  # LISTEN
-            inodes.add(f"socket:[{inode}]")
-    fds = Path(f"/proc/{pid}/fd")
+    """Whether ``pid`` holds a socket listening on ``port`` in its network namespace (False once it has exited)."""
     try:
-        return any(os.readlink(fds / fd) in inodes for fd in os.listdir(fds)) if inodes else False
-    except OSError:  # it exited meanwhile, or an fd closed under the walk: not seen listening this time
+        return port in listening_ports(pid, namespace_listeners(pid, {port}))
+    except OSError:
         return False
 
 

@@ -1,7 +1,7 @@
 """A stand-in for pynvml: exactly the calls sits_observe.collectors makes, driven by a Topology.
 
 The tests' GPU host (CI has no GPU) and ``bench collectors``'s (which times our code on top of it, the driver's
-cost left out); the daemon never imports it: production code imports only ``pynvml``.
+cost left out); the daemon never imports it, only ``pynvml`` (tests/collectors checks).
 
 Constants and ``NVMLError`` come from the real pynvml, so the collector's error handling runs unchanged; a
 pynvml function this fake does not define raises AttributeError (tests/collectors checks the two lists
