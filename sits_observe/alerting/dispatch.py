@@ -2,7 +2,9 @@
 
 The SLO engine talks to it only: :meth:`Dispatcher.notify` queues an alert state change for every
 receiver (the outbox deduplicates, see :mod:`.outbox`) and wakes their senders; :meth:`Dispatcher.refresh`
-re-queues firing alerts for Alertmanager receivers every ``resend_interval``.  It also answers the
+re-queues firing alerts for Alertmanager receivers every ``resend_interval`` and, every
+:data:`REFUSED_RETRY_ROUNDS`-th time, offers any receiver again the firing states it refused with an answer a fix on
+its side can lift.  It also answers the
 delivery metrics and the receiver part of ``GET /api/v1/alerts``.
 """
 
@@ -26,8 +28,8 @@ from .sender import OUTCOMES as SENT, Sender
 __all__ = ["Dispatcher"]
 
 OUTCOMES = (*SENT, "folded")  # folded: left out of a flapping alert's queue (outbox.PENDING_PER_ALERT)
-# every 15th re-send also offers Alertmanager the firing states it refused with an answer a fix on its side can lift
-# (answers.refusal_may_lift: 15 minutes at the default 60 s)
+# every 15th re-send interval also offers every receiver (webhooks too) the firing states it refused with an answer a
+# fix on its side can lift (answers.refusal_may_lift: 15 minutes at the default 60 s)
 REFUSED_RETRY_ROUNDS = 15
 
 log = logging.getLogger("sits_observe.alerting")
@@ -45,6 +47,7 @@ class Dispatcher:
         self.senders = {r.label: Sender(r, self.outbox, cfg.backoff, cfg.max_batch, self.counts, rng,
                                         hold=4 * cfg.resend_interval) for r in cfg.receivers}
         self._am = [r.label for r in cfg.receivers if r.type == "alertmanager"]
+        self._hooks = [r.label for r in cfg.receivers if r.type != "alertmanager"]
         self._clock = clock
         self._last_refresh = clock()
         self._rounds = 0  # re-sends so far
@@ -71,16 +74,19 @@ class Dispatcher:
 
     def refresh(self, firing: Iterable[Alert]) -> None:
         """Re-send firing alerts to Alertmanager receivers every ``resend_interval`` (wall clock); every
-        :data:`REFUSED_RETRY_ROUNDS`-th time also those whose state it refused with an answer a fix on its side can
-        lift."""
+        :data:`REFUSED_RETRY_ROUNDS`-th time also offer any receiver (a webhook too, which gets no re-sends) the
+        firing states it refused with an answer a fix on its side can lift."""
         now = self._clock()
-        if not self._am or now - self._last_refresh < self.cfg.resend_interval:
+        if not self.senders or now - self._last_refresh < self.cfg.resend_interval:
             return
         self._last_refresh = now
         self._rounds += 1
         retry = self._rounds % REFUSED_RETRY_ROUNDS == 0
-        if sum(self.outbox.enqueue(self._am, a, refresh=True, retry_refused=retry) for a in firing):
-            self._wake(self._am)
+        firing = list(firing)
+        for names, resend in ((self._am, True), (self._hooks if retry else [], False)):
+            if names and sum(self.outbox.enqueue(names, a, refresh=True, retry_refused=retry, resend=resend)
+                             for a in firing):
+                self._wake(names)
 
     def _wake(self, names: Iterable[str]) -> None:
         for n in names:

@@ -18,7 +18,8 @@ Deduplication by label fingerprint, per receiver:
   was not refused for good, or, at a *retry* refresh (one in :data:`~.dispatch.REFUSED_RETRY_ROUNDS`), was
   refused with an answer a fix on the receiver's side can lift (:func:`~.answers.refusal_may_lift`: a proxy's
   404 or 403 in front of Alertmanager is fixed there, without a restart here, and the alert would stay unseen
-  until its next state change; a 400 for the alert's content would only be refused again);
+  until its next state change; a 400 for the alert's content would only be refused again); a webhook receiver
+  gets no re-sends, only the retry (``resend=False``);
 * a state refused for good is not remembered as queued (unless a newer message is pending), so it goes
   again when it is announced again.
 
@@ -144,14 +145,15 @@ class Outbox:
         return transaction(self._db, self._lock, self._file.error_of)
 
     def enqueue(self, receivers: Sequence[str], alert: Alert, *, refresh: bool = False,
-                retry_refused: bool = False) -> int:
+                retry_refused: bool = False, resend: bool = True) -> int:
         """Queue ``alert`` for each receiver (deduplicated, see the module docstring); returns how many were queued.
-        ``retry_refused``: a refresh that also offers again a state the receiver refused."""
+        ``retry_refused``: a refresh that also offers again a state the receiver refused; ``resend=False``: a refresh
+        that offers only that (a webhook receiver's)."""
         with self._tx() as db:
-            return self._enqueue(db, receivers, alert, refresh, retry_refused)
+            return self._enqueue(db, receivers, alert, refresh, retry_refused, resend)
 
     def _enqueue(self, db: sqlite3.Connection, receivers: Sequence[str], alert: Alert, refresh: bool,
-                 retry_refused: bool) -> int:
+                 retry_refused: bool, resend: bool) -> int:
         fp, body, queued = alert.fingerprint, json.dumps(alert.to_json()), 0
         digest = _digest(alert)
         for r in receivers:
@@ -159,13 +161,13 @@ class Outbox:
                                  "ORDER BY id DESC LIMIT 1", (r, fp)).fetchone()
             last = db.execute("SELECT digest FROM last_queued WHERE receiver=? AND fingerprint=?", (r, fp)).fetchone()
             if refresh:  # a state refused for good (forgotten as queued) only at a retry: it may be refused again
-                if pending is None and last is None and retry_refused and refusal_may_lift(db.execute(
-                        "SELECT reason FROM failed WHERE receiver=? AND fingerprint=? "
-                        "ORDER BY at DESC, id DESC LIMIT 1", (r, fp)).fetchone()):
-                    # remembered as queued again: delivered, it is re-sent at every interval from then on
+                retried = pending is None and last is None and retry_refused and refusal_may_lift(db.execute(
+                    "SELECT reason FROM failed WHERE receiver=? AND fingerprint=? "
+                    "ORDER BY at DESC, id DESC LIMIT 1", (r, fp)).fetchone())
+                if retried:  # remembered as queued again: delivered, it is re-sent at every interval from then on
                     db.execute("INSERT OR REPLACE INTO last_queued VALUES (?, ?, ?)", (r, fp, digest))
                     last = (digest,)
-                if pending is None and last is not None:
+                if pending is None and last is not None and (resend or retried):
                     db.execute("INSERT INTO outbox (receiver, fingerprint, status, refresh, alert, created) "
                                "VALUES (?, ?, ?, 1, ?, ?)", (r, fp, alert.status, body, time.time()))
                     queued += 1

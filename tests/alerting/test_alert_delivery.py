@@ -171,6 +171,35 @@ def test_a_firing_state_alertmanager_refused_reaches_it_once_fixed(tmp_path, mon
         rx.close()
 
 
+def test_a_firing_state_a_webhook_refused_reaches_it_once_fixed_and_only_once(tmp_path, monkeypatch):
+    """Webhooks get no re-sends, so a firing state one refused with a 404 (a proxy's path, fixed there) stayed unseen
+    until the alert's next state change. It is offered again at every REFUSED_RETRY_ROUNDS-th interval, like
+    Alertmanager's, and once taken it is not sent again; a 400 (its content) is not offered again."""
+    monkeypatch.setattr("sits_observe.alerting.dispatch.REFUSED_RETRY_ROUNDS", 3)
+    now = [0.0]
+    rx = Receiver(script=[404, 400, 404])
+    cfg = AlertingConfig.model_validate({"receivers": [{"type": "webhook", "name": "r",
+                                                        "url": f"http://127.0.0.1:{rx.port}", "timeout": 0.3}],
+                                         "backoff": {"initial": 0.02, "max": 0.1}, "resend_interval": 60})
+    d = Dispatcher(cfg, tmp_path, clock=lambda: now[0])
+    try:
+        d.start()
+        d.notify(_alert("a"))
+        d.notify(_alert("b"))
+        assert _wait(lambda: d.counts[("r", "failed")] == 2)
+        seen = []
+        for _ in range(9):  # intervals 1..9: a retry at 3 (a refused again), 6 (a taken), 9 (nothing left)
+            now[0] += 60
+            d.refresh([_alert("a"), _alert("b")])
+            assert _wait(lambda: d.outbox.depth() == {})
+            seen.append([(x.body["alerts"][0]["labels"]["slo"], x.answer) for x in rx.deliveries[2:]])
+        assert seen[1] == [] and seen[2] == [("a", 404)] and seen[5] == seen[8] == [("a", 404), ("a", 200)]
+        assert d.counts[("r", "failed")] == 3 and d.counts[("r", "delivered")] == 1
+    finally:
+        d.close()
+        rx.close()
+
+
 def test_a_firing_alert_re_announced_with_a_later_start_is_the_same_incident(tmp_path):
     box = Outbox(tmp_path / "outbox.db")
     first = _alert("a")
