@@ -141,16 +141,22 @@ def test_alertmanager_batches_and_resends_firing(tmp_path):
         rx.close()
 
 
+def _on_a_test_clock(tmp_path, monkeypatch, kind: str, script: list[object]):
+    """A dispatcher whose clock the test moves (re-send interval 60 s, refusals offered again every 3rd) and its
+    one receiver, answering ``script``."""
+    monkeypatch.setattr("sits_observe.alerting.dispatch.REFUSED_RETRY_ROUNDS", 3)
+    now = [0.0]
+    rx = Receiver(script=script)
+    cfg = AlertingConfig.model_validate({"receivers": [{"type": kind, "name": "r",
+                                                        "url": f"http://127.0.0.1:{rx.port}", "timeout": 0.3}],
+                                         "backoff": {"initial": 0.02, "max": 0.1}, "resend_interval": 60})
+    return Dispatcher(cfg, tmp_path, clock=lambda: now[0]), rx, now
+
+
 def test_a_firing_state_alertmanager_refused_reaches_it_once_fixed(tmp_path, monkeypatch):
     """A 404 (a proxy's path, fixed without a restart here) gave the state up for good: the alert stayed unseen by
     Alertmanager until its next state change. Every REFUSED_RETRY_ROUNDS-th re-send offers it again."""
-    monkeypatch.setattr("sits_observe.alerting.dispatch.REFUSED_RETRY_ROUNDS", 3)
-    now = [0.0]
-    rx = Receiver(script=[404, 404])
-    cfg = AlertingConfig.model_validate({"receivers": [{"type": "alertmanager", "name": "r",
-                                                        "url": f"http://127.0.0.1:{rx.port}", "timeout": 0.3}],
-                                         "backoff": {"initial": 0.02, "max": 0.1}, "resend_interval": 60})
-    d = Dispatcher(cfg, tmp_path, clock=lambda: now[0])
+    d, rx, now = _on_a_test_clock(tmp_path, monkeypatch, "alertmanager", [404, 404])
     try:
         d.start()
         d.notify(_alert("a"))
@@ -175,13 +181,7 @@ def test_a_firing_state_a_webhook_refused_reaches_it_once_fixed_and_only_once(tm
     """Webhooks get no re-sends, so a firing state one refused with a 404 (a proxy's path, fixed there) stayed unseen
     until the alert's next state change. It is offered again at every REFUSED_RETRY_ROUNDS-th interval, like
     Alertmanager's, and once taken it is not sent again; a 400 (its content) is not offered again."""
-    monkeypatch.setattr("sits_observe.alerting.dispatch.REFUSED_RETRY_ROUNDS", 3)
-    now = [0.0]
-    rx = Receiver(script=[404, 400, 404])
-    cfg = AlertingConfig.model_validate({"receivers": [{"type": "webhook", "name": "r",
-                                                        "url": f"http://127.0.0.1:{rx.port}", "timeout": 0.3}],
-                                         "backoff": {"initial": 0.02, "max": 0.1}, "resend_interval": 60})
-    d = Dispatcher(cfg, tmp_path, clock=lambda: now[0])
+    d, rx, now = _on_a_test_clock(tmp_path, monkeypatch, "webhook", [404, 400, 404])
     try:
         d.start()
         d.notify(_alert("a"))
