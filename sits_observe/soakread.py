@@ -41,7 +41,7 @@ def listens(pid: int, port: int) -> bool:
 
 def state_files(state: Path) -> dict[str, Any]:
     """Bytes of each file under ``state_dir`` and rows of each table of each SQLite database there.  A file the
-    daemon removes or renames meanwhile (``sim-clock.tmp``, a ``-journal``) is left out; only SQLite files are
+    daemon removes or renames meanwhile (``sim-clock.<unique>.tmp``, a ``-journal``) is left out; only SQLite files are
     opened (read-only)."""
     files: dict[str, int] = {}
     databases: list[str] = []

@@ -196,7 +196,7 @@ def test_state_reads_survive_files_the_daemon_replaces(tmp_path: Path) -> None:
     try:
         while not (tmp_path / "sim-clock").exists():
             time.sleep(0.01)
-        for _ in range(3000):  # sim-clock.tmp comes and goes between the listing and the stat
+        for _ in range(3000):  # sim-clock.<unique>.tmp comes and goes between the listing and the stat
             state = state_files(tmp_path)
             assert state["rows"] == {}  # text files are not opened as databases
     finally:
