@@ -6,6 +6,7 @@ import argparse
 import os
 import shutil
 import sys
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +47,11 @@ def _rules(args: argparse.Namespace) -> int:
 
 
 def _write(path: Path, text: str) -> None:
-    """``text`` into ``path``: a regular file (or none yet) is written beside it (``NAME.tmp``, which a rule_files
-    glob such as ``*.yml`` does not match) and renamed over it, so a full disk leaves the rules Prometheus loads
-    whole (writing in place truncated them first); anything else (``/dev/stdout``, a FIFO) is written to."""
+    """``text`` into ``path``: a regular file (or none yet) is written beside it (``NAME.<unique>.tmp``, which a
+    rule_files glob such as ``*.yml`` does not match) with its mode, owner and group (root rewriting a
+    ``root:prometheus 0640`` file must leave Prometheus able to read it), and renamed over it, so a full disk leaves
+    the rules Prometheus loads whole (writing in place truncated them first); anything else (``/dev/stdout``, a
+    FIFO) is written to."""
     target = path.resolve()  # a rules file reached through a symlink is replaced where it lies
     if target.exists() and not target.is_file():
         target.write_text(text)
@@ -58,5 +61,8 @@ def _write(path: Path, text: str) -> None:
         tmp.write_text(text)
         if target.exists():
             shutil.copymode(target, tmp)
+            st = target.stat()
+            with suppress(PermissionError):  # not root: the file becomes the writer's, as any rewrite makes it
+                os.chown(tmp, st.st_uid, st.st_gid)
 
     replace_whole(target, write)

@@ -172,6 +172,22 @@ def test_slo_rules_command(tmp_path):
     assert res.returncode == 2 and "no SLOs configured" in res.stderr
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="gives the rules file to another user (root)")
+def test_slo_rules_keeps_the_rules_files_owner_and_group(tmp_path):
+    """The new file was root's: a root:prometheus 0640 rules file rewritten by root became root:root 0640, which
+    Prometheus (running as prometheus) could no longer read."""
+    cfg, out = tmp_path / "c.yaml", tmp_path / "rules.yml"
+    cfg.write_text(yaml.safe_dump({"slos": [{"name": "s", "objective": 0.99, "latency": LATENCY}]}))
+    out.write_text("groups: []\n")
+    os.chown(out, 0, 65534)
+    out.chmod(0o640)
+    cli = [sys.executable, "-m", "sits_observe", "slo", "rules", "--config", str(cfg), "-o", str(out)]
+    assert subprocess.run(cli, capture_output=True, timeout=60).returncode == 0
+    st = out.stat()
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (0, 65534, 0o640)
+    assert yaml.safe_load(out.read_text())["groups"][0]["name"] == "sits-slo-s"
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs (root)")
 def test_slo_rules_on_a_full_disk_keeps_the_rules_file_it_was_replacing(tmp_path):
     """-o wrote in place: a full disk truncated the rules file Prometheus loads and left half a new one."""
