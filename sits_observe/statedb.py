@@ -91,7 +91,9 @@ def transaction(db: sqlite3.Connection, lock: threading.Lock | threading.RLock,
             try:
                 yield db
             except BaseException:
-                db.execute("ROLLBACK")
+                if db.in_transaction:  # a statement that failed for a full disk has rolled it back itself
+                    with contextlib.suppress(sqlite3.Error):  # and the error to raise is the statement's
+                        db.execute("ROLLBACK")
                 raise
             db.execute("COMMIT")
         except sqlite3.Error as exc:
