@@ -66,7 +66,9 @@ class SloState:
         self._lock = threading.Lock()
         self._file = StateFile(self.path, "the SLOs' history and the alerts announced",
                                lambda m: SloError(f"SLO state {m}"))
-        self.db = self._file.connect(setup=lambda db: self._setup(db, sli_keys, levels))
+        # FULL: an alert recorded as announced is on disk before the outbox (FULL too) has it queued, also through a
+        # power loss; else the outbox could keep a firing alert slo.db never knew it announced, never to resolve it
+        self.db = self._file.connect("FULL", setup=lambda db: self._setup(db, sli_keys, levels))
 
     def _setup(self, db: sqlite3.Connection, sli_keys: Sequence[str], levels: Sequence[float]) -> None:
         db.executescript(_SCHEMA)

@@ -136,6 +136,18 @@ def test_a_kill_between_queuing_a_firing_alert_and_recording_it_resolves_it_afte
     engine.close()
 
 
+def test_slo_db_reaches_the_disk_at_every_commit_as_the_outbox_does(tmp_path, receiver):
+    """slo.db had synchronous=NORMAL (its commits not flushed), the outbox FULL: after a power loss the outbox could
+    hold a firing alert slo.db had not recorded as announced (recorded first, flushed never), which the restarted
+    engine then never resolved when it no longer fired: a webhook showed it firing for ever."""
+    engine = SloEngine.from_config(config_for(tmp_path, receiver.url))
+    try:
+        assert engine.state.db.execute("PRAGMA synchronous").fetchone() == (2,)  # FULL
+        assert engine.dispatcher.outbox._read("PRAGMA synchronous") == [(2,)]
+    finally:
+        engine.close()
+
+
 def test_a_kill_between_queuing_a_resolution_and_recording_it_pages_no_one_again(tmp_path, receiver):
     cfg = config_for(tmp_path, receiver.url)
     feed, engine = burning(cfg)
