@@ -115,7 +115,10 @@ class _GpuOccluded:
             with warnings.catch_warnings():  # a GPU that never reported the field: NaN is the right answer
                 warnings.simplefilter("ignore", RuntimeWarning)
                 self._normals[field] = np.nanmedian(self._store.gpu_window(field, NORMAL_TICKS), axis=0)
-        vals[:, self._normal] = self._normals[field][self._normal]
+        # only readings are put back: a GPU without any (removed, or its source out) is given none, else its normal
+        # moved the aggregates and a GPU that reported nothing was named as a culprit
+        put = vals[:, self._normal]
+        vals[:, self._normal] = np.where(np.isnan(put), np.nan, self._normals[field][self._normal])
         return vals
 
 

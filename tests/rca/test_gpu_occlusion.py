@@ -83,3 +83,24 @@ def test_gpus_are_implicated_both_ways_and_only_near_the_largest(monkeypatch: py
     got = ex.explain(model, raw, np.zeros(len(FEATURES), np.float32), 1, st, 3)  # type: ignore[arg-type]
     assert got.gpus == (1, 2, 0)  # GPU 3's 0.05 is under half of GPU 1's 0.20
     assert got.top_features == ((FEATURES[2], 0.4),)  # not the std's 0.00004, shown as a contribution of 0.0
+
+
+def test_a_gpu_without_readings_is_given_none() -> None:
+    """A GPU hot-removed (or its source out) had its normal written into the window: an 85 C GPU gone for the
+    whole window still drove the maximum when 'put back', so a GPU that reported nothing was named a culprit (and
+    the scheduler avoided it)."""
+    st = SeriesStore(BucketLayout((0.1, 1.0)), history=200)
+    info = [GpuInfo(i, f"GPU-{i}", "H100", f"0:{i}") for i in range(4)]
+    for t in range(100):
+        listed = info[:3] if t >= 70 else info  # GPU 3, hot, removed at tick 70
+        f = Frame(float(t + 1), 1.0)
+        f.gpu = GpuFrame.empty(listed)
+        for g in range(len(listed)):
+            f.gpu.set(g, "utilization_ratio", 0.9 if g == 3 else 0.5)
+            f.gpu.set(g, "temperature_celsius", 85.0 if g == 3 else 60.0)
+        st.ingest(f)
+    raw = st.window(FEATURES, 20)  # ticks 81-100: GPU 3 absent throughout
+    occ = gpu_occluded(st, FEATURES, raw, 20)
+    assert [g.index for g in st.gpu_info()] == [0, 1, 2, 3] and raw[-1, 2] == 60.0
+    for v in range(9):  # GPU 3 alone, every GPU but one, every GPU: the window as it was
+        np.testing.assert_allclose(occ[v], raw)
