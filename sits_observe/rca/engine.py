@@ -1,4 +1,5 @@
-"""The in-daemon consumer: classify the latest window when an SLO burns, and every K ticks otherwise.
+"""The in-daemon consumer: classify the latest window when an SLO starts to burn, every N ticks while it burns, and
+every K ticks otherwise.
 
 A verdict is stored in the verdict log (SQLite under ``state_dir``), counted for export, added to the
 annotations of every firing SLO alert (``likely_cause``, ``confidence``, ``rca_verdict``) through the SLO
@@ -26,7 +27,7 @@ from .config import RcaConfig
 from .steps import observed_columns
 from .floors import Floors
 from .explain import explain
-from .features import OPTIONAL_FEATURES
+from .features import OPTIONAL_FEATURES, gpu_field_of
 from .log import VerdictLog
 from .model import RcaModel
 from .verdict import HEALTHY, UNKNOWN, Verdict
@@ -53,7 +54,11 @@ class RcaEngine:
         self.log = VerdictLog(Path(state_dir) / "rca.sqlite", keep=cfg.keep_verdicts)
         self.model: RcaModel | None = None
         self.error: str | None = None
-        self._ticks = 0
+        self._since = 0  # ticks since the last due one
+        self._onset = False  # a burn began and has no verdict yet: classified at the first tick that can be
+        self._burning = False
+        self._gpu = np.zeros(0, dtype=bool)  # the model's GPU features (none of an optional group's)
+        self._gpu_out = False  # a window without GPU readings was passed over (said once per outage)
         self._base: np.ndarray | None = None
         self._base_tick = -1
         self._loaded: tuple[int, int] | None = None  # the model file's (mtime_ns, size) when loaded
@@ -90,6 +95,7 @@ class RcaEngine:
             return
         self.model, self.error = model, None
         self._observed = observed_columns(self.model.features)
+        self._gpu = np.array([gpu_field_of(f) is not None and f not in OPTIONAL_FEATURES for f in model.features])
         self._unseen_checked = False
         log.info("rca: model %s loaded (%d features, window %d, classes %s)", path, len(self.model.features),
                  self.model.window, ", ".join(self.model.classes))
@@ -135,13 +141,18 @@ class RcaEngine:
         if (why := short_history(self.model, store.history)) is not None:
             self._disable(why)
             return
-        self._ticks += 1
         burning = list(self.firing()) if self.firing is not None else []
-        due = not self._ticks % (self.cfg.burn_every_ticks if burning else self.cfg.every_ticks)
+        self._onset = bool(burning) and (self._onset or not self._burning)  # at once, not up to N - 1 ticks late
+        self._burning = bool(burning)
+        self._since += 1
+        due = self._onset or self._since >= (self.cfg.burn_every_ticks if burning else self.cfg.every_ticks)
         try:
             if (store.ticks - 1) % self.model.baseline.every == 0:
                 self._baseline(store)  # at its refresh point: the same ticks as in training, whatever the ring holds
-            if not due or store.ticks < self.model.window:
+            if not due:
+                return
+            self._since = 0
+            if store.ticks < self.model.window:
                 return
             raw = store.window(self.model.features, self.model.window)
             base = self._baseline(store)
@@ -150,6 +161,8 @@ class RcaEngine:
             return
         seen = ~np.isnan(raw[:, self._observed]).all(axis=1)  # ticks with data: observed_columns, as in training
         if not seen[-1] or 2 * seen.sum() < len(seen):  # as in training: the last tick seen, at most half missing
+            return
+        if self._without_gpus(raw, store):
             return
         if not self._unseen_checked:  # once per model: a host's series do not go away
             self._unseen_checked = True
@@ -160,7 +173,24 @@ class RcaEngine:
             if (why := other_buckets(self.model, store.layout.edges)) is not None:
                 log.warning("rca: %s", why)
         verdict = self.classify(raw, base, frame.ts, "slo_burn" if burning else "periodic", store)
+        self._onset = False
         self.record(verdict, burning)
+
+    def _without_gpus(self, raw: np.ndarray, store: SeriesStore) -> bool:
+        """A window of a host whose GPU source has reported, without GPU readings on its last tick or on more than
+        half of its ticks (the source down): the networks never saw one in training (the fallback only lacks the
+        optional groups), and named a cause for it with confidence; passed over, as a tick without data is."""
+        if not self._gpu.any() or not store.gpu_info():
+            return False
+        seen = ~np.isnan(raw[:, self._gpu]).all(axis=1)
+        out = not seen[-1] or 2 * seen.sum() < len(seen)
+        if out and not self._gpu_out:
+            log.warning("rca: no GPU readings on the last tick or on most ticks of the window (is the GPU source "
+                        "down?): no verdict until they are back")
+        elif not out and self._gpu_out:
+            log.info("rca: GPU readings are back; verdicts resume")
+        self._gpu_out = out
+        return out
 
     def _baseline(self, store: SeriesStore) -> np.ndarray:
         """The host's per-feature median over the model's baseline horizon, refreshed every ``every`` ticks

@@ -36,11 +36,12 @@ class HostSource:
         self.hot = hot
         self.rng = np.random.default_rng(0)
         self.ticks = 0
+        self.gpus_out = False  # the GPU source gives nothing
 
     def collect(self, frame: Frame) -> None:
         self.ticks += 1
-        frame.gpu = GpuFrame.empty(GPUS)
-        for g in range(len(GPUS)):
+        frame.gpu = GpuFrame.empty(() if self.gpus_out else GPUS)
+        for g in range(len(frame.gpu.info)):
             hot = g in self.hot and self.ticks > 30
             frame.gpu.set(g, "temperature_celsius", 60.0 * (1.8 if hot else 1.0))
         frame.host["cpu_utilization_ratio"] = 0.3
@@ -167,6 +168,51 @@ def test_a_burn_classifies_every_burn_every_ticks(tmp_path: Path, tiny_model: Rc
     for _ in range(40):  # window 16: burn verdicts at ticks 16, 20, ..., 40
         daemon.tick()
     assert [v.trigger for v in handed] == ["slo_burn"] * 7
+
+
+def test_a_burn_is_classified_on_the_tick_it_starts(tmp_path: Path, tiny_model: RcaModel) -> None:
+    """Burn verdicts came every burn_every_ticks ticks counted from the engine's start: a burn starting just after
+    one waited up to N - 1 ticks for its first verdict (and its alert for its likely cause), a shorter one got
+    none."""
+    path = tmp_path / "m.pt"
+    tiny_model.save(path)
+    burning: list[str] = []
+    handed: list[tuple[int, str]] = []
+    cfg = parse({"state_dir": str(tmp_path), "gpu": {"backend": "none"},
+                 "rca": {"model": str(path), "every_ticks": 1000, "burn_every_ticks": 5}}, env={})
+    daemon = Daemon(config=cfg, clock=SimClock(1.0, 1.0, start=1000.0))
+    daemon.consumers.append(RcaEngine(cfg.rca, cfg.state_dir, firing=lambda: burning,
+                                      on_verdict=lambda v: handed.append((daemon.store.ticks, v.trigger))))
+    daemon.sources.append(HostSource(daemon.layout))
+    for t in range(1, 51):
+        if t in (31, 45):  # a burn from tick 31 to 41, another from 45
+            burning[:] = ["chat-latency"]
+        elif t == 42:
+            burning.clear()
+        daemon.tick()
+    assert handed == [(31, "slo_burn"), (36, "slo_burn"), (41, "slo_burn"), (45, "slo_burn"), (50, "slo_burn")]
+
+
+def test_a_window_without_gpu_readings_gets_no_verdict(tmp_path: Path, tiny_model: RcaModel,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """The GPU source out (stages and host still reporting), the window went to the fallback network, which never
+    saw every GPU feature missing in training: it named a cause with confidence (scheduler_stall at 0.95 for the
+    shipped model), enough for the scheduler to act on. Now such a window is passed over, as one without data."""
+    path = tmp_path / "m.pt"
+    tiny_model.save(path)
+    handed: list[int] = []
+    daemon, engine = _daemon(tmp_path, path, every=1, on_verdict=lambda v: handed.append(daemon.store.ticks))
+    source = HostSource(daemon.layout)
+    daemon.sources.append(source)
+    with caplog.at_level(logging.INFO, logger="sits_observe.rca"):
+        for t in range(1, 61):
+            source.gpus_out = 21 <= t <= 40
+            daemon.tick()
+    # window 16: verdicts from tick 16; none from the outage's first tick until its last tick and most of its
+    # window have readings again (tick 41 + 7)
+    assert handed == [*range(16, 21), *range(48, 61)]
+    said = [r.message for r in caplog.records if "GPU readings" in r.message]
+    assert len(said) == 2 and "no verdict until they are back" in said[0] and "verdicts resume" in said[1]
 
 
 def test_sighup_brings_rca_back_once_the_model_file_is_fixed_or_retrained(tmp_path: Path, tiny_model: RcaModel,
