@@ -162,7 +162,7 @@ def serve(cfg: Config, *, duration: float | None = None, reload: Callable[[], Co
     :data:`~sits_observe.closing.CLOSE_TIMEOUT`) or the HTTP server's thread died (the daemon stops then, so that
     systemd restarts it); a second SIGTERM/SIGINT exits at once with 128 + its number."""
     from .export.http import Server, create_app
-    from .wiring import build_daemon
+    from .wiring import build_daemon, lock_state_dir
 
     _setup_logging(cfg)
     stop, hup = threading.Event(), threading.Event()
@@ -188,13 +188,15 @@ def serve(cfg: Config, *, duration: float | None = None, reload: Callable[[], Co
     # blocked by whoever started it (a parent that blocked them around its fork, and exec keeps a mask), they would
     # be held back for good: no drain on SIGTERM, no reload on SIGHUP
     masked = signal.pthread_sigmask(signal.SIG_UNBLOCK, previous)
+    lock: int | None = None  # state_dir's, held until the daemon has closed
     try:
-        # the port first: a second copy started by mistake is refused before it touches the state (the
-        # scheduler re-sends the steps in flight when it starts)
+        # the port, then state_dir's lock: a second copy started by mistake (on either) is refused before it touches
+        # the state (the scheduler re-sends the steps in flight when it starts)
         app = _Later()
         host, port = cfg.listen_addr
         server = Server(app, host, port)
         try:
+            lock = lock_state_dir(cfg)
             daemon = build_daemon(cfg)
         except BaseException:
             server.close()
@@ -221,6 +223,8 @@ def serve(cfg: Config, *, duration: float | None = None, reload: Callable[[], Co
             http.join(1.0)
         return 0 if closed and daemon.died is None else 1
     finally:
+        if lock is not None:
+            os.close(lock)
         for sig, handler in previous.items():  # None: one not set from Python, which cannot be put back
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)
         signal.pthread_sigmask(signal.SIG_SETMASK, masked)

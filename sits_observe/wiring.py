@@ -8,6 +8,8 @@ alerts and hands verdicts to the scheduler, and the scheduler links its decision
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import os
 import time
@@ -20,9 +22,10 @@ from .config import Config
 from .daemon import Daemon
 from .errors import ConfigError, SitsError
 
-__all__ = ["build_daemon", "scheduler_off"]
+__all__ = ["build_daemon", "lock_state_dir", "scheduler_off", "LOCK_FILE"]
 
 log = logging.getLogger("sits_observe.wiring")
+LOCK_FILE = ".lock"  # in state_dir: the daemon using it holds an exclusive flock on it, its pid written in it
 
 
 def _state_dir(config: Config) -> Path:
@@ -35,6 +38,35 @@ def _state_dir(config: Config) -> Path:
     if not os.access(path, os.W_OK):
         raise ConfigError(f"state_dir: {path} is not writable; set state_dir or SITS_STATE_DIR")
     return path
+
+
+def lock_state_dir(config: Config) -> int:
+    """Create state_dir and take the exclusive lock on its :data:`LOCK_FILE`; returns the descriptor, to be closed
+    once the daemon has closed.  Two daemons on one state_dir would both write slo.db, deliver the same outbox (each
+    page twice) and act on the same placements, so a second one is refused (ConfigError, exit 2).  The lock is the
+    kernel's, not the file: a daemon killed leaves the file, and the lock goes with the process."""
+    path = _state_dir(config) / LOCK_FILE
+    try:  # os.open's descriptors are close-on-exec: a program the daemon starts does not keep the lock
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise ConfigError(f"state_dir: cannot open {path}: {exc.strerror}; set state_dir or SITS_STATE_DIR "
+                          "to a writable directory") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        os.close(fd)
+        pid = f" (pid {holder})" if holder.isdigit() else ""  # written just after it took the lock: may be empty
+        raise ConfigError(f"state_dir {path.parent} is in use by another sits-observe daemon{pid}; stop it, or give "
+                          "this one another state_dir (state_dir or SITS_STATE_DIR)") from None
+    except OSError as exc:  # a file system without locks (some NFS mounts): nothing to refuse a second daemon with
+        log.warning("state_dir: cannot lock %s (%s): a second daemon started on this state_dir would not be refused",
+                    path, exc.strerror)
+        return fd
+    with contextlib.suppress(OSError):  # the pid only names the holder in a second daemon's message
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
 
 
 def scheduler_off(config: Config, topology: object) -> str:
