@@ -34,14 +34,15 @@ class StateFile:
     def failure(self, exc: sqlite3.Error, hint: str = "") -> SitsError:
         """The error to raise for ``exc`` while opening: damaged file, else :meth:`error_of`."""
         if getattr(exc, "sqlite_errorcode", 0) & 0xFF in _DAMAGED:
-            return self._damaged(str(exc))
+            return self.damaged(str(exc))
         return self.error_of(exc, hint)
 
     def error_of(self, exc: sqlite3.Error, hint: str = "") -> SitsError:
         """The caller's error class for ``exc``, naming the file (``hint`` appended)."""
         return self.error(f"{self.path}: {exc}{hint}")
 
-    def _damaged(self, reason: str) -> DamagedStateError:
+    def damaged(self, reason: str) -> DamagedStateError:
+        """The error for this file damaged as ``reason`` says: what moving it aside loses, and how."""
         # with its -wal and -shm files: a WAL left behind is deleted by the next start, and what it held lost
         aside = self.path.parent / "damaged"
         return DamagedStateError(
@@ -63,7 +64,7 @@ class StateFile:
             db.execute(f"PRAGMA synchronous={synchronous}")
             problems = [row[0] for row in db.execute("PRAGMA quick_check(3)")]
             if problems != ["ok"]:
-                raise self._damaged("; ".join(p.replace("\n", " ") for p in problems))
+                raise self.damaged("; ".join(p.replace("\n", " ") for p in problems))
             if setup is not None:
                 setup(db)
         except sqlite3.Error as exc:

@@ -65,13 +65,6 @@ class SpanRecord:
     body: dict[str, Any]
 
 
-def _placement(row: tuple[Any, ...]) -> Placement:
-    d = dict(zip(_COLUMNS, row))
-    d["gpus"] = tuple(json.loads(d["gpus"]))
-    d["state"] = State(d["state"])
-    return Placement(**d)
-
-
 class PlacementStore:
     """Shards, placements and decision spans of one host; shared by the tick, HTTP and span export threads."""
 
@@ -117,6 +110,25 @@ class PlacementStore:
 
     def _tx(self) -> AbstractContextManager[sqlite3.Connection]:
         return transaction(self._db, self._lock, self._file.error_of)
+
+    # A row that cannot be read back stops the daemon (exit 2), unlike slo.db's or the outbox's, which are skipped:
+    # a placement or shard the scheduler does not see would be placed anew beside the one that holds its GPUs.
+    def _placement(self, row: tuple[Any, ...]) -> Placement:
+        d = dict(zip(_COLUMNS, row))
+        try:
+            d["gpus"] = tuple(int(g) for g in json.loads(d["gpus"]))
+            d["state"] = State(d["state"])
+        except (ValueError, TypeError) as exc:  # another version's, or damaged
+            raise self._file.damaged(f"table placements: placement {d['id']} of shard {d['shard_id']} cannot be "
+                                     f"read: {type(exc).__name__}: {exc}") from None
+        return Placement(**d)
+
+    def _spec(self, shard_id: str, body: Any) -> ShardSpec:
+        try:
+            return ShardSpec.model_validate_json(body)
+        except ValueError as exc:  # pydantic's ValidationError too
+            raise self._file.damaged(f"table shards: shard {shard_id} cannot be read: "
+                                     f"{type(exc).__name__}") from None
 
     def close(self) -> None:
         with self._lock:
@@ -167,11 +179,11 @@ class PlacementStore:
         row = self._read_one("SELECT spec FROM shards WHERE id=?", (shard_id,))
         if row is None:
             raise NotFound(f"shard {shard_id}: not registered")
-        return ShardSpec.model_validate_json(row[0])
+        return self._spec(shard_id, row[0])
 
     def shards(self) -> list[ShardSpec]:
-        rows = self._read("SELECT spec FROM shards ORDER BY id")
-        return [ShardSpec.model_validate_json(r[0]) for r in rows]
+        rows = self._read("SELECT id, spec FROM shards ORDER BY id")
+        return [self._spec(i, body) for i, body in rows]
 
     # placements
     def create(self, shard_id: str, kind: str, ts: float, source_id: int | None = None,
@@ -215,7 +227,7 @@ class PlacementStore:
         row = self._read_one(f"SELECT {', '.join(_COLUMNS)} FROM placements WHERE id=?", (placement_id,))
         if row is None:
             raise NotFound(f"placement {placement_id}: no such placement")
-        return _placement(row)
+        return self._placement(row)
 
     def placements(self, shard_id: str | None = None, live: bool = False) -> list[Placement]:
         """Placements oldest first; ``live`` keeps the non-terminal ones."""
@@ -228,7 +240,7 @@ class PlacementStore:
             args += [s.value for s in TERMINAL]
         clause = f" WHERE {' AND '.join(where)}" if where else ""
         rows = self._read(f"SELECT {', '.join(_COLUMNS)} FROM placements{clause} ORDER BY id", args)
-        return [_placement(r) for r in rows]
+        return [self._placement(r) for r in rows]
 
     def last_reshard_ts(self, shard_id: str) -> float | None:
         row = self._read_one("SELECT MAX(created_ts) FROM placements WHERE shard_id=? AND kind='reshard'",

@@ -21,6 +21,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import math
 import sqlite3
 import threading
 from collections.abc import Iterable, Sequence
@@ -34,6 +36,8 @@ from ..errors import SloError
 from ..statedb import StateFile, transaction
 
 __all__ = ["SloState"]
+
+log = logging.getLogger("sits_observe.slo")
 
 # a tick's writes wait this long for another process's lock on slo.db (a backup, an sqlite3 shell), not the
 # connection's 5 s, which held every tick of a burn 5 s: unstored edges are stored with a later tick's, and a
@@ -170,7 +174,11 @@ class SloState:
             rows = self.db.execute("SELECT slo, tier, since, last_true FROM tiers").fetchall()
         out: dict[str, dict[str, tuple[float | None, float | None]]] = {}
         for slo, tier, since, last_true in rows:
-            out.setdefault(slo, {})[tier] = (since, last_true)
+            if isinstance(tier, str) and all(_time(t) for t in (since, last_true)):
+                out.setdefault(slo, {})[tier] = (since, last_true)
+            else:
+                self._skip("tiers", f"{slo}/{tier}", "its tier starts afresh: an alert it fired may page again, "
+                           "and its flap guard is reset")
         return out
 
     def set_tiers(self, slo: str, tiers: dict[str, tuple[float | None, float | None]],
@@ -189,8 +197,15 @@ class SloState:
     def announced(self) -> list[Alert]:
         """Alerts announced as firing and not resolved since, whatever the configuration now says."""
         with self._lock:
-            rows = self.db.execute("SELECT alert FROM announced").fetchall()
-        return [Alert.from_json(json.loads(a)) for (a,) in rows]
+            rows = self.db.execute("SELECT fingerprint, alert FROM announced").fetchall()
+        out = []
+        for fingerprint, text in rows:
+            try:
+                out.append(Alert.from_json(json.loads(text)))
+            except (ValueError, TypeError, KeyError, AttributeError):  # another version's, or damaged
+                self._skip("announced", fingerprint, "at worst, if that alert no longer fires, the receivers are "
+                           "never told it resolved")
+        return out
 
     def set_announced(self, started: Sequence[Alert] = (), ended: Sequence[Alert] = ()) -> None:
         with self._tx() as db:
@@ -208,8 +223,13 @@ class SloState:
             rows = self.db.execute("SELECT slo, tiers FROM held").fetchall()
         out = {}
         for slo, text in rows:
-            held = json.loads(text)
-            out[slo] = {t: float("inf") for t in held} if isinstance(held, list) else held
+            try:
+                held = json.loads(text)
+                out[slo] = ({t: float("inf") for t in held} if isinstance(held, list)
+                            else {str(t): float(until) for t, until in held.items()})
+            except (ValueError, TypeError, AttributeError):
+                self._skip("held", slo, "its tiers held quiet are not held: one may page for an incident a faster "
+                           "tier pages already")
         return out
 
     def set_held(self, slo: str, until: dict[str, float]) -> None:
@@ -218,12 +238,31 @@ class SloState:
 
     def notes(self) -> dict[str, dict[str, str]]:
         with self._lock:
-            return {s: json.loads(a) for s, a in self.db.execute("SELECT slo, annotations FROM notes")}
+            rows = self.db.execute("SELECT slo, annotations FROM notes").fetchall()
+        out = {}
+        for slo, text in rows:
+            try:
+                notes = json.loads(text)
+                out[slo] = {str(k): str(v) for k, v in notes.items()}
+            except (ValueError, TypeError, AttributeError):
+                self._skip("notes", slo, "the annotations (likely cause) of its current incident are lost")
+        return out
 
     def set_notes(self, slo: str, annotations: dict[str, str]) -> None:
         with self._tx() as db:
             db.execute("INSERT OR REPLACE INTO notes VALUES (?, ?)", (slo, json.dumps(annotations)))
 
+    def _skip(self, table: str, key: str, lost: str) -> None:
+        # a row skipped, not the daemon stopped: monitoring goes on, and what is lost is said (the row stays in the
+        # file; it goes when the engine next writes that key)
+        log.warning("SLO state %s: table %s: row %s cannot be read back (damaged, or another version's); skipped: %s",
+                    self.path, table, key, lost)
+
     def close(self) -> None:
         with self._lock:
             self.db.close()
+
+
+def _time(value: object) -> bool:
+    """A stored time: None or a finite number (SQLite keeps whatever type was written in a REAL column)."""
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value))
