@@ -21,7 +21,7 @@ from typing import Any
 from ..closing import side_by_side
 from ..errors import ConfigError, SchedulerError
 from ..frame import Frame, Sample
-from ..rca.verdict import HEALTHY, Verdict
+from ..rca.verdict import Verdict
 from ..snapshot import Snapshot
 from ..topology import Topology
 from .actuators import Actuator, StepOutcome, build_actuator
@@ -102,16 +102,17 @@ class Scheduler:
             self.walker.expire(ts)
             if self.walker.halted:  # dropped from the config while a placement was in flight
                 self.walker.halted = remove_unlisted(self.decider, self.walker.halted, announce=False)
-            fired = []
-            while self._verdicts:
-                v = self._verdicts.popleft()
-                if self.cfg.verdict_on_burn_only and v.trigger != "slo_burn" and v.cause != HEALTHY:
-                    continue  # made while nothing burns: only a healthy verdict (which ends a streak) counts
-                if (t := self.triggers.on_verdict(v)) is not None:
-                    fired.append(t)
+            fired = self.triggers.on_verdicts(self._verdicts, ts, frozenset(g.index for g in self.topo.gpus))
             fired += self.triggers.on_frame(ts, *self.seen.windows(sampled), self.seen.host_cpu)
-            for t in fired:
-                self.decider.decide(t)
+            failed: list[SchedulerError] = []
+            for t in fired:  # one that cannot be recorded (scheduler.sqlite locked) neither costs the others nor
+                try:  # its own next chance: it may fire again at the next verdict or tick
+                    self.decider.decide(t)
+                except SchedulerError as exc:
+                    self.triggers.retract(t)
+                    failed.append(exc)
+            if failed:
+                raise failed[0]
 
     # ---- placements ------------------------------------------------------------------------------
 

@@ -9,7 +9,9 @@ triggers with ``fixable=False``: the engine records a "no action" decision for t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from collections import Counter, deque
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -18,7 +20,13 @@ from ..rca.verdict import HEALTHY, UNKNOWN, Verdict
 from ..topology import Topology
 from .config import SchedulerConfig
 
-__all__ = ["FIXABLE", "NON_FIXABLE", "Trigger", "Sustained", "Triggers", "culprits"]
+__all__ = ["FIXABLE", "NON_FIXABLE", "Trigger", "Sustained", "Triggers", "culprits", "VERDICT_STALE_S"]
+
+log = logging.getLogger("sits_observe.scheduler")
+
+# a verdict older than this on the source clock when the scheduler reads it (it waited in the queue while ticks
+# failed, e.g. scheduler.sqlite locked) is dropped: a minutes-old streak would fire on a host that has moved on
+VERDICT_STALE_S = 60.0
 
 FIXABLE = frozenset({"gpu_compute_saturation", "gpu_memory_pressure", "interconnect_contention",
                      "cpu_contention", "thermal_throttling"})
@@ -82,6 +90,7 @@ class Sustained:
         self.onset: float | None = None
         self.fired: float | None = None
         self.repeat = False  # the last fire was not the episode's first
+        self._before: tuple[float | None, bool] = (None, False)  # (fired, repeat) before the last fire
 
     def update(self, ts: float, value: float) -> bool:
         if not value > self.clear:  # cleared, or no data (NaN): re-arm
@@ -93,10 +102,15 @@ class Sustained:
             return False
         # a fire again needs the level itself: a value left inside the band only keeps the episode from re-arming
         if self.fired is None or (ts - self.fired >= self.refire and value > self.level):
+            self._before = (self.fired, self.repeat)
             self.repeat = self.fired is not None
             self.fired = ts
             return True
         return False
+
+    def retract(self) -> None:
+        """The last fire was not decided on: it may fire again at the next update."""
+        self.fired, self.repeat = self._before
 
 
 class Triggers:
@@ -110,30 +124,76 @@ class Triggers:
         self.host_cpu = Sustained(cfg.saturation_ratio, cfg.hysteresis, cfg.saturation_sustain, refire)
         self._cause: str | None = None
         self._streak = 0
+        self._named: deque[tuple[int, ...]] = deque(maxlen=cfg.verdict_consecutive)  # the streak's last GPUs
         self._fired: float | None = None
+        self._fired_before: float | None = None
+        self._gpus_said: set[int] = set()  # GPU indices of verdicts this topology lacks, each said once
 
-    def on_verdict(self, v: Verdict) -> Trigger | None:
-        """Count ``v`` into the streak; a trigger once ``verdict_consecutive`` agree."""
+    def on_verdicts(self, queued: deque[Verdict], now: float, gpus: frozenset[int]) -> list[Trigger]:
+        """Take the verdicts off ``queued`` and count them into the streak at ``now`` (the tick's source time);
+        ``gpus``: the GPU indices of the topology (a verdict naming another is not acted on for it)."""
+        fired, stale = [], 0
+        while queued:
+            v = queued.popleft()
+            if now - v.ts > VERDICT_STALE_S:
+                stale += 1
+                continue
+            if self.cfg.verdict_on_burn_only and v.trigger != "slo_burn" and v.cause != HEALTHY:
+                continue  # made while nothing burns: only a healthy verdict (which ends a streak) counts
+            if unknown := set(v.gpus) - gpus:  # IndexError in avoid(), or a negative index widening it
+                if unknown - self._gpus_said:
+                    log.warning("scheduler: verdicts name GPUs %s, which the topology does not have: left out",
+                                sorted(unknown))
+                    self._gpus_said |= unknown
+                v = replace(v, gpus=tuple(g for g in v.gpus if g in gpus))
+            if (t := self.on_verdict(v, now)) is not None:
+                fired.append(t)
+        if stale:
+            log.warning("scheduler: %d verdicts older than %g s dropped (they waited while ticks failed)", stale,
+                        VERDICT_STALE_S)
+        return fired
+
+    def on_verdict(self, v: Verdict, now: float) -> Trigger | None:
+        """Count ``v`` into the streak; a trigger once ``verdict_consecutive`` agree, at ``now``."""
         cfg = self.cfg
         counts = v.cause == UNKNOWN or (v.cause != HEALTHY and v.confidence >= cfg.verdict_threshold)
         if not counts:
             held = v.cause == self._cause and v.confidence >= cfg.verdict_threshold - cfg.hysteresis
             if not held:
                 self._cause, self._streak, self._fired = None, 0, None
+                self._named.clear()
             return None
         if v.cause != self._cause:
             self._cause, self._streak, self._fired = v.cause, 0, None
+            self._named.clear()
         self._streak += 1
+        self._named.append(tuple(v.gpus))
         if self._streak < cfg.verdict_consecutive:
             return None
         repeat = self._fired is not None
-        if repeat and v.ts - self._fired < cfg.cooldown:
+        if repeat and now - self._fired < cfg.cooldown:
             return None
-        self._fired = v.ts
+        self._fired_before, self._fired = self._fired, now
         fixable = v.cause in FIXABLE
         reason = (f"{self._streak} verdicts in a row: {v.cause} (confidence {v.confidence:.2f})" if fixable
                   else f"{v.cause}: {NON_FIXABLE.get(v.cause, 'not a cause a re-shard can fix')}")
-        return Trigger("verdict", v.cause, fixable, v.ts, reason, tuple(v.gpus), v.confidence, v, repeat=repeat)
+        return Trigger("verdict", v.cause, fixable, now, reason, self._agreed(), v.confidence, v, repeat=repeat)
+
+    def _agreed(self) -> tuple[int, ...]:
+        """The GPUs more than half of the streak's last ``verdict_consecutive`` verdicts name, most named first (then
+        as the last verdict ranks them): verdicts naming GPU 0, then 2, then 6 are no evidence against GPU 6."""
+        named = Counter(g for gpus in self._named for g in gpus)
+        last = self._named[-1]
+        order = sorted(named, key=lambda g: (-named[g], last.index(g) if g in last else len(last), g))
+        return tuple(g for g in order if 2 * named[g] > len(self._named))
+
+    def retract(self, t: Trigger) -> None:
+        """``t`` was not decided on (scheduler.sqlite locked or full): it may fire again, not a cooldown later."""
+        if t.kind == "verdict":
+            self._fired = self._fired_before
+        elif (held := {"load_imbalance": self.imbalance, "gpu_memory_saturation": self.gpu_memory,
+                       "host_cpu_saturation": self.host_cpu}.get(t.cause)) is not None:
+            held.retract()
 
     def on_frame(self, ts: float, util: np.ndarray | None, mem_ratio: np.ndarray | None,
                  host_cpu: float) -> list[Trigger]:

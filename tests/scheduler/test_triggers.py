@@ -28,7 +28,7 @@ def verdict(cause: str, conf: float, ts: float, gpus: tuple[int, ...] = (0,)) ->
 
 
 def fired_at(trig: Triggers, seq: list[tuple[str, float]]) -> list[int]:
-    return [i for i, (c, p) in enumerate(seq) if trig.on_verdict(verdict(c, p, 100.0 + i)) is not None]
+    return [i for i, (c, p) in enumerate(seq) if trig.on_verdict(verdict(c, p, 100.0 + i), 100.0 + i) is not None]
 
 
 @pytest.mark.parametrize(("seq", "fires"), [
@@ -49,14 +49,15 @@ def test_verdict_streaks(seq: list[tuple[str, float]], fires: list[int]) -> None
 
 def test_persisting_cause_fires_again_after_cooldown() -> None:
     trig = Triggers(SchedulerConfig(verdict_consecutive=2, cooldown=60), 8)
-    fired = [t.ts for i in range(0, 200, 10) if (t := trig.on_verdict(verdict("cpu_contention", 0.9, float(i))))]
+    fired = [t.ts for i in range(0, 200, 10)
+             if (t := trig.on_verdict(verdict("cpu_contention", 0.9, float(i)), float(i)))]
     assert fired == [10.0, 70.0, 130.0, 190.0]
 
 
 @pytest.mark.parametrize("cause", ["network_ingress", "scheduler_stall", "unknown"])
 def test_non_fixable_causes_are_marked(cause: str) -> None:
     trig = Triggers(SchedulerConfig(verdict_consecutive=2), 8)
-    out = [trig.on_verdict(verdict(cause, 0.4 if cause == "unknown" else 0.9, float(i))) for i in range(2)]
+    out = [trig.on_verdict(verdict(cause, 0.4 if cause == "unknown" else 0.9, float(i)), float(i)) for i in range(2)]
     assert out[0] is None and out[1] is not None
     assert out[1].fixable is False and cause in out[1].reason
 
