@@ -3,6 +3,11 @@
 A process belongs to the first workload (config order) whose every given criterion matches: ``pids``
 lists it, ``comm`` (a regex, matched whole) matches /proc/PID/comm, ``exe`` equals the /proc/PID/exe
 target, ``cgroup`` is a prefix of its cgroup v2 path. Workload ids are 1..N in config order (0 = none).
+
+What another process writes into /proc (its comm: any process may name itself ``b"\\xffbad"``, its cgroup's
+directory names, the names of the files it maps) need not be UTF-8: it is decoded with U+FFFD for the bytes
+that are not, so such a name just fails to match a rule, which is text, and never fails the scan (a library
+mapped under such a path is then not attached: the decoded path opens nothing).
 """
 
 from __future__ import annotations
@@ -48,6 +53,13 @@ class Libraries(NamedTuple):
     attached, not to attach"""
 
 
+def _foreign_text(path: Path) -> str:
+    """A /proc file whose text another process chose (see the module's docstring); OSError when it left.  Its
+    lines are split at ``\\n`` only, where the kernel ends them: ``splitlines()`` also splits at ``\\x85`` or
+    U+2028, which a name may hold, and a cgroup path cut there may read as the configured one."""
+    return path.read_bytes().decode(errors="replace")
+
+
 class _Proc:
     """Lazy reads of one /proc/PID; OSError (the process left) propagates to the scan."""
 
@@ -59,7 +71,7 @@ class _Proc:
 
     def comm(self) -> str:
         if self._comm is None:
-            self._comm = (self.dir / "comm").read_text().rstrip("\n")
+            self._comm = _foreign_text(self.dir / "comm").removesuffix("\n")
         return self._comm
 
     def exe(self) -> str:
@@ -69,7 +81,7 @@ class _Proc:
 
     def cgroup(self) -> str:
         if self._cgroup is None:
-            lines = (self.dir / "cgroup").read_text().splitlines()
+            lines = _foreign_text(self.dir / "cgroup").split("\n")
             self._cgroup = next((ln[3:] for ln in lines if ln.startswith("0::")), "")
         return self._cgroup
 
@@ -124,11 +136,11 @@ class WorkloadTracker:
         """The files mapped by ``pid``, once per (file, path) (empty if it left); anonymous and special mappings
         (``[stack]``, ``[vdso]``) are left out."""
         try:
-            text = (self._proc / str(pid) / "maps").read_text()
+            lines = _foreign_text(self._proc / str(pid) / "maps").split("\n")
         except OSError:
             return []
         out: dict[tuple[FileId, str], Mapping] = {}
-        for line in text.splitlines():
+        for line in lines:
             parts = line.split(None, 5)
             if len(parts) < 6 or not parts[5].startswith("/"):
                 continue

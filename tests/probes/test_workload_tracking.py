@@ -200,3 +200,27 @@ def test_one_scan_reads_each_process_maps_once_for_every_library(proc: Path) -> 
     assert [m.path for m in maps[200]][:2] == ["/usr/lib/x86_64-linux-gnu/libcuda.so.535.104.05",
                                                "/usr/lib/libcudart.so.12"]
     assert tracker.libraries([200], library_matcher("libcuda.so.1")).held == set()  # without: read afresh, empty
+
+
+def test_names_that_are_not_utf8_match_no_rule_and_fail_no_scan(proc: Path) -> None:
+    """Any process may name itself, its delegated cgroups and the files it maps with bytes that are not UTF-8:
+    reading them as text raised UnicodeDecodeError out of scan() (only OSError was caught) and mapped_files()."""
+    _proc(proc, 400, "x", "/usr/bin/x", "/x")
+    (proc / "400" / "comm").write_bytes(b"\xffvllm\n")
+    (proc / "400" / "cgroup").write_bytes(b"0::/system.slice/vllm.service\xff\n")
+    (proc / "400" / "maps").write_bytes(_maps([("/opt/\xff/libcuda.so.1", "fd:01", 1005)]).encode("latin-1"))
+    tracker = WorkloadTracker(parse({"workloads": [{"name": "a", "comm": ".vllm"}]}).workloads, proc=proc)
+    assert tracker.scan() == {400: 1}  # the byte reads as U+FFFD, one character
+    tracker = WorkloadTracker(parse({"workloads": [{"name": "a", "cgroup": "/system.slice/vllm.service"}]}).workloads,
+                              proc=proc)
+    assert tracker.scan() == {100: 1, 101: 1} and tracker.workload_of(400) is None
+    assert [m.path for m in tracker.mapped_files(400)] == ["/opt/\ufffd/libcuda.so.1"]
+
+
+def test_a_cgroup_path_is_cut_only_where_the_kernel_ends_its_line(proc: Path) -> None:
+    """``splitlines()`` also cut at U+0085 (UTF-8 ``c2 85``), which a directory name may hold: a cgroup named
+    ``vllm.service\\x85x`` read as ``vllm.service``."""
+    _proc(proc, 400, "x", "/usr/bin/x", "/system.slice/vllm.service\x85x")
+    tracker = WorkloadTracker(parse({"workloads": [{"name": "a", "cgroup": "/system.slice/vllm.service"}]}).workloads,
+                              proc=proc)
+    assert tracker.scan() == {100: 1, 101: 1}
