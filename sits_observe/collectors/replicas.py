@@ -16,6 +16,7 @@ host-wide figures cannot tell from a replica that simply has nothing to do.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import time
@@ -68,14 +69,14 @@ def listening_ports(pid: int, listeners: dict[str, int], proc: Path = Path("/pro
 
 def parent_pid(pid: int, proc: Path = Path("/proc")) -> int:
     """The parent of ``pid`` (0 for the kernel's own); OSError when it is gone."""
-    stat = (proc / str(pid) / "stat").read_text()
-    return int(stat.rpartition(")")[2].split()[1])  # the command may contain spaces and parentheses
+    stat = (proc / str(pid) / "stat").read_bytes()  # bytes: the command in it need not be UTF-8
+    return int(stat.rpartition(b")")[2].split()[1])  # the command may contain spaces and parentheses
 
 
 class ReplicaBoard:
     """Shared by the server sources (each publishes its backlog every tick) and the NVML source (asks,
     per GPU, whether a replica using it has work).  Process lookups are cached per pid for ``refresh``
-    seconds; a pid that is gone, or not readable, joins nothing."""
+    seconds (one that found no server for 10 s); a pid that is gone, or not readable, joins nothing."""
 
     def __init__(self, *, proc: Path = Path("/proc"), refresh: float = 60.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -123,10 +124,12 @@ class ReplicaBoard:
         # their GPUs before the API server listens
         if cached is not None and now - cached[0] < (self.refresh if cached[1] else min(self.refresh, _RETRY)):
             return cached[1]
+        # a retry after finding nothing reads the sockets again unless read since: the server may listen now
+        stale = cached[0] if cached is not None and not cached[1] else -math.inf
         found: frozenset[str] = frozenset()
         if pid > 1 and depth > 0:
             try:
-                ports = listening_ports(pid, self._listeners(pid, now), self.proc)
+                ports = listening_ports(pid, self._listeners(pid, now, stale), self.proc)
                 found = (frozenset(s for port in ports for s in self._ports[port])
                          or self.servers_of(parent_pid(pid, self.proc), depth - 1))
             except (OSError, ValueError, IndexError):  # gone, or not ours to read
@@ -137,10 +140,12 @@ class ReplicaBoard:
         self._owners[pid] = (now, found)
         return found
 
-    def _listeners(self, pid: int, now: float) -> dict[str, int]:
+    def _listeners(self, pid: int, now: float, stale: float) -> dict[str, int]:
+        """The listeners of ``pid``'s network namespace, read again when ``refresh`` old or read at ``stale``
+        or before."""
         ns = os.readlink(self.proc / str(pid) / "ns" / "net")
         cached = self._namespaces.get(ns)
-        if cached is None or now - cached[0] >= self.refresh:
+        if cached is None or now - cached[0] >= self.refresh or cached[0] <= stale:
             cached = self._namespaces[ns] = (now, namespace_listeners(pid, self._ports, self.proc))
         return cached[1]
 

@@ -139,3 +139,61 @@ def test_nvml_source_reports_utilization_of_gpus_whose_replica_has_work(server: 
     other.read(PAGE.format(running=2, waiting=5), frame)
     assert frame.workload_gauges[("running_requests", "chat")] == 5.0  # replicas of one workload add up
     assert frame.workload_gauges[("queue_depth", "chat")] == 6.0
+
+
+LATE_SERVER = """
+import socket, subprocess, sys, time
+worker = subprocess.Popen([sys.executable, "-c", "import ctypes, sys, time; "
+                           "ctypes.CDLL(None).prctl(15, bytes.fromhex(sys.argv[1]), 0, 0, 0); "
+                           "print(1, flush=True); time.sleep(600)", sys.argv[1]], stdout=subprocess.PIPE)
+worker.stdout.readline()  # named
+s = socket.socket(); s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1], worker.pid, flush=True)
+sys.stdin.readline()  # listen only when told, as vLLM's API server after its workers hold their GPUs
+s.listen()
+print("listening", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.fixture
+def late_server(request: pytest.FixtureRequest) -> Iterator[SimpleNamespace]:
+    """An API server whose worker, named ``request.param`` (bytes, set with prctl), runs before it listens."""
+    proc = subprocess.Popen([sys.executable, "-c", LATE_SERVER, request.param.hex()], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdin is not None and proc.stdout is not None
+    port, worker = map(int, proc.stdout.readline().split())
+
+    def listen() -> None:
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "listening"
+
+    yield SimpleNamespace(pid=proc.pid, worker=worker, url=f"http://127.0.0.1:{port}/metrics", listen=listen)
+    subprocess.run(["kill", str(worker)], check=False)
+    proc.kill()
+    proc.wait()
+
+
+@pytest.mark.parametrize("late_server", [b"worker"], indirect=True)
+def test_a_worker_looked_up_before_its_server_listens_is_joined_at_the_retry(late_server: SimpleNamespace) -> None:
+    """The namespace's sockets were cached for ``refresh`` (60 s) whatever the 10 s retry of the pid."""
+    clock = Clock()
+    board = ReplicaBoard(refresh=60.0, clock=clock)
+    board.register("vllm-0", late_server.url)
+    assert board.servers_of(late_server.worker) == frozenset()
+    late_server.listen()
+    clock.t = 5.0
+    assert board.servers_of(late_server.worker) == frozenset()  # not yet asked again
+    clock.t = 10.0
+    assert board.servers_of(late_server.worker) == {"vllm-0"}
+
+
+@pytest.mark.parametrize("late_server", [b"\xff) bad"], indirect=True)
+def test_a_worker_whose_name_is_not_utf8_is_joined(late_server: SimpleNamespace) -> None:
+    """Reading its /proc/PID/stat as text raised UnicodeDecodeError: the worker joined no server."""
+    late_server.listen()
+    assert parent_pid(late_server.worker) == late_server.pid
+    board = ReplicaBoard()
+    board.register("vllm-0", late_server.url)
+    assert board.servers_of(late_server.worker) == {"vllm-0"}
