@@ -10,6 +10,8 @@ the other sources' pages (:mod:`.pagefetch`).  The mapping table is :data:`DCGM_
 
 from __future__ import annotations
 
+import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -18,13 +20,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import CollectorError, StillDown
-from ..frame import GPU_FIELD_INDEX, Frame, GpuFrame, GpuInfo, Sample
+from ..frame import GPU_FIELD_INDEX, GPU_FIELDS, Frame, GpuFrame, GpuInfo, Sample
 from .gpu_samples import gpu_sample
 from .config import shown_url
 from .pagefetch import PageFetch
 from .promtext import PageParser, Series, fetch_page
 
 __all__ = ["DCGM_MAP", "DCGM_SAMPLES", "DcgmSource", "frame_part"]
+
+log = logging.getLogger(__name__)
 
 MIB = 1024.0**2
 # dcgm-exporter field -> (GPU field, scale to base units); fields listed twice for one GPU field are summed.
@@ -74,8 +78,10 @@ _WANTED = frozenset(_BY_METRIC) | frozenset(DCGM_SAMPLES)
 _PARTS_NEEDED = {GPU_FIELD_INDEX["memory_total_bytes"]: frozenset({"DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"})}
 
 
-def frame_part(series: Series) -> tuple[GpuFrame, list[Sample]]:
-    """The GPU fields and detail samples of one parsed dcgm-exporter page (GPUs ordered by index).
+def frame_part(series: Series) -> tuple[GpuFrame, list[Sample], list[str]]:
+    """The GPU fields and detail samples of one parsed dcgm-exporter page (GPUs ordered by index), and the
+    fields left out for a GPU because their value is infinite (``+Inf``, ``1e400``: the store refuses a GPU frame
+    holding one, which would lose every GPU's fields), each as ``"GPU <index> <field>"``.
 
     Only a GPU's first series of each metric counts: with Kubernetes GPU sharing (time-slicing, MPS)
     dcgm-exporter repeats it once per pod using the GPU, differing only in ``pod``, ``namespace``,
@@ -109,10 +115,15 @@ def frame_part(series: Series) -> tuple[GpuFrame, list[Sample]]:
     order = sorted(infos, key=lambda gpu: infos[gpu].index)
     pos = {gpu: i for i, gpu in enumerate(order)}
     frame = GpuFrame.empty([infos[gpu] for gpu in order])
+    infinite = []
     for (gpu, col), value in cells.items():
-        if col not in _PARTS_NEEDED or _PARTS_NEEDED[col] <= parts[(gpu, col)]:
+        if col in _PARTS_NEEDED and not _PARTS_NEEDED[col] <= parts[(gpu, col)]:
+            continue
+        if math.isfinite(value):
             frame.values[pos[gpu], col] = value
-    return frame, samples
+        elif not math.isnan(value):  # NaN is how the frame marks a field not available anyway
+            infinite.append(f"GPU {gpu} {GPU_FIELDS[col].name}")
+    return frame, samples, infinite
 
 
 @dataclass
@@ -133,16 +144,21 @@ class DcgmSource:
         self.sample_interval = sample_interval
         self.parser = PageParser()
         self._page: _Page | None = None
+        self._said: set[str] = set()  # fields logged as infinite: once each, a page is read every few seconds
         self._next_at = -np.inf
         self._fetch = PageFetch(fetch_page, url, timeout, clock=clock, due=lambda now: now >= self._next_at)
 
     def read(self, text: str) -> _Page:
         """Parse one page (what :meth:`collect` does every ``sample_interval``)."""
         series = self.parser.parse(text, _WANTED.__contains__, source=self._shown)
-        gpu, samples = frame_part(series)
+        gpu, samples, infinite = frame_part(series)
         if not gpu.info:
             raise CollectorError(f"{self._shown}: no DCGM_FI_* GPU series on the page; "
                                  "is this a dcgm-exporter /metrics URL (gpu.dcgm_url)?")
+        if new := [f for f in infinite if f not in self._said]:
+            self._said.update(new)
+            log.warning("dcgm: %s: an infinite value for %s; left out (said once per field)",
+                        self._shown, ", ".join(new))
         return _Page(gpu, samples)
 
     def prefetch(self, stop: threading.Event | None = None) -> None:

@@ -9,11 +9,11 @@ the restart), never negative.  vLLM histograms are re-bucketed onto the exported
 upper edge, so no observation lands in a bucket below its true one).  Triton publishes only cumulative
 durations and counts: each tick's requests are put in the bucket of that tick's mean latency, with the
 exact sum.
-After a failed read the source waits 1, 2, 4 ... 60 s before the next try.  Several servers may report
-one workload (its replicas): counters and histograms add up, count gauges too, ratio gauges take the
-highest replica's.  Each read also tells the :class:`~.replicas.ReplicaBoard` the server's backlog
-(requests waiting plus running; Triton: pending), so the NVML source can tell a replica's GPUs that
-should be busy from idle ones.
+After a failed read (the fetch, or a page that does not read) the source waits 1, 2, 4 ... 60 s before the
+next try.  Several servers may report one workload (its replicas): counters and histograms add up, count gauges
+too, ratio gauges take the highest replica's.  Each read also tells the :class:`~.replicas.ReplicaBoard` the
+server's backlog (requests waiting plus running; Triton: pending), so the NVML source can tell a replica's GPUs
+that should be busy from idle ones.
 """
 
 from __future__ import annotations
@@ -111,15 +111,14 @@ class ServerSource:
         if now < self._retry_at:
             raise StillDown(f"{self.name}: not asked again for {self._retry_at - now:.0f} s (back-off)")
         try:
-            text = self._fetch.page()
+            self.read(self._fetch.page(), frame)
         except StillDown:  # not waited for (a stop): no failure of the server's
             raise
-        except CollectorError:
+        except CollectorError:  # a page that does not read too: read each tick, a changing one logged each tick
             self._backoff = min(_MAX_BACKOFF, max(1.0, 2 * self._backoff))
             self._retry_at = now + self._backoff
             raise
         self._backoff = 0.0
-        self.read(text, frame)
 
     def read(self, text: str, frame: Frame) -> None:
         """Add one page's part to ``frame`` (deltas against the previous page).  A page with a value that cannot
@@ -200,7 +199,7 @@ class ServerSource:
         for labels, value in self._entries(series, f"{name}_bucket"):
             if "le" in labels:
                 buckets = groups.setdefault(_label_key(labels), {})
-                le = float(labels["le"])
+                le = self._edge(name, labels["le"])
                 buckets[le] = buckets.get(le, 0.0) + value
         sums: dict[str, float] = {}
         for labels, value in self._entries(series, f"{name}_sum"):
@@ -223,6 +222,17 @@ class ServerSource:
         if counts.sum() > 0:
             frame.add_hist(stage, self.config.workload, counts, seconds)
 
+    def _edge(self, name: str, le: str) -> float:
+        """A bucket's upper edge from its ``le`` label (``+Inf`` included)."""
+        try:
+            edge = float(le)
+        except ValueError:
+            edge = math.nan
+        if math.isnan(edge):
+            raise CollectorError(f"{self._shown}: {name}_bucket: le={le[:40]!r} is not a bucket edge; page skipped, "
+                                 "the counters keep the last good one")
+        return edge
+
     # ---- Triton --------------------------------------------------------------------------------
 
     def _triton(self, series: Series, frame: Frame) -> None:
@@ -236,11 +246,11 @@ class ServerSource:
         pending = self._total(series, TRITON_PENDING)
         if pending is not None:
             frame.add_gauge(("queue_depth", wl), pending)
+        n = round(ok or 0)  # requests, from a counter that should be whole; 0: no request to put a mean on
         for name, stage in TRITON_STAGES:
             d = self._increase(series, name)
-            if d is None or not ok or d <= 0:
+            if d is None or n < 1 or d <= 0:
                 continue
             seconds = d / 1e6
-            n = int(round(ok))
             counts = self.layout.counts_of([seconds / n]) * np.uint64(n)
             frame.add_hist(stage, wl, counts, seconds)

@@ -262,6 +262,7 @@ def test_a_counter_value_that_is_no_count_skips_the_page_and_loses_nothing(pages
     with pytest.raises(CollectorError, match="vllm:num_preemptions_total: a value that is no count"):
         src.collect(Frame(1.0, 1.0))
     pages.pages["/vllm"] = _page("vllm_page2.txt")
+    src.clock.t = 1.0  # past the back-off after the bad page
     after = Frame(2.0, 1.0)
     src.collect(after)  # counted against the last good page: no restart, no lifetime added
     assert after.counters[("preemptions_total", "chat")] == 2 and src.counters.resets == 0
@@ -286,6 +287,7 @@ def test_a_triton_counter_that_is_no_count_skips_the_page_and_loses_nothing(page
     with pytest.raises(CollectorError, match=f"{series.partition('{')[0]}: a value that is no count"):
         src.collect(Frame(1.0, 1.0))
     pages.pages["/triton"] = _page("triton_page2.txt")
+    src.clock.t = 1.0  # past the back-off after the bad page
     after = Frame(2.0, 1.0)
     src.collect(after)  # against the last good page, as in the test above
     assert after.counters[("requests_total", "chat")] == 11 and after.hists[("e2e", "chat")].count == 10
@@ -303,6 +305,7 @@ def test_a_gauge_that_is_not_finite_skips_the_page_before_any_counter_moves(page
     with pytest.raises(CollectorError, match="vllm:kv_cache_usage_perc: a value that is not finite"):
         src.collect(Frame(1.0, 1.0))
     pages.pages["/vllm"] = _page("vllm_page2.txt")
+    src.clock.t = 1.0  # past the back-off after the bad page
     after = Frame(2.0, 1.0)
     src.collect(after)
     assert after.counters[("requests_total", "chat")] == 5 and after.hists[("e2e", "chat")].count == 5
@@ -507,6 +510,7 @@ def test_a_histogram_without_its_inf_bucket_fails_the_page_and_keeps_nothing_of_
         src.collect(broken)
     assert broken.hists == {} and broken.counters == {}  # no stage read before the bad one is kept either
     pages.pages["/vllm"] = _page("vllm_page2.txt")
+    src.clock.t = 1.0  # past the back-off after the bad page
     after = Frame(2.0, 1.0)
     src.collect(after)
     assert after.counters[("requests_total", "chat")] == 5 and after.hists[("e2e", "chat")].count == 5
