@@ -96,9 +96,13 @@ def _group(spec: SloSpec, snapped: Sequence[float], buckets: Sequence[float]) ->
         if w in rate_windows:
             rules.append({"record": "sits_slo:events_per_second", "expr": t, "labels": labels})
     budget = error_budget(spec.objective)
+    d = format_duration(spec.window)
+    # no event in the window: the ratio is 0/0 (NaN) or absent; the budget is whole then, as the daemon says (a NaN
+    # compares false, so it is dropped and the constant stands in, with the same labels)
+    whole = f'label_replace(label_replace(vector(1), "slo", "{spec.name}", "", ""), "window", "{d}", "", "")'
     rules.append({"record": "sits_slo:error_budget_remaining",
-                  "expr": f"1 - {_selector('sits_slo:error_ratio', slo=spec.name, window=format_duration(spec.window))}"
-                          f" / {budget!r}",
+                  "expr": f"(1 - {_selector('sits_slo:error_ratio', slo=spec.name, window=d)} / {budget!r} > -Inf)"
+                          f" or on(slo) {whole}",
                   "labels": slo})
     tiers = spec.enabled_tiers()
     for tier in tiers:

@@ -162,6 +162,31 @@ def test_promtool_fires_at_the_same_steps_as_the_daemon(setup, tmp_path):
     assert "SUCCESS" in res.stdout
 
 
+def test_the_budget_left_of_a_window_without_events_is_whole_as_the_daemon_says(tmp_path):
+    """The rule was 1 - ratio / budget: with no event in the window the ratio is 0/0, so the budget left was NaN
+    where the daemon exports 1 (dashboards and alerts on it broke on a quiet service)."""
+    cfg = parse({"slos": [{"name": "errors", "objective": 0.99, "window": "30d",
+                           "ratio": {"total": "requests_total", "bad": "request_errors_total", "workload": "w"}}]},
+                env={})
+    rules = tmp_path / "rules.yml"
+    rules.write_text(dump_rules(cfg.slos, cfg.store.buckets, "test"))
+    total, bad = (f'{S.counter_metric(n)}{{workload="w"}}' for n in ("requests_total", "request_errors_total"))
+    left = 'sits_slo:error_budget_remaining{slo="errors"}'
+    spec = {"rule_files": [str(rules)], "evaluation_interval": "1m", "tests": [
+        {"interval": "1m", "input_series": [{"series": total, "values": "100+0x20"},  # no event
+                                            {"series": bad, "values": "0+0x20"}],
+         "promql_expr_test": [{"expr": left, "eval_time": "10m",
+                               "exp_samples": [{"labels": f'{left[:-1]},window="30d"}}', "value": 1}]}]},
+        {"interval": "1m", "input_series": [{"series": total, "values": "0+100x20"},  # 0.5 % errors: half left
+                                            {"series": bad, "values": "0+0.5x20"}],
+         "promql_expr_test": [{"expr": left, "eval_time": "10m",
+                               "exp_samples": [{"labels": f'{left[:-1]},window="30d"}}', "value": 0.5}]}]}]}
+    test_file = tmp_path / "budget_test.yml"
+    test_file.write_text(yaml.safe_dump(spec, width=10**9))
+    res = _promtool("test", "rules", str(test_file), cwd=tmp_path)
+    assert res.returncode == 0 and "SUCCESS" in res.stdout, (res.stdout + res.stderr)[-3000:]
+
+
 class _Traffic:
     name = "traffic"
 
