@@ -5,7 +5,7 @@ One rule group per SLO, evaluated in order within each evaluation:
 * ``sits_slo:error_ratio{slo, window}`` for every alert window and the SLO window (rates of the
   exported counters, summed over instances), and ``sits_slo:events_per_second{slo, window}`` for the
   short windows when ``min_rate`` is set;
-* ``sits_slo:error_budget_remaining{slo}`` over the SLO window;
+* ``sits_slo:error_budget_remaining{slo, window}`` over the SLO window (1 when it holds no event);
 * ``sits_slo:burn_condition{slo, burn_tier}``: present while the tier's long and short windows burn
   above its threshold and the short window has ``min_rate`` events/s; its value is the long-window
   burn rate;
