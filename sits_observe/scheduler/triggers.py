@@ -79,6 +79,7 @@ class Trigger:
     verdict: Verdict | None = None
     other_node: bool = False   # only a placement on another node can help (host CPU saturation)
     repeat: bool = False       # the same episode fired before (a "no action" then is not recorded again)
+    previous: float | None = None  # a verdict trigger: when its streak fired before it (Triggers.retract)
 
 
 class Sustained:
@@ -126,7 +127,7 @@ class Triggers:
         self._streak = 0
         self._named: deque[tuple[int, ...]] = deque(maxlen=cfg.verdict_consecutive)  # the streak's last GPUs
         self._fired: float | None = None
-        self._fired_before: float | None = None
+        self._last: float | None = None  # the source time of the streak's last verdict
         self._gpus_said: set[int] = set()  # GPU indices of verdicts this topology lacks, each said once
 
     def on_verdicts(self, queued: deque[Verdict], now: float, gpus: frozenset[int]) -> list[Trigger]:
@@ -135,8 +136,9 @@ class Triggers:
         fired, stale = [], 0
         while queued:
             v = queued.popleft()
-            if now - v.ts > VERDICT_STALE_S:
+            if now - v.ts > VERDICT_STALE_S:  # and the streak it belonged to is over: the host has moved on since
                 stale += 1
+                self._end_streak()
                 continue
             if self.cfg.verdict_on_burn_only and v.trigger != "slo_burn" and v.cause != HEALTHY:
                 continue  # made while nothing burns: only a healthy verdict (which ends a streak) counts
@@ -157,15 +159,19 @@ class Triggers:
         """Count ``v`` into the streak; a trigger once ``verdict_consecutive`` agree, at ``now``."""
         cfg = self.cfg
         counts = v.cause == UNKNOWN or (v.cause != HEALTHY and v.confidence >= cfg.verdict_threshold)
+        if self._last is not None and v.ts - self._last > VERDICT_STALE_S:  # a gap in the verdicts: not "in a row"
+            self._end_streak()
         if not counts:
             held = v.cause == self._cause and v.confidence >= cfg.verdict_threshold - cfg.hysteresis
             if not held:
-                self._cause, self._streak, self._fired = None, 0, None
-                self._named.clear()
+                self._end_streak()
+            elif self._last is not None:  # the condition holds (the hysteresis band): no gap in it
+                self._last = v.ts
             return None
         if v.cause != self._cause:
-            self._cause, self._streak, self._fired = v.cause, 0, None
-            self._named.clear()
+            self._end_streak()
+            self._cause = v.cause
+        self._last = v.ts
         self._streak += 1
         self._named.append(tuple(v.gpus))
         if self._streak < cfg.verdict_consecutive:
@@ -173,11 +179,16 @@ class Triggers:
         repeat = self._fired is not None
         if repeat and now - self._fired < cfg.cooldown:
             return None
-        self._fired_before, self._fired = self._fired, now
+        previous, self._fired = self._fired, now
         fixable = v.cause in FIXABLE
         reason = (f"{self._streak} verdicts in a row: {v.cause} (confidence {v.confidence:.2f})" if fixable
                   else f"{v.cause}: {NON_FIXABLE.get(v.cause, 'not a cause a re-shard can fix')}")
-        return Trigger("verdict", v.cause, fixable, now, reason, self._agreed(), v.confidence, v, repeat=repeat)
+        return Trigger("verdict", v.cause, fixable, now, reason, self._agreed(), v.confidence, v, repeat=repeat,
+                       previous=previous)
+
+    def _end_streak(self) -> None:
+        self._cause, self._streak, self._fired, self._last = None, 0, None, None
+        self._named.clear()
 
     def _agreed(self) -> tuple[int, ...]:
         """The GPUs more than half of the streak's last ``verdict_consecutive`` verdicts name, most named first (then
@@ -190,7 +201,8 @@ class Triggers:
     def retract(self, t: Trigger) -> None:
         """``t`` was not decided on (scheduler.sqlite locked or full): it may fire again, not a cooldown later."""
         if t.kind == "verdict":
-            self._fired = self._fired_before
+            if self._cause == t.cause and self._fired == t.ts:  # its streak, not fired again since (nor another's)
+                self._fired = t.previous
         elif (held := {"load_imbalance": self.imbalance, "gpu_memory_saturation": self.gpu_memory,
                        "host_cpu_saturation": self.host_cpu}.get(t.cause)) is not None:
             held.retract()

@@ -3,19 +3,34 @@ and a decision the database refused."""
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 
 from sched_helpers import PendingActuator, frame
 
 from sits_observe.errors import SchedulerError
 from sits_observe.rca.verdict import Verdict
+from sits_observe.scheduler.config import SchedulerConfig
 from sits_observe.scheduler.engine import Scheduler
+from sits_observe.scheduler.triggers import Triggers
 
 BUSY = [0.6, 0.6, 0.6, 0.6, 0.0, 0.0, 0.0, 0.0]
 
 
 def _thermal(ts: float, gpus: tuple[int, ...] = (0,)) -> Verdict:
     return Verdict("thermal_throttling", 0.93, ts, gpus=gpus, trigger="slo_burn")
+
+
+def _verdicts_every_10_s(s: Scheduler, n: int) -> list[str]:
+    """A thermal verdict on GPU 0 and a tick, every 10 s from 1000 s, ``n`` times; what the ticks raised."""
+    raised = []
+    for i in range(n):
+        s.on_verdict(_thermal(1000.0 + 10 * i))
+        try:
+            s.on_tick(frame(1000.0 + 10 * i, BUSY))
+        except SchedulerError as exc:
+            raised.append(str(exc))
+    return raised
 
 
 def _verdict_decisions(s: Scheduler) -> list[dict]:
@@ -37,12 +52,7 @@ def test_verdicts_that_waited_while_ticks_failed_are_not_acted_on(make_scheduler
         raise SchedulerError("database or disk is full")
 
     s.store.placements = full
-    for i in range(3):
-        s.on_verdict(_thermal(1000.0 + 10 * i))
-        try:
-            s.on_tick(frame(1000.0 + 10 * i, BUSY))
-        except SchedulerError:
-            pass
+    assert _verdicts_every_10_s(s, 3) == ["database or disk is full"] * 3
     s.store.placements = real
     s.on_tick(frame(1900.0, BUSY))
     assert _verdict_decisions(s) == [] and not s._verdicts and act.plans == []
@@ -60,20 +70,14 @@ def test_a_decision_the_database_refused_is_tried_again_at_the_next_verdict(
     s = make_scheduler(actuator=PendingActuator(), verdict_consecutive=3, cooldown=300)
     s.on_tick(frame(999.0, BUSY))
     s.register_shard({"id": "a", "gpus": 2, "memory_per_gpu": 2**30, "placement": [0, 1]})
-    real, raised = s.store.create, []
+    real = s.store.create
 
     def locked_once(*args: object, **kwargs: object) -> object:
         s.store.create = real
         raise SchedulerError("database is locked")
 
     s.store.create = locked_once
-    for i in range(5):
-        s.on_verdict(_thermal(1000.0 + 10 * i))
-        try:
-            s.on_tick(frame(1000.0 + 10 * i, BUSY))
-        except SchedulerError as exc:
-            raised.append(str(exc))
-    assert raised == ["database is locked"]  # the verdict at 1020
+    assert _verdicts_every_10_s(s, 5) == ["database is locked"]  # the verdict at 1020
     assert [(d["ts"], d["action"]) for d in _verdict_decisions(s)] == [(1030.0, "migrate")]
 
 
@@ -112,3 +116,34 @@ def test_a_streak_moves_the_shard_on_the_gpus_most_of_its_verdicts_name(
         s.on_verdict(_thermal(1020.0 + i, gpus=(g,)))
         s.on_tick(frame(1020.0 + i, BUSY))
     assert [d["shard_id"] for d in _verdict_decisions(s)] == ["s2", "s0"]  # newest first
+
+
+def _queued(*verdicts: Verdict) -> deque[Verdict]:
+    return deque(verdicts)
+
+
+def test_a_streak_over_a_gap_or_stale_verdicts_starts_again() -> None:
+    """Stale verdicts were dropped but the streak they broke was kept: two verdicts before an outage and one after it
+    made "3 in a row" (the healthy verdict between them dropped as stale)."""
+    every = frozenset(range(8))
+    trig = Triggers(SchedulerConfig(verdict_consecutive=3), 8)
+    assert trig.on_verdicts(_queued(_thermal(1000.0), _thermal(1010.0)), 1010.0, every) == []
+    queued = _queued(_thermal(1020.0), Verdict("healthy", 0.99, 1030.0, trigger="slo_burn"), _thermal(1040.0))
+    assert trig.on_verdicts(queued, 1900.0, every) == []  # all three dropped as stale
+    assert trig.on_verdicts(_queued(_thermal(1901.0)), 1901.0, every) == []  # one in a row, not three
+    assert trig.on_verdicts(_queued(_thermal(1902.0), _thermal(1903.0)), 1903.0, every) != []
+    trig = Triggers(SchedulerConfig(verdict_consecutive=3), 8)  # fresh verdicts, 2 minutes apart: not in a row
+    assert [trig.on_verdicts(_queued(_thermal(t)), t, every) for t in (1000.0, 1120.0, 1240.0)] == [[], [], []]
+
+
+def test_retracting_one_trigger_leaves_another_fired_in_the_same_tick_in_its_cooldown() -> None:
+    """One slot held the fire time to restore: retracting a refused trigger restored it into another cause's
+    streak, which then fired again a second later, past its cooldown."""
+    every = frozenset(range(8))
+    trig = Triggers(SchedulerConfig(verdict_consecutive=3, cooldown=300), 8)
+    compute = [Verdict("gpu_compute_saturation", 0.93, 1004.0 + i, gpus=(1,), trigger="slo_burn") for i in range(3)]
+    fired = trig.on_verdicts(_queued(*(_thermal(1000.0 + i) for i in range(3)), *compute), 1010.0, every)
+    assert [t.cause for t in fired] == ["thermal_throttling", "gpu_compute_saturation"]
+    trig.retract(fired[0])  # the thermal decision refused: the compute one was recorded
+    again = Verdict("gpu_compute_saturation", 0.93, 1011.0, gpus=(1,), trigger="slo_burn")
+    assert trig.on_verdicts(_queued(again), 1011.0, every) == []  # still in its cooldown
