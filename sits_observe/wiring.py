@@ -54,8 +54,12 @@ def lock_state_dir(config: Config) -> int:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-        os.close(fd)
+        try:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        except OSError:  # the holder's pid only names it in the message
+            holder = ""
+        finally:
+            os.close(fd)
         pid = f" (pid {holder})" if holder.isdigit() else ""  # written just after it took the lock: may be empty
         raise ConfigError(f"state_dir {path.parent} is in use by another sits-observe daemon{pid}; stop it, or give "
                           "this one another state_dir (state_dir or SITS_STATE_DIR)") from None
