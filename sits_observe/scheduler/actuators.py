@@ -10,67 +10,27 @@ step and before every webhook retry: a step already acked, timed out or failed i
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
-import queue
-import signal
-import subprocess
-import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from ..alerting.answers import retry_after
 from ..alerting.formats import sign
 from ..collectors.config import basic_auth, redact, redirect_target
 from ..errors import ConfigError, SimError
+from .command import CommandActuator
 from .config import SchedulerConfig
+from .worker import Actuator, Pending, StepOutcome, Worker, acked
 
 __all__ = ["StepOutcome", "Actuator", "LogActuator", "WebhookActuator", "CommandActuator", "SimActuator",
            "build_actuator"]
 
 log = logging.getLogger("sits_observe.scheduler.actuator")
-STDERR_KEPT = 4096  # bytes of a failed command's stderr read back (its last line is the reason)
-# the daemon's own secrets, kept out of the actuator program's environment (it acks by its exit code, not the
-# API), so out of what it logs or hands on; a program running as the daemon's user can still read the daemon's
-# /proc/<pid>/environ: see docs/scheduler.md for running it as another user
-SECRET_ENV = ("SITS_API_TOKEN", "OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS")
 RETRY_AFTER_MAX_S = 60.0  # a webhook's Retry-After is honoured up to this (the worker sends one step at a time)
-# seconds a running command has after SIGTERM at close before its group is killed: with the worker's join, inside
-# the daemon's close budget (closing.CLOSE_TIMEOUT)
-STOP_GRACE_S = 3.0
-
-# (placement_id, step) -> whether that step still waits for its outcome
-Pending = Callable[[int, str], bool]
-
-
-@dataclass(frozen=True, slots=True)
-class StepOutcome:
-    placement_id: int
-    step: str
-    ok: bool
-    reason: str = ""
-
-
-class Actuator(Protocol):
-    name: str
-
-    def submit(self, plan: dict[str, Any]) -> StepOutcome | None: ...
-
-    def poll(self) -> list[StepOutcome]: ...
-
-    def close(self) -> None: ...
-
-
-def _ok(plan: dict[str, Any], reason: str = "") -> StepOutcome:
-    return StepOutcome(int(plan["placement_id"]), str(plan["step"]), True, reason)
 
 
 class LogActuator:
@@ -81,64 +41,13 @@ class LogActuator:
     def submit(self, plan: dict[str, Any]) -> StepOutcome:
         log.info("plan (dry run): %s placement %s of shard %s on GPUs %s", plan["step"], plan["placement_id"],
                  plan["shard"]["id"], plan["gpus"])
-        return _ok(plan, "dry run")
+        return acked(plan, "dry run")
 
     def poll(self) -> list[StepOutcome]:
         return []
 
     def close(self) -> None:
         pass
-
-
-class _Worker:
-    """One background thread running ``work(plan) -> StepOutcome | None``; outcomes collected for poll().
-
-    A plan whose step no longer waits (``pending`` says so: acked, timed out or failed while it queued) is
-    dropped unsent: sending it would apply a move the scheduler has already settled."""
-
-    def __init__(self, name: str, work: Callable[[dict[str, Any]], StepOutcome | None],
-                 pending: Pending | None = None) -> None:
-        self._work = work
-        self.pending = pending
-        self._jobs: queue.Queue[dict[str, Any] | None] = queue.Queue(maxsize=1024)
-        self._done: list[StepOutcome] = []
-        self._lock = threading.Lock()
-        self._closing = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"actuator-{name}", daemon=True)
-        self._thread.start()
-
-    def submit(self, plan: dict[str, Any]) -> StepOutcome | None:
-        try:
-            self._jobs.put_nowait(plan)
-        except queue.Full:
-            return StepOutcome(int(plan["placement_id"]), str(plan["step"]), False, "actuator queue full")
-        return None
-
-    def poll(self) -> list[StepOutcome]:
-        with self._lock:
-            out, self._done = self._done, []
-        return out
-
-    def _waiting(self, plan: dict[str, Any]) -> bool:
-        return self.pending is None or self.pending(int(plan["placement_id"]), str(plan["step"]))
-
-    def _run(self) -> None:
-        while (plan := self._jobs.get()) is not None and not self._closing.is_set():
-            try:
-                outcome = self._work(plan) if self._waiting(plan) else None
-            except Exception as exc:  # a broken receiver must not kill the worker
-                outcome = StepOutcome(int(plan["placement_id"]), str(plan["step"]), False, f"actuator error: {exc}")
-            if outcome is not None:
-                with self._lock:
-                    self._done.append(outcome)
-
-    def close(self) -> None:
-        """End the thread after the step it runs (the steps still queued stay pending: resent after a restart);
-        never blocks on a full queue, which would wait out the step in flight first."""
-        self._closing.set()
-        with contextlib.suppress(queue.Full):
-            self._jobs.put_nowait(None)
-        self._thread.join(timeout=5)
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -151,7 +60,7 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 _OPENER = urllib.request.build_opener(_NoRedirect)
 
 
-class WebhookActuator(_Worker):
+class WebhookActuator(Worker):
     """POSTs the plan JSON to the orchestrator, signed as alert webhooks are (``X-Sits-Timestamp``,
     ``X-Sits-Signature: sha256=HMAC(secret, timestamp + "." + body)``); the step completes when the
     orchestrator acks it through the API.  A 5xx, a 429 or a connection error is retried ``retries`` times,
@@ -208,88 +117,6 @@ class WebhookActuator(_Worker):
                            f"webhook {self.shown} not delivered: {why}")
 
 
-class CommandActuator(_Worker):
-    """Runs ``argv`` with the plan JSON on stdin; exit code 0 acks the step, anything else fails it.
-
-    The program runs in its own process group; past ``timeout`` the whole group is killed (a helper it
-    started must not go on applying a step that has been failed).  At close a running program's group gets
-    SIGTERM, then SIGKILL once it exits or after :data:`STOP_GRACE_S`: no copy outlives the daemon to run beside
-    the one sent after the restart; its step gets no outcome (it stays pending, so it is sent again).  Messages
-    name ``argv[0]`` only: the other arguments may hold credentials (still readable by every local user in
-    ``/proc/<pid>/cmdline`` while it runs: pass them in a file).  Its stdout is discarded; the last stderr line
-    is the reason.  It gets the daemon's environment without the daemon's secrets (:data:`SECRET_ENV`)."""
-
-    name = "command"
-
-    def __init__(self, argv: list[str], timeout: float = 60.0, pending: Pending | None = None) -> None:
-        self.argv, self.timeout = list(argv), timeout
-        self._running: subprocess.Popen[bytes] | None = None  # the program now running, for close() to end
-        self._starting = threading.Lock()  # a program is started, or close() looks for one, not both at once
-        super().__init__("command", self._run_command, pending)
-
-    def close(self) -> None:
-        """End the running program's group (SIGTERM, SIGKILL for what is left after :data:`STOP_GRACE_S`), then
-        the worker; a program left running would go on with its step while the restart sends it again."""
-        with self._starting:  # no program starts after this: the worker sees the closing mark first
-            self._closing.set()
-            proc = self._running
-        if proc is not None and proc.poll() is None:
-            self._end_group(proc, STOP_GRACE_S)  # the worker's wait for it returns: its join below is short
-        super().close()
-
-    @staticmethod
-    def _end_group(proc: subprocess.Popen[bytes], grace: float) -> None:
-        """End the program and what it started (its own process group) and reap it: SIGTERM first when
-        ``grace`` gives it time to stop cleanly, then SIGKILL for whatever is left."""
-        # PermissionError: only members running as another user are left (a program run through sudo -u, which
-        # passes the SIGTERM it got on to them); they are not the daemon's to kill
-        if grace > 0:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(grace)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-    def _run_command(self, plan: dict[str, Any]) -> StepOutcome | None:
-        pid, step, prog = int(plan["placement_id"]), str(plan["step"]), self.argv[0]
-        # stderr to a file, not a pipe: read whole, a chatty program's output would sit in memory; and a
-        # program that exits 0, leaving a helper it started (a server launched in the background) holding a
-        # pipe, would be waited for until the timeout, then killed with its helper (on a failure it is killed)
-        with tempfile.TemporaryFile() as err:
-            try:
-                env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
-                with self._starting:
-                    if self._closing.is_set():  # close() has looked for a program to end: none may start now
-                        return None
-                    proc = self._running = subprocess.Popen(self.argv, stdin=subprocess.PIPE,
-                                                            stdout=subprocess.DEVNULL, stderr=err,
-                                                            start_new_session=True, env=env)
-            except OSError as exc:
-                return StepOutcome(pid, step, False, f"{prog}: cannot run: {exc.strerror or exc}")
-            with proc:
-                try:
-                    proc.communicate(json.dumps(plan, sort_keys=True).encode(), timeout=self.timeout)
-                except subprocess.TimeoutExpired:
-                    self._end_group(proc, 0)  # at once: the step has had its time
-                    return StepOutcome(pid, step, False, f"{prog}: no exit within {self.timeout:g} s; killed")
-                finally:
-                    self._running = None
-            if proc.returncode != 0:  # failed (or ended by close()): a helper it left must not go on with the step
-                self._end_group(proc, 0)
-            # ended by close() (or exiting just as it began): no outcome, whatever the exit code; the step stays
-            # pending and is sent again after the restart (steps are idempotent)
-            if self._closing.is_set():
-                return None
-            if proc.returncode == 0:
-                return _ok(plan)
-            err.seek(max(0, err.seek(0, os.SEEK_END) - STDERR_KEPT))
-            text = err.read()
-        tail = text.decode(errors="replace").strip().splitlines()[-1:] or [""]
-        return StepOutcome(pid, step, False, f"{prog} exited {proc.returncode}: {tail[0][:200]}")
-
-
 class SimActuator:
     """Closes the loop in the demo: ``launch`` calls ``sim.migrate(shard, gpus)`` and completes once the
     simulator has applied it; ``stage`` and ``drain`` complete at once (the simulator moves in one go)."""
@@ -302,7 +129,7 @@ class SimActuator:
 
     def submit(self, plan: dict[str, Any]) -> StepOutcome | None:
         if plan["step"] != "launch":
-            return _ok(plan)
+            return acked(plan)
         shard = plan["shard"]["id"]
         try:
             self.sim.migrate(shard, list(plan["gpus"]))
@@ -314,7 +141,7 @@ class SimActuator:
     def poll(self) -> list[StepOutcome]:
         pending = set(self.sim.pending_migrations())
         done = [s for s in self._waiting if s not in pending]
-        return [_ok(self._waiting.pop(s)) for s in done]
+        return [acked(self._waiting.pop(s)) for s in done]
 
     def close(self) -> None:
         pass

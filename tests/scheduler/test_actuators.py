@@ -249,10 +249,10 @@ def test_closing_with_a_full_queue_behind_a_hung_step_does_not_wait_for_the_step
     for that step to end (up to its timeout) before its own 5 s join even began."""
     import threading
 
-    from sits_observe.scheduler.actuators import _Worker
+    from sits_observe.scheduler.worker import Worker
 
     release = threading.Event()
-    worker = _Worker("test", lambda plan: release.wait(60) and None)
+    worker = Worker("test", lambda plan: release.wait(60) and None)
     try:
         worker.submit({"placement_id": 0, "step": "stage"})  # taken, and hangs
         while worker._jobs.qsize():

@@ -14,7 +14,7 @@ from pathlib import Path
 from sched_helpers import PendingActuator, frame
 
 from sits_observe.closing import CLOSE_TIMEOUT
-from sits_observe.scheduler.actuators import STOP_GRACE_S, CommandActuator
+from sits_observe.scheduler.command import STOP_GRACE_S, CommandActuator
 from sits_observe.scheduler.config import OtlpConfig, SchedulerConfig
 from sits_observe.scheduler.engine import Scheduler
 from sits_observe.topology import preset
