@@ -136,7 +136,9 @@ class Dataset:
     def windows(self, window: int, stride: int = 1, margin: int = 0, baseline: Baseline = DEFAULT_BASELINE) -> Windows:
         """Every ``stride``-th window whose last step was observed, at most half of whose steps are
         missing, and whose last step is not within ``margin`` steps after a label boundary (observed:
-        :func:`observed_columns`, as the daemon decides which windows to classify)."""
+        :func:`observed_columns`, as the daemon decides which windows to classify).  The daemon also passes over a
+        window without GPU readings on its last step or on most steps (its GPU source down); generated datasets have
+        none, a dataset of a real host's metrics with NVML gaps is trained and scored on them too."""
         if window < 2:
             raise ConfigError(f"window: must be at least 2 steps, got {window}")
         data, base, ends, ys, ts = [], [], [], [], []
