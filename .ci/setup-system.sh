@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # System set-up for sits-observe on Debian 12, used by `make demo` and `make test`.
 #   setup-system.sh demo   python3-venv, bcc, kernel headers (+ shim), prometheus
-#   setup-system.sh test   the above plus alertmanager, chromium, chromium-driver, gcc and e2fsprogs
+#   setup-system.sh test   the above plus alertmanager, chromium, chromium-driver, gcc, e2fsprogs and strace
 # As non-root it installs nothing and says so once: the daemon then runs with eBPF off.
 set -euo pipefail
 mode=${1:-demo}
 pkgs=(python3-venv python3-bpfcc linux-headers-amd64 prometheus)  # python3-venv: the Makefile's venv (ensurepip)
 if [ "$mode" = test ]; then
-  pkgs+=(prometheus-alertmanager chromium chromium-driver gcc e2fsprogs)  # gcc: the probe tests build stub libraries; e2fsprogs: their ext4 images
+  # gcc: the probe tests build stub libraries; e2fsprogs: their ext4 images; strace: which commits reach the disk
+  pkgs+=(prometheus-alertmanager chromium chromium-driver gcc e2fsprogs strace)
 fi
 
 if [ "$(id -u)" != 0 ]; then

@@ -79,14 +79,18 @@ class StateFile:
 @contextlib.contextmanager
 def transaction(db: sqlite3.Connection, lock: threading.Lock | threading.RLock,
                 error: Callable[[sqlite3.Error], SitsError],
-                busy_ms: int | None = None) -> Iterator[sqlite3.Connection]:
+                busy_ms: int | None = None, durable: bool = False) -> Iterator[sqlite3.Connection]:
     """``BEGIN IMMEDIATE`` ... ``COMMIT`` under ``lock`` (autocommit connection); sqlite errors raise ``error(exc)``.
     ``busy_ms``: wait at most this long for another process's lock (a write retried later anyway), not the
-    connection's timeout."""
+    connection's timeout.  ``durable``: committed with ``synchronous=FULL`` on a connection that is NORMAL
+    otherwise: on disk when it returns, with every commit before it (the WAL is flushed whole)."""
     with lock:
         if busy_ms is not None:
             before = db.execute("PRAGMA busy_timeout").fetchone()[0]
             db.execute(f"PRAGMA busy_timeout = {int(busy_ms)}")
+        if durable:
+            sync = db.execute("PRAGMA synchronous").fetchone()[0]
+            db.execute("PRAGMA synchronous = FULL")
         try:
             db.execute("BEGIN IMMEDIATE")
             try:
@@ -105,6 +109,8 @@ def transaction(db: sqlite3.Connection, lock: threading.Lock | threading.RLock,
         finally:
             if busy_ms is not None:
                 db.execute(f"PRAGMA busy_timeout = {int(before)}")
+            if durable:
+                db.execute(f"PRAGMA synchronous = {int(sync)}")
 
 
 def read(db: sqlite3.Connection, lock: threading.Lock | threading.RLock, sql: str, args: tuple[Any, ...],

@@ -70,9 +70,7 @@ class SloState:
         self._lock = threading.Lock()
         self._file = StateFile(self.path, "the SLOs' history and the alerts announced",
                                lambda m: SloError(f"SLO state {m}"))
-        # FULL: an alert recorded as announced is on disk before the outbox (FULL too) has it queued, also through a
-        # power loss; else the outbox could keep a firing alert slo.db never knew it announced, never to resolve it
-        self.db = self._file.connect("FULL", setup=lambda db: self._setup(db, sli_keys, levels))
+        self.db = self._file.connect(setup=lambda db: self._setup(db, sli_keys, levels))
 
     def _setup(self, db: sqlite3.Connection, sli_keys: Sequence[str], levels: Sequence[float]) -> None:
         db.executescript(_SCHEMA)
@@ -80,8 +78,9 @@ class SloState:
         self._reconcile(db, sli_keys, json.dumps([float(r) for r in levels]))
         db.execute("COMMIT")
 
-    def _tx(self, busy_ms: int | None = TICK_BUSY_MS) -> AbstractContextManager[sqlite3.Connection]:
-        return transaction(self.db, self._lock, self._file.error_of, busy_ms)
+    def _tx(self, busy_ms: int | None = TICK_BUSY_MS,
+            durable: bool = False) -> AbstractContextManager[sqlite3.Connection]:
+        return transaction(self.db, self._lock, self._file.error_of, busy_ms, durable)
 
     def _reconcile(self, db: sqlite3.Connection, sli_keys: Sequence[str], levels: str) -> None:
         for table, last_true in (("alerts", "NULL"), ("firing", "cleared")):  # earlier versions' firing alerts
@@ -208,7 +207,11 @@ class SloState:
         return out
 
     def set_announced(self, started: Sequence[Alert] = (), ended: Sequence[Alert] = ()) -> None:
-        with self._tx() as db:
+        """Record alerts that ``started`` firing (before they are queued) and that ``ended``.  A start is committed
+        with a flush to disk (``synchronous=FULL`` for it alone: the window edges written every slot are not): the
+        outbox's copy is flushed too, and after a power loss the outbox must not hold a firing alert slo.db never
+        recorded, which the restarted engine would then never resolve."""
+        with self._tx(durable=bool(started)) as db:
             self._announce(db, started, ended)
 
     @staticmethod
