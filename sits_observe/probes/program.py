@@ -67,10 +67,25 @@ def compile_probe(spec: ProbeSpec, wanted: tuple[str, ...], flags: Callable[[tup
     optional = tuple(m for m in wanted if optional_available(m))
     for i in range(len(optional)):
         try:
-            return compile_bpf(spec.path, flags(optional[i:])), optional[i:]
+            return _loaded(spec, flags(optional[i:])), optional[i:]
         except ProbeError:
             pass
-    return compile_bpf(spec.path, flags(())), ()
+    return _loaded(spec, flags(())), ()
+
+
+def _loaded(spec: ProbeSpec, flags: list[str]) -> Any:
+    """:func:`compile_bpf`, and a uprobe program's functions through the verifier now: bcc loads them only at their
+    first attach, so a variant the verifier refuses (a helper this kernel lacks for uprobes) passed here and then
+    failed every attach, never falling back."""
+    bpf = compile_bpf(spec.path, flags)
+    if spec.kind == "uprobe":
+        try:
+            for name in ("call_return", *(f"enter_{stage}" for stage in spec.stages)):
+                bpf.load_func(name.encode(), bpf.KPROBE)
+        except Exception as exc:  # bcc raises bare Exception for verifier failures
+            close_bpf(bpf)
+            raise ProbeError(f"{spec.path.name}: {exc} (verifier output is on stderr)") from exc
+    return bpf
 
 
 def attach_path(spec: ProbeSpec, kept: tuple[str, ...]) -> str:
@@ -141,7 +156,7 @@ class Program:
         ``run_time_ns``, ``run_cnt``), summed over them, each program's fdinfo read once; a counter no program
         shows is left out."""
         out: dict[str, int] = {}
-        for fn in self.bpf.funcs.values():
+        for fn in list(self.bpf.funcs.values()):  # a scrape's thread: the tick's first attach of a function adds one
             for key, value in prog_info(fn.fd).items():
                 if key in ("recursion_misses", "run_time_ns", "run_cnt"):
                     out[key] = out.get(key, 0) + value

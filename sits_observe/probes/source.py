@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 __all__ = ["ProbeState", "ProbeSource"]
 
 log = logging.getLogger("sits_observe.probes")
+SAID_KEPT = 256  # distinct problem texts a probe remembers as said (logged once each, counted once each)
 
 
 @dataclass
@@ -101,6 +102,8 @@ class ProbeSource:
         if error:
             state.errors += 1
         if message not in state.said:
+            if len(state.said) >= SAID_KEPT:  # bounded over days of churn: an old text may be said again
+                state.said.clear()
             state.said.add(message)
             log.warning("probe %s: %s", state.spec.name, message)
 
@@ -231,9 +234,9 @@ class ProbeSource:
     def close(self) -> None:
         """Detach and unload every program."""
         for state in self.states.values():
-            if state.program is not None:
-                state.program.close()
-                state.program = None
+            if state.program is not None:  # out of a scrape's sight before its maps close
+                program, state.program = state.program, None
+                program.close()
         if self._stats_fd is not None:
             os.close(self._stats_fd)
             self._stats_fd = None

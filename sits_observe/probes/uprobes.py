@@ -124,10 +124,12 @@ class LibraryAttacher:
 
     def _attach(self, path: str, shown: str) -> str | None:
         wanted = {sym for syms in self._stages.values() for sym in syms}
+        # bcc's messages name the path opened (/proc/PID/root/...): said as shown, or each process that mapped the
+        # file would make a new text, logged and remembered anew (ProbeSource's once-per-text)
         try:
             addr_of = find_symbols(path, wanted)
         except ProbeError as exc:
-            return f"{shown}: {exc}"
+            return f"{shown}: {str(exc).replace(path, shown)}"
         done: set[int] = set()
         problems = []
         for stage, symbols in self._stages.items():
@@ -145,7 +147,7 @@ class LibraryAttacher:
                             self._bpf.detach_uretprobe(name=path.encode(), addr=addr)
                         raise
                 except Exception as exc:
-                    problems.append(f"{sym}: attach failed: {exc}")
+                    problems.append(f"{sym}: attach failed: {str(exc).replace(path, shown)}")
                     continue
                 done.add(addr)
                 self.probes += 1

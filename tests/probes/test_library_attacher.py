@@ -148,3 +148,15 @@ def test_a_probe_that_failed_to_detach_is_counted_out_of_bccs_open_probes(monkey
     [(shown, problem)] = attacher.release({})
     assert shown == LIB and "Failed to detach BPF from uprobe" in (problem or "")
     assert bpf.uprobe_fds == {} and _num_open_probes == before
+
+
+def test_a_failure_is_said_with_the_path_shown_not_the_one_opened(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bcc names the file it opened, /proc/PID/root/...: a new text for every process that exited before its
+    library was read, so each was logged and remembered anew (the once-per-text set grew for days)."""
+    def unreadable(path: str, symbols: set[str]) -> dict[str, int]:
+        raise ProbeError(f"cannot read its symbols: Error -1 enumerating symbols in {path.encode()!r}")
+
+    monkeypatch.setattr(uprobes, "find_symbols", unreadable)
+    attacher = LibraryAttacher(FakeBpf(), {"sync": ("cuStreamSynchronize",)})
+    said = {_offer(attacher, pid) for pid in (4242, 4243)}
+    assert said == {f"{LIB}: cannot read its symbols: Error -1 enumerating symbols in {LIB.encode()!r}"}

@@ -17,7 +17,7 @@ import pytest
 from probe_helpers import OFF, drain, make_source
 from sits_observe.frame import Frame
 from sits_observe.probes import specs
-from sits_observe.probes.source import ProbeSource
+from sits_observe.probes.source import SAID_KEPT, ProbeSource
 
 NO_PRIVILEGES = """
 import json, logging, sys
@@ -102,6 +102,14 @@ def test_probe_missing_a_required_tracepoint_is_reported_and_others_run(degraded
     for _ in range(40):  # 40 wake-ups; on a loaded machine a few may be merged or missed
         time.sleep(0.001)
     assert drain(degraded).hists[("runq", "self")].count >= 20
+
+
+def test_the_texts_said_are_bounded(degraded: ProbeSource) -> None:
+    """Each distinct problem text was remembered for good (said once): over days of churn a text per process."""
+    state = degraded.states["cuda"]  # off: what it remembers touches no other test
+    for k in range(3 * SAID_KEPT):
+        degraded._report(state, f"/usr/lib/libcuda.so.1: a problem seen through process {k}", error=False)
+    assert len(state.said) <= SAID_KEPT
 
 
 def test_self_metrics(degraded: ProbeSource) -> None:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+import shutil
 from collections.abc import Iterator
 
 import pytest
 
 from probe_helpers import DEFAULT_LAYOUT, OFF, Workload, drain, fallback, make_source
+from sits_observe.probes import specs
 from sits_observe.probes.source import ProbeSource
 
 N = 10
@@ -135,3 +137,35 @@ def test_missing_symbols_are_counted_once_over_workload_restarts(source: ProbeSo
         source.rescan()  # exited: detached
     after = {s.labels: s.value for s in source.metrics() if s.name == "sits_probe_errors_total"}
     assert after[(("probe", "cuda"),)] == before[(("probe", "cuda"),)] == 1.0
+
+
+def test_a_uprobe_variant_the_verifier_refuses_falls_back_at_load(stubs: dict, tmp_path, monkeypatch,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """bcc loads a uprobe program's functions only at their first attach, so a task-storage variant this kernel's
+    verifier refuses for uprobes (a helper it lacks there) loaded fine, then failed every attach for good, its
+    verifier log printed at every retry: the fallback without task storage was never tried."""
+    bpf = tmp_path / "bpf"
+    shutil.copytree(specs.BPF_DIR, bpf)
+    calls = bpf / "calls.bpf.c"
+    text = calls.read_text()
+    slot = "\treturn call_start.task_storage_get("  # inside call_slot, in the task-storage variant only
+    assert text.count(slot) == 1
+    # stands for a helper the kernel refuses for this program type: the verifier rejects an unknown call
+    calls.write_text(text.replace(slot, "\t((long (*)(void))9999)();\n" + slot))
+    monkeypatch.setattr(specs, "BPF_DIR", bpf)
+    caplog.set_level(logging.INFO, "sits_observe.probes")
+    src, _ = make_source({"workloads": [{"name": "gpu", "comm": COMM}],
+                          "probes": {"runq": OFF, "syscalls": OFF, "block_io": OFF, "nccl": OFF,
+                                     "scan_interval": 3600, "cuda": {"stages": {"launch": {"enabled": True}}}}})
+    try:
+        state = src.states["cuda"]
+        assert state.program is not None
+        assert any("probe cuda: loaded (uprobe) without HAVE_TASK_STORAGE" in r.message for r in caplog.records)
+        with Workload(COMM, [stubs["libcuda.so.1"]]) as wl:
+            src.rescan()
+            drain(src)
+            wl.run("call", 0, "cuLaunchKernel", 100, 3)
+            frame = drain(src)
+        assert frame.hists[("launch", "gpu")].counts.sum() == 3  # attached and timing
+    finally:
+        src.close()
