@@ -5,6 +5,7 @@ the parameter, the value and what is allowed."""
 from __future__ import annotations
 
 import math
+import threading
 from typing import TYPE_CHECKING, Any
 
 from flask import Flask, Response, jsonify, request
@@ -60,6 +61,22 @@ def _part(daemon: Daemon, name: str) -> Any:
     return part
 
 
+STAGES_ANSWERS_KEPT = 16  # /api/v1/stages answers kept for the tick they are of
+
+
+def _stages(daemon: Daemon, last: int, workload: str | None) -> dict[str, Any]:
+    out = []
+    with daemon.store.reading():  # every figure of one answer of the same ticks (p99 was seen below p50)
+        held = len(daemon.store.ts(last))
+        for stage in [s for s in STAGES if s in daemon.store.stages()]:
+            count, values = daemon.store.quantiles(tuple(v for _, v in QUANTILES), stage, workload, last)
+            q = dict(zip((k for k, _ in QUANTILES), values))
+            out.append({"stage": stage, "count": count, **{k: _nan_none(v) for k, v in q.items()},
+                        "tail_delta": _nan_none(q["p99"] - q["p50"])})
+    # the ticks the answer covers: fewer than asked for while the history fills
+    return {"window_seconds": held * daemon.clock.interval, "workload": workload, "stages": out}
+
+
 def register_api(app: Flask, daemon: Daemon) -> None:
     from .http import ApiError
 
@@ -67,22 +84,23 @@ def register_api(app: Flask, daemon: Daemon) -> None:
     def status() -> Response:
         return jsonify(daemon.status())
 
+    # an hour's answer at the series cap holds the store's lock for about 0.1 s: one computed at a time, and each
+    # (tick, window, workload) once, or a few clients polling it kept the tick's ingest waiting for seconds
+    answering, answers = threading.Lock(), {}
+
     @app.get("/api/v1/stages")
     def stages() -> Response:
         last = window_ticks(daemon)
         workload = query_arg("workload")
         if workload is not None and workload not in daemon.store.workloads():
             raise ApiError(404, f"workload: unknown workload {workload[:40]!r}; known: {daemon.store.workloads()}")
-        out = []
-        with daemon.store.reading():  # every figure of one answer of the same ticks (p99 was seen below p50)
-            held = len(daemon.store.ts(last))
-            for stage in [s for s in STAGES if s in daemon.store.stages()]:
-                count, values = daemon.store.quantiles(tuple(v for _, v in QUANTILES), stage, workload, last)
-                q = dict(zip((k for k, _ in QUANTILES), values))
-                out.append({"stage": stage, "count": count, **{k: _nan_none(v) for k, v in q.items()},
-                            "tail_delta": _nan_none(q["p99"] - q["p50"])})
-        # the ticks the answer covers: fewer than asked for while the history fills
-        return jsonify({"window_seconds": held * daemon.clock.interval, "workload": workload, "stages": out})
+        key = (daemon.store.ticks, last, workload)
+        with answering:
+            if key not in answers:
+                if len(answers) >= STAGES_ANSWERS_KEPT:
+                    answers.clear()
+                answers[key] = _stages(daemon, last, workload)
+            return jsonify(answers[key])
 
     @app.get("/api/v1/topology")
     def topology() -> Response:

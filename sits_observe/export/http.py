@@ -122,12 +122,20 @@ def create_app(daemon: Daemon, *, ui: bool = True) -> Flask:
 
     @app.errorhandler(Exception)
     def unexpected(exc: Exception) -> tuple[Response, int]:
-        log.error("request %s %s failed: %s", request.method, request.path, exc,
+        # quoted: a path or message with a newline (%0A) must not start a line of its own in the log
+        log.error("request %s %r failed: %r", request.method, request.path, str(exc),
                   exc_info=not isinstance(exc, SitsError))
         return jsonify({"error": "internal error; see the daemon log"}), 500
 
     if ui and daemon.config.ui.enabled:
+        from dash.exceptions import DependencyException
+
         from ..ui.app import create_dash
+
+        @app.errorhandler(DependencyException)
+        def no_such_asset(exc: DependencyException) -> tuple[Response, int]:
+            # a UI asset path nobody serves (a guess, an old page's fingerprint): a 404, not a logged 500
+            return jsonify({"error": "no such UI asset"}), 404
 
         create_dash(app, daemon)
     return app

@@ -62,3 +62,24 @@ def test_metrics_content_type_names_its_charset_once(tmp_path):
     daemon = Daemon(config=parse({"state_dir": str(tmp_path)}, env={}), clock=WallClock(1.0))
     r = create_app(daemon, ui=False).test_client().get("/metrics")
     assert r.headers["Content-Type"] == CONTENT_TYPE_LATEST and r.headers["Content-Type"].count("charset") == 1
+
+
+def test_an_answer_is_computed_once_per_tick_window_and_workload(tmp_path):
+    """Every request re-read the whole window under the store's lock (0.1 s for an hour at the series cap): a few
+    clients polling it kept the tick's ingest waiting for seconds."""
+    daemon = Daemon(config=parse({"state_dir": str(tmp_path)}, env={}), clock=WallClock(1.0))
+    daemon.store.ingest(_frame(daemon, 0, 0.1))
+    read, reads = daemon.store.quantiles, []
+
+    def counted(*args, **kwargs):
+        reads.append(args)
+        return read(*args, **kwargs)
+
+    daemon.store.quantiles = counted
+    client = create_app(daemon, ui=False).test_client()
+    first = client.get("/api/v1/stages?window=60").get_json()
+    assert client.get("/api/v1/stages?window=60").get_json() == first and len(reads) == 1
+    client.get("/api/v1/stages?window=30")
+    assert len(reads) == 2  # another window: its own answer
+    daemon.store.ingest(_frame(daemon, 1, 0.2))
+    assert client.get("/api/v1/stages?window=60").get_json()["stages"][0]["count"] == 200 and len(reads) == 3
