@@ -93,7 +93,7 @@ def create_app(daemon: Daemon, *, ui: bool = True) -> Flask:
 
         off = {"error": f"the scheduler is not running: {scheduler_off(daemon.config, daemon.topology)}"}
         for rule in ("/api/v1/shards", "/api/v1/shards/<shard_id>", "/api/v1/decisions", "/api/v1/reshard",
-                     "/api/v1/placements/<int:pid>/ack"):
+                     "/api/v1/placements/<pid>/ack"):
             app.add_url_rule(rule, f"no-scheduler:{rule}", lambda **_: (jsonify(off), 404),
                              methods=["GET", "POST", "DELETE"])
 

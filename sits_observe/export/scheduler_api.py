@@ -90,12 +90,15 @@ def scheduler_blueprint(scheduler: Any, auth: Callable[[Callable[..., Any]], Cal
                               f"{clip(body['shard'])}")
         return jsonify(scheduler.manual_reshard(body["shard"], body.get("reason"))), 202
 
-    @bp.post("/api/v1/placements/<int:placement_id>/ack")
+    @bp.post("/api/v1/placements/<placement_id>/ack")
     @auth
-    def ack(placement_id: int) -> Response:
-        if placement_id >= 2**63:  # past SQLite's integer: no such placement
-            raise NotFound(f"placement {placement_id}: no such placement")
-        return jsonify(scheduler.ack(placement_id, _body()))
+    def ack(placement_id: str) -> Response:
+        # ASCII digits only: Werkzeug's int took every script's digits (/placements/\u0663/ack was placement 3)
+        if not (placement_id.isascii() and placement_id.isdigit()):
+            raise NotFound(f"placement {clip(placement_id)}: no such placement")
+        if (pid := int(placement_id)) >= 2**63:  # past SQLite's integer: no such placement
+            raise NotFound(f"placement {pid}: no such placement")
+        return jsonify(scheduler.ack(pid, _body()))
 
     @bp.errorhandler(RequestEntityTooLarge)
     def too_large(exc: RequestEntityTooLarge) -> tuple[Response, int]:

@@ -149,6 +149,9 @@ def test_webhook_migration_walks_on_acks_and_refuses_bad_input(api: tuple[FlaskC
     refused(client, sched, f"/api/v1/placements/{10**20}/ack", {"step": "stage", "ok": True}, 404,
             f"placement {10**20}: no such placement")
     refused(client, sched, url, {"step": "stage", "ok": True}, 401, "bearer token", headers={})
+    # another script's digits are no placement id (Werkzeug's int took \u0663 for placement 3)
+    arabic = "".join(chr(0x0660 + int(d)) for d in str(new))
+    refused(client, sched, f"/api/v1/placements/{arabic}/ack", {"step": "stage", "ok": True}, 404, "")
 
     # the orchestrator acks each step; the old placement then drains
     assert client.post(url, json={"step": "stage", "ok": True}, headers=AUTH).get_json()["state"] == "staged"
