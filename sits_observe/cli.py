@@ -18,6 +18,7 @@ from typing import Any
 
 from . import __version__
 from .errors import SitsError
+from .interrupts import hold_sighup
 
 __all__ = ["main", "BENCHES"]
 
@@ -82,6 +83,9 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["run"], ["demo"]):  # the daemon: its reload signal must not end it while it starts
+        hold_sighup()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         parser = build_parser()

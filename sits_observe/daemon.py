@@ -36,6 +36,7 @@ __all__ = ["Source", "Consumer", "Daemon"]
 
 log = logging.getLogger("sits_observe.daemon")
 STALLED_AFTER_S = 60.0  # no tick for this long (and 3 tick intervals): the tick loop has stalled
+RELOAD_WAIT_S = 0.5  # between ticks, a SIGHUP is applied within this (the wait for the next tick is cut in slices)
 
 
 class Source(Protocol):
@@ -161,16 +162,27 @@ class Daemon:
             self.tick()
             if self._part_died():
                 break
-            loader, self._reload_loader = self._reload_loader, None
-            if loader is not None and not self.stop_event.is_set():  # stopping: the next start reads the file
-                self._reload_with(loader)
+            self._reload_asked()
             next_at += self.clock.wall_interval
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 break
             if next_at < now - 1.0:  # fell far behind (slow machine): do not try to catch up in a burst
                 next_at = now
-            self.stop_event.wait(max(0.0, next_at - now))
+            self._idle_until(next_at)
+
+    def _idle_until(self, at: float) -> None:
+        """Wait for the next tick; a stop ends the wait at once, a reload asked meanwhile is applied within
+        :data:`RELOAD_WAIT_S` (a tick_interval of a minute held it for up to a minute, saying nothing)."""
+        while (left := at - time.monotonic()) > 0:
+            if self.stop_event.wait(min(left, RELOAD_WAIT_S)):
+                return
+            self._reload_asked()
+
+    def _reload_asked(self) -> None:
+        loader, self._reload_loader = self._reload_loader, None
+        if loader is not None and not self.stop_event.is_set():  # stopping: the next start reads the file
+            self._reload_with(loader)
 
     def watch(self, name: str, dead: Callable[[], str | None]) -> None:
         """Ask ``dead()`` after every tick (it must be cheap): why the part ``name`` (the HTTP server) has died,
@@ -199,7 +211,7 @@ class Daemon:
 
     def request_reload(self, loader: Callable[[], Config | None]) -> None:
         """From a signal handler: load and apply the config with ``loader`` after the tick in progress (a
-        handler runs in the middle of whatever the tick is doing)."""
+        handler runs in the middle of whatever the tick is doing), or, between ticks, within :data:`RELOAD_WAIT_S`."""
         self._reload_loader = loader
 
     def _reload_with(self, loader: Callable[[], Config | None]) -> None:

@@ -5,11 +5,26 @@ at once and left them."""
 from __future__ import annotations
 
 import signal
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["sigterm_unwinds"]
+__all__ = ["sigterm_unwinds", "hold_sighup", "sighup_held"]
+
+_hup = threading.Event()
+
+
+def hold_sighup() -> None:
+    """From here SIGHUP is noted, not acted on, until the daemon installs its own handler and asks
+    :func:`sighup_held`: its default action ended a daemon still loading its config (``systemctl start`` and then
+    ``reload`` at once), which systemd counts as a clean exit and does not restart."""
+    signal.signal(signal.SIGHUP, lambda *_: _hup.set())
+
+
+def sighup_held() -> bool:
+    """Whether a SIGHUP came since :func:`hold_sighup`."""
+    return _hup.is_set()
 
 
 @contextmanager

@@ -19,6 +19,7 @@ import yaml
 from .argtypes import NON_NEGATIVE_INT, POSITIVE_FLOAT, float_in
 from .config import ENV_OVERRIDES, Config, load, parse
 from .errors import ConfigError, ModelError
+from .interrupts import sighup_held
 from .scheduler.config import otlp_endpoint
 
 if TYPE_CHECKING:
@@ -145,13 +146,18 @@ def _demo_config(args: argparse.Namespace) -> Config:
 
 
 class _Later:
-    """The WSGI application the server is bound with before the daemon exists; it serves only once ``app``
-    is set."""
+    """The WSGI application the server serves before the daemon exists: 503, ``starting``, until ``app`` is set (a
+    probe or scrape during a start of tens of seconds, bcc compiling, got no answer at all until then)."""
 
-    app: Callable[..., Any]
+    app: Callable[..., Any] | None = None
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
-        return self.app(environ, start_response)
+        if self.app is not None:
+            return self.app(environ, start_response)
+        body = (b'{"ready": false}' if environ.get("PATH_INFO") == "/readyz" else b'{"status": "starting"}') + b"\n"
+        start_response("503 Service Unavailable", [("Content-Type", "application/json"),
+                                                   ("Content-Length", str(len(body))), ("Retry-After", "5")])
+        return [body]
 
 
 def serve(cfg: Config, *, duration: float | None = None, reload: Callable[[], Config] | None = None,
@@ -188,6 +194,8 @@ def serve(cfg: Config, *, duration: float | None = None, reload: Callable[[], Co
     # blocked by whoever started it (a parent that blocked them around its fork, and exec keeps a mask), they would
     # be held back for good: no drain on SIGTERM, no reload on SIGHUP
     masked = signal.pthread_sigmask(signal.SIG_UNBLOCK, previous)
+    if sighup_held():  # came while the command loaded its config (cli.main held it)
+        hup.set()
     lock: int | None = None  # state_dir's, held until the daemon has closed
     try:
         # the port, then state_dir's lock: a second copy started by mistake (on either) is refused before it touches
@@ -197,6 +205,7 @@ def serve(cfg: Config, *, duration: float | None = None, reload: Callable[[], Co
         server = Server(app, host, port)
         try:
             lock = lock_state_dir(cfg)
+            server.start()  # 503 "starting" meanwhile: bcc and the classifier can take tens of seconds
             daemon = build_daemon(cfg)
         except BaseException:
             server.close()
@@ -207,7 +216,6 @@ def serve(cfg: Config, *, duration: float | None = None, reload: Callable[[], Co
             daemon.request_reload(reload)
         try:
             app.app = create_app(daemon)
-            server.start()
             daemon.watch("HTTP server", server.dead)
             base = f"http://{f'[{host}]' if ':' in host else host}:{server.port}"  # an IPv6 address in brackets
             print(f"sits-observe {'demo' if demo else 'daemon'} serving {base}/metrics  API {base}/api/v1/status  "

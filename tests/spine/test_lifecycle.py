@@ -3,6 +3,7 @@ did, a port in use, a second signal, signals that arrive while the daemon is sti
 host's clock kept across a restart."""
 
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -12,6 +13,8 @@ import sys
 import textwrap
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -26,7 +29,8 @@ from sits_observe.errors import ConfigError
 DEMO_DEFAULTS = Path(__file__).parents[2] / "sits_observe" / "demo.yaml"
 
 # Runs the CLI with one part's close (the simulated host's) hanging and the close budget given as argv[1];
-# when argv[2] is "slow-build" the daemon takes 3 s to build, saying "building" first.
+# when argv[2] is "slow-build" the daemon takes 3 s to build, saying "building" first; "hup-loading": the process
+# gets a SIGHUP while the command loads its config, before the daemon's handlers are set.
 HANGING = textwrap.dedent("""
     import sys, threading, time
     from sits_observe import daemon, wiring
@@ -47,6 +51,17 @@ HANGING = textwrap.dedent("""
             return build(cfg)
 
         wiring.build_daemon = slow
+    if sys.argv[2] == "hup-loading":
+        import os, signal
+        from sits_observe import runtime
+        load = runtime.load
+
+        def hup_then_load(*args, **kwargs):
+            runtime.load = load  # once: the reload loads the file again
+            os.kill(os.getpid(), signal.SIGHUP)
+            return load(*args, **kwargs)
+
+        runtime.load = hup_then_load
     from sits_observe.cli import main
     sys.exit(main(sys.argv[3:]))
 """)
@@ -204,14 +219,33 @@ def test_a_reload_pending_when_a_stop_arrives_is_not_applied(tmp_path):
     daemon.close()
 
 
+def test_a_reload_asked_between_ticks_is_applied_before_the_next_tick(tmp_path):
+    """The loop waited out the tick interval first: with tick_interval 20 a SIGHUP took effect up to 20 s later,
+    with nothing in the log meanwhile."""
+    cfg = parse({"state_dir": str(tmp_path), "gpu": {"backend": "none"}, "tick_interval": 20}, env={})
+    daemon = Daemon(config=cfg, clock=WallClock(20.0))
+    loaded = threading.Event()
+    loop = threading.Thread(target=daemon.run, kwargs={"duration": 60})
+    loop.start()
+    try:
+        while daemon.store.ticks < 1:
+            time.sleep(0.01)
+        daemon.request_reload(lambda: loaded.set() or cfg)
+        assert loaded.wait(10) and daemon.store.ticks == 1  # applied while waiting for the second tick
+    finally:
+        daemon.stop_event.set()
+        loop.join(10)
+        daemon.close()
+
+
 @contextlib.contextmanager
-def _started(tmp_path, free_port, budget, *, slow_build=False):
+def _started(tmp_path, free_port, budget, *, slow_build=False, mode=None):
     """The daemon in a child process (its simulator's close hangs ``budget`` s); killed if still running after."""
     port = free_port()
     err = tmp_path / "stderr"
     (tmp_path / "c.yaml").touch()
     proc = subprocess.Popen(
-        [sys.executable, "-c", HANGING, str(budget), "slow-build" if slow_build else "-",
+        [sys.executable, "-c", HANGING, str(budget), mode or ("slow-build" if slow_build else "-"),
          "demo", "--scenario", "quiet", "--listen", f"127.0.0.1:{port}", "--config", str(tmp_path / "c.yaml")],
         stdout=subprocess.DEVNULL, stderr=err.open("w"), env={**os.environ, "SITS_STATE_DIR": str(tmp_path / "s")})
     try:
@@ -256,6 +290,26 @@ def test_sighup_while_starting_is_applied_once_started(tmp_path, free_port, wait
         proc.send_signal(signal.SIGHUP)  # the default action would end the process
         wait_ready(port, proc)
         _wait_for(err, "SIGHUP: config reloaded", proc)
+
+
+def test_sighup_while_the_command_loads_its_config_is_applied_once_started(tmp_path, free_port, wait_ready):
+    """Before the daemon's handlers were set, SIGHUP's default action ended it (exit 129), which systemd counts as a
+    clean exit: `systemctl start` then `reload` at once left no daemon running."""
+    with _started(tmp_path, free_port, 1.0, mode="hup-loading") as (proc, port, err):
+        wait_ready(port, proc)
+        _wait_for(err, "SIGHUP: config reloaded", proc)
+
+
+def test_probes_while_starting_are_answered_503_at_once(tmp_path, free_port):
+    """The port was bound, but served only once the daemon was built: a readiness probe or a scrape during a start
+    of tens of seconds (bcc compiling, the classifier loading) got no answer at all, and timed out."""
+    with _started(tmp_path, free_port, 1.0, slow_build=True) as (proc, port, err):
+        _wait_for(err, "building", proc)
+        for path, body in (("/readyz", {"ready": False}), ("/healthz", {"status": "starting"})):
+            with pytest.raises(urllib.error.HTTPError) as answer:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2)
+            assert answer.value.code == 503 and json.loads(answer.value.read()) == body, path
+        assert "serving" not in err.read_text()  # still building
 
 
 def test_sigterm_while_starting_stops_the_daemon_once_built(tmp_path, free_port):
