@@ -12,6 +12,7 @@ import argparse
 import importlib
 import json
 import logging
+import signal
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -85,7 +86,16 @@ def _bench(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] in (["run"], ["demo"]):  # the daemon: its reload signal must not end it while it starts
+        before = signal.getsignal(signal.SIGHUP)
         hold_sighup()
+        try:
+            return _main(argv)
+        finally:  # a caller in the same process (the tests) gets its own handler back
+            signal.signal(signal.SIGHUP, signal.SIG_DFL if before is None else before)
+    return _main(argv)
+
+
+def _main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         parser = build_parser()

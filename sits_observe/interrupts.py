@@ -19,12 +19,15 @@ def hold_sighup() -> None:
     """From here SIGHUP is noted, not acted on, until the daemon installs its own handler and asks
     :func:`sighup_held`: its default action ended a daemon still loading its config (``systemctl start`` and then
     ``reload`` at once), which systemd counts as a clean exit and does not restart."""
+    _hup.clear()
     signal.signal(signal.SIGHUP, lambda *_: _hup.set())
 
 
 def sighup_held() -> bool:
-    """Whether a SIGHUP came since :func:`hold_sighup`."""
-    return _hup.is_set()
+    """Whether a SIGHUP came since :func:`hold_sighup` (or since asked last: the daemon takes it over)."""
+    came = _hup.is_set()
+    _hup.clear()
+    return came
 
 
 @contextmanager

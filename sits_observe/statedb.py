@@ -88,10 +88,11 @@ def transaction(db: sqlite3.Connection, lock: threading.Lock | threading.RLock,
         if busy_ms is not None:
             before = db.execute("PRAGMA busy_timeout").fetchone()[0]
             db.execute(f"PRAGMA busy_timeout = {int(busy_ms)}")
-        if durable:
-            sync = db.execute("PRAGMA synchronous").fetchone()[0]
-            db.execute("PRAGMA synchronous = FULL")
+        sync = None  # durable: the level to put back
         try:
+            if durable:  # outside any transaction (SQLite refuses the change inside one)
+                sync = db.execute("PRAGMA synchronous").fetchone()[0]
+                db.execute("PRAGMA synchronous = FULL")
             db.execute("BEGIN IMMEDIATE")
             try:
                 yield db
@@ -109,8 +110,9 @@ def transaction(db: sqlite3.Connection, lock: threading.Lock | threading.RLock,
         finally:
             if busy_ms is not None:
                 db.execute(f"PRAGMA busy_timeout = {int(before)}")
-            if durable:
-                db.execute(f"PRAGMA synchronous = {int(sync)}")
+            if sync is not None and not db.in_transaction:
+                with contextlib.suppress(sqlite3.Error):  # the error to raise, if any, is the transaction's
+                    db.execute(f"PRAGMA synchronous = {int(sync)}")
 
 
 def read(db: sqlite3.Connection, lock: threading.Lock | threading.RLock, sql: str, args: tuple[Any, ...],

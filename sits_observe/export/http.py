@@ -214,7 +214,7 @@ class Server:
             wake = next(d for d in sockets.values() if isinstance(d, trigger))
             wake.pull_trigger(lambda: wasyncore.close_all(sockets))
             self._thread.join(timeout=3)
-        else:  # never started (the daemon failed to build): no loop polls the sockets
+        else:  # never started (state_dir's lock refused): no loop polls the sockets
             wasyncore.close_all(sockets)
         srv.task_dispatcher.shutdown()  # type: ignore[union-attr]
 

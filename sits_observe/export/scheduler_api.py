@@ -94,7 +94,7 @@ def scheduler_blueprint(scheduler: Any, auth: Callable[[Callable[..., Any]], Cal
     @auth
     def ack(placement_id: str) -> Response:
         # ASCII digits only: Werkzeug's int took every script's digits (/placements/\u0663/ack was placement 3)
-        if not (placement_id.isascii() and placement_id.isdigit()):
+        if not (placement_id.isascii() and placement_id.isdigit()) or len(placement_id) > 40:  # int() past 4300 raised
             raise NotFound(f"placement {clip(placement_id)}: no such placement")
         if (pid := int(placement_id)) >= 2**63:  # past SQLite's integer: no such placement
             raise NotFound(f"placement {pid}: no such placement")

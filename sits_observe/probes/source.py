@@ -199,11 +199,11 @@ class ProbeSource:
                 yield Sample("sits_probe_detached_files_total", "counter",
                              "Library files whose uprobes were detached because no workload process mapped them "
                              "any more.", lab, float(state.attacher.detached))
-            if state.program is None:
+            if (program := state.program) is None:  # read once: close() may take it between two samples
                 continue
             yield Sample("sits_probe_dropped_events_total", "counter",
-                         "Events not counted because a kernel map was full.", lab, float(state.program.dropped()))
-            counts = state.program.kernel_counts()
+                         "Events not counted because a kernel map was full.", lab, float(program.dropped()))
+            counts = program.kernel_counts()
             if "recursion_misses" in counts:
                 yield Sample("sits_probe_missed_events_total", "counter",
                              "Events the kernel did not run the probe's programs for: they fired on a CPU already "

@@ -152,6 +152,7 @@ def test_webhook_migration_walks_on_acks_and_refuses_bad_input(api: tuple[FlaskC
     # another script's digits are no placement id (Werkzeug's int took \u0663 for placement 3)
     arabic = "".join(chr(0x0660 + int(d)) for d in str(new))
     refused(client, sched, f"/api/v1/placements/{arabic}/ack", {"step": "stage", "ok": True}, 404, "")
+    refused(client, sched, f"/api/v1/placements/{'9' * 5000}/ack", {"step": "stage", "ok": True}, 404, "")  # int() 500
 
     # the orchestrator acks each step; the old placement then drains
     assert client.post(url, json={"step": "stage", "ok": True}, headers=AUTH).get_json()["state"] == "staged"

@@ -2,6 +2,7 @@
 and recording it, a receiver added while an alert fires, and restarts between slot edges."""
 
 import copy
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -160,6 +161,7 @@ def test_an_alert_recorded_as_announced_reaches_the_disk_before_it_is_queued(tmp
     outbox could hold a firing alert slo.db had not recorded as announced, which the restarted engine then never
     resolved when it no longer fired (a webhook showed it firing for ever). The announcement is flushed now; a
     tick's writes (window edges, tiers) still are not: a slow disk must not hold the tick every slot."""
+    assert shutil.which("strace"), "strace is needed (Debian package strace; make test installs it)"
     trace = subprocess.run(["strace", "-f", "-e", "trace=access,faccessat,faccessat2,fsync,fdatasync", sys.executable,
                             "-c", FLUSHES, str(tmp_path / "slo.db")], capture_output=True, text=True, timeout=120,
                            cwd=ROOT)

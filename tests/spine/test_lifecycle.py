@@ -228,7 +228,9 @@ def test_a_reload_asked_between_ticks_is_applied_before_the_next_tick(tmp_path):
     loop = threading.Thread(target=daemon.run, kwargs={"duration": 60})
     loop.start()
     try:
+        deadline = time.monotonic() + 60
         while daemon.store.ticks < 1:
+            assert loop.is_alive() and time.monotonic() < deadline
             time.sleep(0.01)
         daemon.request_reload(lambda: loaded.set() or cfg)
         assert loaded.wait(10) and daemon.store.ticks == 1  # applied while waiting for the second tick
