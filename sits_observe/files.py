@@ -9,28 +9,34 @@ from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
 
-__all__ = ["replace_whole"]
+__all__ = ["replace_whole", "flush", "temporary_name"]
 
 
 def replace_whole(path: Path, write: Callable[[Path], object]) -> None:
     """``write(NAME.<unique>.tmp)`` beside ``path`` (its own name: two writers of one path do not share it), flush it
     to disk, rename it over ``path`` and flush the directory (the rename itself); the temporary file is removed on
     any failure (raised again)."""
-    tmp = path.with_name(f"{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    tmp = temporary_name(path)
     try:
         write(tmp)
-        _fsync(tmp, os.O_RDONLY)
+        flush(tmp)
         tmp.replace(path)
     except BaseException:
         with suppress(OSError):
             tmp.unlink(missing_ok=True)
         raise
     with suppress(OSError):  # replaced already; a filesystem that cannot flush a directory (EINVAL) keeps it so
-        _fsync(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        flush(path.parent)
 
 
-def _fsync(path: Path, flags: int) -> None:
-    fd = os.open(path, flags)
+def temporary_name(path: Path) -> Path:
+    """``NAME.<pid>-<random>.tmp`` beside ``path``: a writer's own, which another writer of ``path`` does not share."""
+    return path.with_name(f"{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+
+
+def flush(path: Path) -> None:
+    """``fsync`` a file, or a directory (the renames in it)."""
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if path.is_dir() else 0))
     try:
         os.fsync(fd)
     finally:

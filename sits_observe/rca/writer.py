@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..files import flush, temporary_name
 from .dataset import LABELS, METRICS, Dataset, Entity, Label
 
 __all__ = ["Writer", "write"]
@@ -25,7 +26,8 @@ class Writer:
             out.commit(labels, extra)
 
     ``metrics.csv`` (empty cells for NaN; all-NaN steps omitted), ``labels.csv`` and the text files of ``extra``
-    (name -> text) each go to ``NAME.tmp`` first and :meth:`commit` renames all into place together; leaving the
+    (name -> text) each go to ``NAME.<pid>-<random>.tmp`` first (this writer's own) and :meth:`commit` flushes them
+    to disk and renames all into place together; leaving the
     ``with`` block without it (an error, a full disk, an interrupt) removes them.  So what the directory held
     (``rca dataset --force``) stays whole: never a half-written metrics.csv beside the labels of another dataset,
     which a later ``rca train`` would read as complete."""
@@ -35,6 +37,7 @@ class Writer:
         self.features = list(features)
         self.step = step
         self._tmps: list[tuple[Path, Path]] = []
+        self._names: dict[str, Path] = {}  # NAME -> this writer's temporary file for it
 
     def __enter__(self) -> Writer:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -47,10 +50,11 @@ class Writer:
                 tmp.unlink(missing_ok=True)
 
     def _put(self, name: str, put: Callable[..., object], **kwargs: object) -> None:
-        """``put(NAME.tmp, **kwargs)``; NAME.tmp is renamed by :meth:`commit` or removed, an OSError names NAME."""
-        tmp = self.dir / (name + ".tmp")
-        if (tmp, self.dir / name) not in self._tmps:
-            self._tmps.append((tmp, self.dir / name))
+        """``put(<NAME's temporary file>, **kwargs)``, renamed by :meth:`commit` or removed; an OSError names NAME."""
+        if name not in self._names:
+            self._names[name] = temporary_name(self.dir / name)
+            self._tmps.append((self._names[name], self.dir / name))
+        tmp = self._names[name]
         try:
             put(tmp, **kwargs)
         except OSError as exc:  # pandas' has no file name: "No space left on device" alone
@@ -71,12 +75,16 @@ class Writer:
         self._put(LABELS, rows.to_csv, index=False)
         for name, text in (extra or {}).items():
             self._put(name, Path.write_text, data=text)
+        for tmp, _ in self._tmps:  # on disk before any takes its name: a power loss leaves no empty metrics.csv
+            flush(tmp)
         held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})  # all renamed, or none
         try:
             for tmp, final in self._tmps:
                 tmp.replace(final)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        with suppress(OSError):  # renamed already; a filesystem that cannot flush a directory (EINVAL) keeps them so
+            flush(self.dir)
 
 
 def write(directory: str | Path, dataset: Dataset, extra: Mapping[str, str] | None = None) -> None:

@@ -30,6 +30,25 @@ def test_round_trip_keeps_values_gaps_and_labels(tmp_path: Path, synth: Callable
     assert np.isnan(back.entities[0].values[20]).all() and np.isnan(back.entities[0].values[10, 1])
 
 
+def test_two_writers_of_one_directory_do_not_share_temporary_files(tmp_path: Path,
+                                                                   synth: Callable[..., Dataset]) -> None:
+    """Both wrote NAME.tmp: the second dataset written into the directory (`rca dataset --force` twice at once) took
+    the first's half-written metrics.csv.tmp, and the first's commit failed or mixed them."""
+    first, second = synth(seed=1, steps=300), synth(seed=2, steps=300)
+    with writer.Writer(tmp_path, first.features, first.step) as a, \
+            writer.Writer(tmp_path, second.features, second.step) as b:
+        for ent in first.entities:
+            a.add(ent)
+        for ent in second.entities:
+            b.add(ent)
+        b.commit(second.labels)
+        a.commit(first.labels)  # the last to commit: the directory holds its set, whole
+    back = dataset.read(tmp_path)
+    assert back.labels == first.labels and sum(len(e.values) for e in back.entities) == 600
+    np.testing.assert_allclose(back.entities[0].values, first.entities[0].values, rtol=1e-5)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["labels.csv", "metrics.csv"]
+
+
 def test_missing_step_stays_at_its_time_and_does_not_shift_windows(tmp_path: Path) -> None:
     lines = ["timestamp,entity,a,b"]
     for t in range(100, 112):

@@ -88,14 +88,15 @@ def test_vary_draws_session_routing_and_short_answers_on_a_share_of_hosts() -> N
 def test_generate_writes_each_entity_before_simulating_the_next(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """All entities were held in memory (then copied as float64) until the end: memory grew with entities x hours.
-    Now each entity's rows are in metrics.csv.tmp before the next is simulated, and the set is renamed at the end."""
+    Now each entity's rows are in metrics.csv's temporary file before the next is simulated, and the set is renamed at
+    the end."""
     from sits_observe.rca import generate as gen
 
     out, seen = tmp_path / "ds", []
 
     def fake(seed: int, opts: gen.GenOptions, name: str, *_: object) -> tuple[dataset.Entity, list[dataset.Label]]:
-        tmp = out / "metrics.csv.tmp"
-        seen.append(sorted({line.split(",")[1] for line in tmp.read_text().splitlines()[1:]}) if tmp.exists() else None)
+        (tmp,) = out.glob("metrics.csv.*.tmp")
+        seen.append(sorted({line.split(",")[1] for line in tmp.read_text().splitlines()[1:]}))
         values = np.full((3, len(FEATURES)), float(seed), np.float32)
         return dataset.Entity(name, gen.T0 + 1, values), [dataset.Label(name, gen.T0 + 1, gen.T0 + 2, "x")]
 
