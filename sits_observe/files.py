@@ -9,7 +9,7 @@ from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
 
-__all__ = ["replace_whole", "flush", "temporary_name"]
+__all__ = ["replace_whole", "flush", "flush_renames", "temporary_name"]
 
 
 def replace_whole(path: Path, write: Callable[[Path], object]) -> None:
@@ -25,13 +25,19 @@ def replace_whole(path: Path, write: Callable[[Path], object]) -> None:
         with suppress(OSError):
             tmp.unlink(missing_ok=True)
         raise
-    with suppress(OSError):  # replaced already; a filesystem that cannot flush a directory (EINVAL) keeps it so
-        flush(path.parent)
+    flush_renames(path.parent)
 
 
 def temporary_name(path: Path) -> Path:
     """``NAME.<pid>-<random>.tmp`` beside ``path``: a writer's own, which another writer of ``path`` does not share."""
     return path.with_name(f"{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+
+
+def flush_renames(directory: Path) -> None:
+    """Flush the renames made in ``directory``, as far as its filesystem can (one that cannot flush a directory,
+    EINVAL, keeps them as they are: they are made already)."""
+    with suppress(OSError):
+        flush(directory)
 
 
 def flush(path: Path) -> None:

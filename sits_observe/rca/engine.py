@@ -159,8 +159,7 @@ class RcaEngine:
         except StoreError as exc:
             self._disable(f"the store cannot compute the model's features: {exc}")
             return
-        seen = ~np.isnan(raw[:, self._observed]).all(axis=1)  # ticks with data: observed_columns, as in training
-        if not seen[-1] or 2 * seen.sum() < len(seen):  # as in training: the last tick seen, at most half missing
+        if not _covered(raw, self._observed):  # ticks with data: observed_columns, as in training
             return
         if self._without_gpus(raw, store):
             return
@@ -182,8 +181,7 @@ class RcaEngine:
         optional groups), and named a cause for it with confidence; passed over, as a tick without data is."""
         if not self._gpu.any() or not store.gpu_info():
             return False
-        seen = ~np.isnan(raw[:, self._gpu]).all(axis=1)
-        out = not seen[-1] or 2 * seen.sum() < len(seen)
+        out = not _covered(raw, self._gpu)
         if out and not self._gpu_out:
             log.warning("rca: no GPU readings on the last tick or on most ticks of the window (is the GPU source "
                         "down?): no verdict until they are back")
@@ -298,3 +296,10 @@ def _file_stamp(path: Path | str) -> tuple[int, int] | None:
     except OSError:
         return None
     return st.st_mtime_ns, st.st_size
+
+
+def _covered(raw: np.ndarray, columns: np.ndarray) -> bool:
+    """The rule training windows follow: some of ``columns`` has a value on the window's last tick, and on at least
+    half of its ticks."""
+    seen = ~np.isnan(raw[:, columns]).all(axis=1)
+    return bool(seen[-1]) and 2 * int(seen.sum()) >= len(seen)

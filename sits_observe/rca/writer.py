@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..files import flush, temporary_name
+from ..files import flush, flush_renames, temporary_name
 from .dataset import LABELS, METRICS, Dataset, Entity, Label
 
 __all__ = ["Writer", "write"]
@@ -36,8 +36,7 @@ class Writer:
         self.dir = Path(directory)
         self.features = list(features)
         self.step = step
-        self._tmps: list[tuple[Path, Path]] = []
-        self._names: dict[str, Path] = {}  # NAME -> this writer's temporary file for it
+        self._tmps: dict[str, Path] = {}  # NAME -> this writer's temporary file for it, in the order written
 
     def __enter__(self) -> Writer:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -45,16 +44,15 @@ class Writer:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for tmp, _ in self._tmps:
+        for tmp in self._tmps.values():
             with suppress(OSError):
                 tmp.unlink(missing_ok=True)
 
     def _put(self, name: str, put: Callable[..., object], **kwargs: object) -> None:
         """``put(<NAME's temporary file>, **kwargs)``, renamed by :meth:`commit` or removed; an OSError names NAME."""
-        if name not in self._names:
-            self._names[name] = temporary_name(self.dir / name)
-            self._tmps.append((self._names[name], self.dir / name))
-        tmp = self._names[name]
+        if name not in self._tmps:
+            self._tmps[name] = temporary_name(self.dir / name)
+        tmp = self._tmps[name]
         try:
             put(tmp, **kwargs)
         except OSError as exc:  # pandas' has no file name: "No space left on device" alone
@@ -75,16 +73,15 @@ class Writer:
         self._put(LABELS, rows.to_csv, index=False)
         for name, text in (extra or {}).items():
             self._put(name, Path.write_text, data=text)
-        for tmp, _ in self._tmps:  # on disk before any takes its name: a power loss leaves no empty metrics.csv
+        for tmp in self._tmps.values():  # on disk before any takes its name: a power loss leaves no empty metrics.csv
             flush(tmp)
         held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})  # all renamed, or none
         try:
-            for tmp, final in self._tmps:
-                tmp.replace(final)
+            for name, tmp in self._tmps.items():
+                tmp.replace(self.dir / name)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, held)
-        with suppress(OSError):  # renamed already; a filesystem that cannot flush a directory (EINVAL) keeps them so
-            flush(self.dir)
+        flush_renames(self.dir)
 
 
 def write(directory: str | Path, dataset: Dataset, extra: Mapping[str, str] | None = None) -> None:
